@@ -1,0 +1,1 @@
+"""dllm_objectives."""
