@@ -1,0 +1,215 @@
+"""Checkpoint folders: load a HF-layout folder natively, save one atomically."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from torch import nn
+
+from dllm_models.registry import build_model
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+    "added_tokens.json",
+    "chat_template.jinja",
+)
+
+
+def read_config(checkpoint_dir: str | os.PathLike[str]) -> dict[str, Any]:
+    """The config.json of a checkpoint folder as a dict."""
+    path = Path(checkpoint_dir) / "config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found: a checkpoint folder needs a config.json")
+    cfg: dict[str, Any] = json.loads(path.read_text())
+    return cfg
+
+
+def _resolve_dtype(dtype: torch.dtype | str | None, raw: dict[str, Any]) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    name = dtype or raw.get("torch_dtype") or raw.get("dtype") or "float32"
+    if name not in _DTYPES:
+        raise ValueError(f"dtype {name!r} is not supported; choose one of {sorted(_DTYPES)}")
+    return _DTYPES[name]
+
+
+def weight_files(checkpoint_dir: str | os.PathLike[str]) -> dict[str, str]:
+    """Map of tensor name -> safetensors file name, from the index or the single file."""
+    root = Path(checkpoint_dir)
+    index = root / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map: dict[str, str] = json.loads(index.read_text())["weight_map"]
+        return weight_map
+    single = root / "model.safetensors"
+    if single.is_file():
+        with safe_open(str(single), framework="pt") as f:
+            return {k: "model.safetensors" for k in f.keys()}
+    raise FileNotFoundError(
+        f"no model.safetensors or model.safetensors.index.json in {root}; "
+        "pass load_weights=False to build the architecture with fresh weights"
+    )
+
+
+def _load_state(model: nn.Module, root: Path, device: torch.device, dtype: torch.dtype) -> None:
+    weight_map = weight_files(root)
+    expected = set(model.state_dict())
+    missing = expected - set(weight_map)
+    unexpected = set(weight_map) - expected
+    if missing or unexpected:
+        raise ValueError(
+            f"checkpoint {root} does not match the {type(model).__name__} architecture: "
+            f"missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}"
+        )
+    state: dict[str, torch.Tensor] = {}
+    for shard in sorted(set(weight_map.values())):
+        with safe_open(str(root / shard), framework="pt", device=str(device)) as f:
+            for name in f.keys():
+                state[name] = f.get_tensor(name).to(dtype)
+    model.load_state_dict(state, strict=True, assign=True)
+
+
+def load_model(
+    checkpoint_dir: str | os.PathLike[str],
+    *,
+    dtype: torch.dtype | str | None = None,
+    device: torch.device | str | None = None,
+    load_weights: bool = True,
+    seed: int = 0,
+) -> nn.Module:
+    """Load a checkpoint folder natively: the family comes from config.json, no remote code.
+
+    Args:
+        checkpoint_dir: folder with config.json and (unless load_weights=False) safetensors,
+            sharded through model.safetensors.index.json or a single model.safetensors.
+        dtype: parameter dtype; defaults to config.json's `torch_dtype`, else float32.
+        device: where the parameters live; "meta" builds shapes only.
+        load_weights: False builds the architecture with fresh random weights (seeded by `seed`).
+        seed: seed of the fresh weights when load_weights is False.
+
+    Returns:
+        The model in eval mode; `model.state_dict()` keys equal the checkpoint's weight names.
+    """
+    root = Path(checkpoint_dir)
+    raw = read_config(root)
+    torch_dtype = _resolve_dtype(dtype, raw)
+    target = torch.device(device) if device is not None else torch.device("cpu")
+    with torch.device("meta"):
+        model = build_model(raw)
+    if target.type == "meta":
+        return model.to(dtype=torch_dtype).eval()
+    if load_weights:
+        _load_state(model, root, target, torch_dtype)
+    else:
+        model = model.to_empty(device=target)
+        gen = torch.Generator().manual_seed(seed)
+        reset = getattr(model, "reset_parameters")
+        reset(generator=gen)
+        model = model.to(dtype=torch_dtype)
+    logger.info("loaded %s from %s (%s, %s)", type(model).__name__, root, torch_dtype, target)
+    return model.eval()
+
+
+def _shard(state: dict[str, torch.Tensor], max_shard_bytes: int) -> list[dict[str, torch.Tensor]]:
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name, tensor in state.items():
+        nbytes = tensor.numel() * tensor.element_size()
+        if shards[-1] and size + nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = tensor
+        size += nbytes
+    return shards
+
+
+def save_model(
+    model: nn.Module,
+    checkpoint_dir: str | os.PathLike[str],
+    *,
+    max_shard_bytes: int = 5 * 1024**3,
+    tokenizer: Any = None,
+    extra_files: dict[str, str] | None = None,
+) -> Path:
+    """Write a checkpoint folder laid out like the original release, atomically.
+
+    The folder is written under a temporary name beside the target and renamed into place, so a
+    crash never leaves a half-written checkpoint. Layout: config.json, model.safetensors (or
+    shards model-0000i-of-0000n.safetensors plus model.safetensors.index.json), tokenizer files.
+
+    Args:
+        model: a family module with `config.to_hf()`.
+        checkpoint_dir: target folder (replaced if it exists).
+        max_shard_bytes: largest shard size.
+        tokenizer: optional transformers tokenizer saved alongside.
+        extra_files: optional name -> text files to add (e.g. a generation_config.json).
+
+    Returns:
+        The target path.
+    """
+    target = Path(checkpoint_dir)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    try:
+        raw = getattr(model, "config").to_hf()
+        raw["torch_dtype"] = str(next(model.parameters()).dtype).removeprefix("torch.")
+        (tmp / "config.json").write_text(json.dumps(raw, indent=2, sort_keys=True))
+        state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+        shards = _shard(state, max_shard_bytes)
+        if len(shards) == 1:
+            save_file(shards[0], str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        else:
+            weight_map: dict[str, str] = {}
+            for i, shard in enumerate(shards, start=1):
+                fname = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+                save_file(shard, str(tmp / fname), metadata={"format": "pt"})
+                weight_map.update({k: fname for k in shard})
+            total = sum(t.numel() * t.element_size() for t in state.values())
+            index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+            (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+        if tokenizer is not None:
+            tokenizer.save_pretrained(str(tmp))
+        for name, text in (extra_files or {}).items():
+            (tmp / name).write_text(text)
+        _replace_dir(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target
+
+
+def _replace_dir(src: Path, dst: Path) -> None:
+    """Move `src` to `dst`, replacing an existing `dst` with at most a moment of absence."""
+    for f in src.iterdir():
+        with open(f, "rb") as fh:
+            os.fsync(fh.fileno())
+    if dst.exists():
+        old = dst.with_name(f".{dst.name}.old-{os.getpid()}")
+        os.replace(dst, old)
+        os.replace(src, dst)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(src, dst)
+
+
+def copy_tokenizer_files(src_dir: str | os.PathLike[str], dst_dir: str | os.PathLike[str]) -> None:
+    """Copy the tokenizer files a release folder carries into another folder."""
+    for name in _TOKENIZER_FILES:
+        p = Path(src_dir) / name
+        if p.is_file():
+            shutil.copy2(p, Path(dst_dir) / name)

@@ -1,0 +1,1 @@
+"""Native model families, one module each."""

@@ -1,0 +1,230 @@
+"""LLaDA: a bidirectional masked-diffusion transformer with OLMo-style parameter names.
+
+Nie et al., "Large Language Diffusion Models", arXiv 2502.09992. Parameter names match the
+released HF checkpoint (`model.transformer.blocks.{i}.q_proj.weight`, ...), so its safetensors load
+as they are, with no remote code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from dllm_models.attention import AttentionMask, attend
+from dllm_models.layers import RMSNorm, apply_rope, positions_from_mask, rope_cos_sin, swiglu
+from dllm_models.protocol import DiffusionTraits, KVCache, ModelOutput
+
+MASK_TOKEN_ID = 126336
+EOS_TOKEN_ID = 126081
+
+
+@dataclass(frozen=True)
+class LLaDAConfig:
+    """Shape and constants of a LLaDA model, read from its config.json."""
+
+    d_model: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    mlp_hidden_size: int
+    vocab_size: int
+    embedding_size: int
+    rope_theta: float = 500000.0
+    rms_norm_eps: float = 1e-5
+    max_sequence_length: int = 4096
+    mask_token_id: int = MASK_TOKEN_ID
+    eos_token_id: int = EOS_TOKEN_ID
+    pad_token_id: int = EOS_TOKEN_ID
+    rope_full_precision: bool = True
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.d_model % self.n_heads:
+            raise ValueError(
+                f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})"
+            )
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(
+                f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})"
+            )
+        if self.embedding_size < self.vocab_size:
+            raise ValueError(
+                f"embedding_size ({self.embedding_size}) must be >= vocab_size ({self.vocab_size})"
+            )
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @classmethod
+    def from_hf(cls, raw: dict[str, Any]) -> LLaDAConfig:
+        """Build from a config.json dict; unknown keys are kept in `extra` for round trips."""
+        names = {f for f in cls.__dataclass_fields__ if f != "extra"}
+        kwargs = {k: raw[k] for k in names if k in raw and raw[k] is not None}
+        kwargs.setdefault("n_kv_heads", raw.get("n_heads"))
+        kwargs.setdefault("embedding_size", raw.get("vocab_size"))
+        extra = {k: v for k, v in raw.items() if k not in names}
+        return cls(**kwargs, extra=extra)
+
+    def to_hf(self) -> dict[str, Any]:
+        """The config.json dict (original extra keys preserved)."""
+        out = dict(self.extra)
+        out.update({k: v for k, v in asdict(self).items() if k != "extra"})
+        out.setdefault("model_type", "llada")
+        out.setdefault("architectures", ["LLaDAModelLM"])
+        out.setdefault("weight_tying", False)
+        return out
+
+
+class LLaDABlock(nn.Module):
+    """One pre-norm transformer block with OLMo/LLaDA parameter names."""
+
+    def __init__(self, cfg: LLaDAConfig) -> None:
+        super().__init__()
+        hd = cfg.head_dim
+        self.cfg = cfg
+        self.attn_norm = RMSNorm(cfg.d_model, cfg.rms_norm_eps)
+        self.q_proj = nn.Linear(cfg.d_model, cfg.n_heads * hd, bias=False)
+        self.k_proj = nn.Linear(cfg.d_model, cfg.n_kv_heads * hd, bias=False)
+        self.v_proj = nn.Linear(cfg.d_model, cfg.n_kv_heads * hd, bias=False)
+        self.attn_out = nn.Linear(cfg.n_heads * hd, cfg.d_model, bias=False)
+        self.ff_norm = RMSNorm(cfg.d_model, cfg.rms_norm_eps)
+        self.ff_proj = nn.Linear(cfg.d_model, cfg.mlp_hidden_size, bias=False)
+        self.up_proj = nn.Linear(cfg.d_model, cfg.mlp_hidden_size, bias=False)
+        self.ff_out = nn.Linear(cfg.mlp_hidden_size, cfg.d_model, bias=False)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        mask: AttentionMask,
+        backend: str,
+        past: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        b, n, _ = x.shape
+        hd = self.cfg.head_dim
+        h = self.attn_norm(x)
+        q = self.q_proj(h).view(b, n, -1, hd).transpose(1, 2)
+        k = self.k_proj(h).view(b, n, -1, hd).transpose(1, 2)
+        v = self.v_proj(h).view(b, n, -1, hd).transpose(1, 2)
+        fp = self.cfg.rope_full_precision
+        q, k = apply_rope(q, cos, sin, full_precision=fp), apply_rope(k, cos, sin, full_precision=fp)
+        new_kv = (k, v)
+        if past is not None:
+            k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
+        att = attend(q, k, v, mask, backend=backend).transpose(1, 2).reshape(b, n, -1)
+        x = x + self.attn_out(att)
+        h = self.ff_norm(x)
+        out: torch.Tensor = x + self.ff_out(swiglu(self.ff_proj(h), self.up_proj(h)))
+        return out, new_kv
+
+
+class _Transformer(nn.Module):
+    def __init__(self, cfg: LLaDAConfig) -> None:
+        super().__init__()
+        self.wte = nn.Embedding(cfg.embedding_size, cfg.d_model)
+        self.blocks = nn.ModuleList(LLaDABlock(cfg) for _ in range(cfg.n_layers))
+        self.ln_f = RMSNorm(cfg.d_model, cfg.rms_norm_eps)
+        self.ff_out = nn.Linear(cfg.d_model, cfg.embedding_size, bias=False)
+
+
+class _Inner(nn.Module):
+    def __init__(self, cfg: LLaDAConfig) -> None:
+        super().__init__()
+        self.transformer = _Transformer(cfg)
+
+
+class LLaDAModel(nn.Module):
+    """LLaDA masked-diffusion LM; `forward` returns raw logits [B, L, V]."""
+
+    def __init__(self, cfg: LLaDAConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.model = _Inner(cfg)
+        self.traits = DiffusionTraits(
+            family="llada",
+            mask_token_id=cfg.mask_token_id,
+            eos_token_id=cfg.eos_token_id,
+            pad_token_id=cfg.pad_token_id,
+        )
+        self.attention_backend = "sdpa"
+        self.gradient_checkpointing = False
+
+    def reset_parameters(self, generator: torch.Generator | None = None, std: float = 0.02) -> None:
+        """Fresh normal(0, std) weights and unit norms (for random-weight builds and tests)."""
+        for name, p in self.named_parameters():
+            with torch.no_grad():
+                if name.endswith("norm.weight") or name.endswith("ln_f.weight"):
+                    p.fill_(1.0)
+                else:
+                    p.copy_(torch.randn(p.shape, generator=generator, dtype=torch.float32) * std)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        *,
+        past_key_values: KVCache | None = None,
+        use_cache: bool = False,
+    ) -> ModelOutput:
+        """Bidirectional forward over a padded batch, optionally attending to a KV cache.
+
+        Args:
+            input_ids: [B, L] token ids.
+            attention_mask: [B, L], 1/True for real tokens (keys with 0 are never attended).
+                With a cache, the cache's own `key_padding` covers the cached keys.
+            position_ids: [B, L]; defaults to positions counted from each row's first real token
+                (required when a cache is given).
+            past_key_values: cached keys/values the queries attend to in addition to their own.
+            use_cache: return this call's keys/values as `past_key_values`.
+
+        Returns:
+            ModelOutput with logits [B, L, V] (model dtype) and, with use_cache, the KVCache of
+            this call's positions (not including `past_key_values`).
+        """
+        t = self.model.transformer
+        key_padding = None
+        if attention_mask is not None and not bool(attention_mask.bool().all()):
+            key_padding = attention_mask.bool()
+        if past_key_values is not None:
+            if position_ids is None:
+                raise ValueError("position_ids are required when past_key_values is given")
+            if key_padding is not None or past_key_values.key_padding is not None:
+                own = attention_mask.bool() if attention_mask is not None else torch.ones_like(input_ids, dtype=torch.bool)
+                cached = past_key_values.key_padding
+                if cached is None:
+                    cached = torch.ones((input_ids.shape[0], past_key_values.length), dtype=torch.bool, device=input_ids.device)
+                key_padding = torch.cat([cached, own], dim=1)
+        if position_ids is None:
+            if attention_mask is None:
+                position_ids = torch.arange(input_ids.shape[1], device=input_ids.device)[None]
+                position_ids = position_ids.expand(input_ids.shape[0], -1)
+            else:
+                position_ids = positions_from_mask(attention_mask)
+        cos, sin = rope_cos_sin(position_ids, self.config.head_dim, self.config.rope_theta)
+        mask = AttentionMask(key_padding=key_padding)
+        x = t.wte(input_ids)
+        keys: list[torch.Tensor] = []
+        values: list[torch.Tensor] = []
+        for i, block in enumerate(t.blocks):
+            past = None
+            if past_key_values is not None:
+                past = (past_key_values.keys[i], past_key_values.values[i])
+            if self.gradient_checkpointing and self.training:
+                x, kv = checkpoint(block, x, cos, sin, mask, self.attention_backend, past, use_reentrant=False)
+            else:
+                x, kv = block(x, cos, sin, mask, self.attention_backend, past)
+            if use_cache:
+                keys.append(kv[0])
+                values.append(kv[1])
+        cache = None
+        if use_cache:
+            own_padding = attention_mask.bool() if attention_mask is not None else None
+            cache = KVCache(keys, values, own_padding)
+        return ModelOutput(logits=t.ff_out(t.ln_f(x)), past_key_values=cache)

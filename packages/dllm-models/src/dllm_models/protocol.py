@@ -1,0 +1,109 @@
+"""The one protocol every diffusion LM family implements, and its output type."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+
+@dataclass(frozen=True)
+class DiffusionTraits:
+    """Constants of a diffusion LM that samplers and trainers need.
+
+    Attributes:
+        family: registry key of the family (the `model_type` of its config.json).
+        mask_token_id: id of the mask token that noised positions carry.
+        eos_token_id: end-of-sequence id the sampler may stop on.
+        pad_token_id: id used to pad batches.
+        block_length: native block size of block-diffusion models; None for masked diffusion.
+        logit_shift: 1 if the prediction for position j is read at j - 1 (Dream), else 0.
+    """
+
+    family: str
+    mask_token_id: int
+    eos_token_id: int
+    pad_token_id: int
+    block_length: int | None = None
+    logit_shift: int = 0
+
+    def __post_init__(self) -> None:
+        if self.logit_shift not in (0, 1):
+            raise ValueError(f"logit_shift must be 0 or 1, got {self.logit_shift}")
+        if self.block_length is not None and self.block_length < 1:
+            raise ValueError(f"block_length must be >= 1 or None, got {self.block_length}")
+
+
+@dataclass
+class KVCache:
+    """Per-layer keys and values of cached positions (keys already rotated by RoPE).
+
+    Attributes:
+        keys, values: one [B, Hkv, Lc, D] tensor per layer.
+        key_padding: bool [B, Lc], True on real cached positions (None: all real).
+    """
+
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+    key_padding: torch.Tensor | None = None
+
+    @property
+    def length(self) -> int:
+        return int(self.keys[0].shape[2]) if self.keys else 0
+
+    def slice(self, start: int, end: int | None = None) -> KVCache:
+        """Cached positions [start, end) of every layer."""
+        kp = None if self.key_padding is None else self.key_padding[:, start:end]
+        return KVCache(
+            [k[:, :, start:end] for k in self.keys], [v[:, :, start:end] for v in self.values], kp
+        )
+
+    def cat(self, other: KVCache) -> KVCache:
+        """This cache followed by `other` along the sequence axis."""
+        kp = None
+        if self.key_padding is not None or other.key_padding is not None:
+            mine = self.key_padding if self.key_padding is not None else _ones(self)
+            theirs = other.key_padding if other.key_padding is not None else _ones(other)
+            kp = torch.cat([mine, theirs], dim=1)
+        return KVCache(
+            [torch.cat([a, b], dim=2) for a, b in zip(self.keys, other.keys)],
+            [torch.cat([a, b], dim=2) for a, b in zip(self.values, other.values)],
+            kp,
+        )
+
+
+def _ones(cache: KVCache) -> torch.Tensor:
+    k = cache.keys[0]
+    return torch.ones((k.shape[0], k.shape[2]), dtype=torch.bool, device=k.device)
+
+
+@dataclass
+class ModelOutput:
+    """What a forward pass returns.
+
+    Attributes:
+        logits: [B, L, V] raw logits before any family-specific shift.
+        past_key_values: the KV cache after this call, when one was requested.
+    """
+
+    logits: torch.Tensor
+    past_key_values: Any = None
+
+
+@runtime_checkable
+class DiffusionLM(Protocol):
+    """A diffusion LM: a torch module with `traits` and a padded-batch forward."""
+
+    traits: DiffusionTraits
+
+    def __call__(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+    ) -> ModelOutput: ...
+
+    def parameters(self, recurse: bool = True) -> Any: ...
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> Any: ...
