@@ -1,1 +1,77 @@
-"""dllm_eval."""
+"""dllm_eval: verifiable rewards, sandboxed code execution and reproducible benchmarks."""
+
+from dllm_eval.benchmarks import BENCHMARKS, Benchmark, get_benchmark
+from dllm_eval.data import DATASETS, Row, load_rows
+from dllm_eval.presets import PRESETS, DecodingSettings, Preset, get_preset
+from dllm_eval.rewards import (
+    REWARDS,
+    CodeRewardConfig,
+    RewardResult,
+    code_reward,
+    compute_reward,
+    countdown_reward,
+    evaluate_arithmetic,
+    extract_answer_tag,
+    extract_boxed,
+    extract_code,
+    extract_hash_answer,
+    extract_last_number,
+    extract_mbpp_code,
+    gsm8k_reward,
+    is_equivalent,
+    math_reward,
+    score,
+    sudoku_reward,
+    sudoku_strict_reward,
+)
+from dllm_eval.runner import (
+    BenchmarkResult,
+    ChatTokenizer,
+    GenerateFn,
+    SampleResult,
+    render_table,
+    run_benchmark,
+)
+from dllm_eval.sandbox import ExecutionResult, SandboxLimits, execute_code, execute_many
+
+__all__ = [
+    "BENCHMARKS",
+    "DATASETS",
+    "PRESETS",
+    "REWARDS",
+    "Benchmark",
+    "BenchmarkResult",
+    "ChatTokenizer",
+    "GenerateFn",
+    "SampleResult",
+    "CodeRewardConfig",
+    "DecodingSettings",
+    "ExecutionResult",
+    "Preset",
+    "RewardResult",
+    "Row",
+    "SandboxLimits",
+    "code_reward",
+    "compute_reward",
+    "countdown_reward",
+    "evaluate_arithmetic",
+    "execute_code",
+    "execute_many",
+    "extract_answer_tag",
+    "extract_boxed",
+    "extract_code",
+    "extract_hash_answer",
+    "extract_last_number",
+    "extract_mbpp_code",
+    "get_benchmark",
+    "get_preset",
+    "gsm8k_reward",
+    "is_equivalent",
+    "load_rows",
+    "math_reward",
+    "render_table",
+    "run_benchmark",
+    "score",
+    "sudoku_reward",
+    "sudoku_strict_reward",
+]

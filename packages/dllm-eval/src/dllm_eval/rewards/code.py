@@ -1,0 +1,170 @@
+"""Code rewards: extract a program from the response and run it against the tests in the sandbox.
+
+Extraction (DARE ``code_reward.py``): ``mbpp`` uses OpenCompass-style patterns in priority order
+(``[BEGIN] '...' [DONE]`` variants, fenced blocks, trailing fragments), strips ``[DONE]`` remnants
+and escaped underscores, and rejects results shorter than 10 characters. Other sources take the
+fenced code blocks: one -> it; several -> the first containing ``def``, else the last.
+
+Program = stdlib import header + code (``__main__`` blocks removed) + test code; pass iff the
+sandboxed program exits 0. Timeout = ``per_test_timeout_s`` x number of tests (HumanEval: assert
+statements; HumanEval+: entries of ``inputs``; MBPP: assert lines), capped by ``max_timeout_s``.
+HumanEval calls ``check(<entry point>)`` once (the reference may append it twice).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from dataclasses import dataclass
+
+from dllm_eval.rewards.result import RewardResult
+from dllm_eval.sandbox import execute_code
+
+__all__ = [
+    "CodeRewardConfig",
+    "build_program",
+    "code_reward",
+    "extract_code",
+    "extract_mbpp_code",
+]
+
+_IMPORT_HEADER = (
+    "import math\nimport re\nimport sys\nimport copy\nimport datetime\nimport itertools\n"
+    "import collections\nimport heapq\nimport functools\nimport hashlib\nimport string\n"
+    "import random\nimport bisect\nimport statistics\nfrom typing import *\n"
+    "from collections import *\n"
+)
+_FENCE = re.compile(r"```[ \t]*(?:[Pp]ython3?|py)?[ \t]*\n(.*?)```", re.DOTALL)
+_MBPP_PATTERNS = (
+    r"\[BEGIN\]\s*'(.*)'\s*\[DONE\]",
+    r"BEGIN\s*'(.*)'\s*\[DONE\]",
+    r"\[BEGIN\]\s*'(.*)'\s*DONE",
+    r"BEGIN\s*'(.*)'\s*DONE",
+    r"\[BEGIN\]\s*'(.*)\s*\[DONE\]",
+    r"BEGIN\s*'(.*)\s*\[DONE\]",
+    r"\[BEGIN\]\s*'(.*)\s*DONE",
+    r"BEGIN\s*'(.*)\s*DONE",
+    r"```python\s*(.*)\s*```",
+    r"```\s*(.*)\s*```",
+    r"```python\s*(.*)\s*$",
+    r"```\s*(.*)\s*$",
+    r"(.*)\s*```.*",
+    r"\[BEGIN\]\s*'(.*)",
+    r"\[BEGIN\](.*)",
+    r"'(.*)'\s*\[DONE\]",
+)
+_MAIN_BLOCK = re.compile(r"^if\s+__name__\s*==\s*['\"]__main__['\"]\s*:.*?(?=^\S|\Z)",
+                         re.DOTALL | re.MULTILINE)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CodeRewardConfig:
+    """Execution settings for code rewards (reference: 1 s per test, no cap)."""
+
+    per_test_timeout_s: float = 1.0
+    min_timeout_s: float = 2.0
+    max_timeout_s: float = 30.0
+    memory_mb: int = 2048
+
+    def __post_init__(self) -> None:
+        if not 0 < self.min_timeout_s <= self.max_timeout_s:
+            raise ValueError(
+                f"need 0 < min_timeout_s <= max_timeout_s, got {self.min_timeout_s}, "
+                f"{self.max_timeout_s}"
+            )
+        if self.per_test_timeout_s <= 0:
+            raise ValueError(f"per_test_timeout_s must be > 0, got {self.per_test_timeout_s}")
+
+
+def extract_code(response: str) -> str | None:
+    """Fenced code from a response: the only block, else the first with ``def``, else the last."""
+    blocks = _FENCE.findall(response)
+    if not blocks:
+        return None
+    if len(blocks) == 1:
+        return str(blocks[0])
+    for block in blocks:
+        if "def " in block:
+            return str(block)
+    return str(blocks[-1])
+
+
+def extract_mbpp_code(response: str) -> str | None:
+    """MBPP extraction (OpenCompass ``MBPPEvaluator`` patterns); None if < 10 chars remain."""
+    text = response
+    for pattern in _MBPP_PATTERNS:
+        match = re.search(pattern, text, re.DOTALL)
+        if match:
+            text = match.group(1)
+            break
+    text = text.split("```")[0]
+    text = re.split(r"'?\s*\[?DONE\]?", text)[0]
+    text = text.replace("\\_", "_").strip()
+    return text if len(text) >= 10 else None
+
+
+def _first_def(code: str) -> str | None:
+    match = re.search(r"^def\s+([A-Za-z_]\w*)\s*\(", code, re.MULTILINE)
+    return match.group(1) if match else None
+
+
+def _count_tests(data_source: str, tests: str) -> int:
+    if data_source == "mbpp":
+        return max(1, len(json.loads(tests)))
+    try:
+        tree = ast.parse(tests)
+    except SyntaxError:
+        return 1
+    if data_source == "humanevalplus":
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Assign) and isinstance(node.value, ast.List)
+                    and any(isinstance(t, ast.Name) and t.id == "inputs" for t in node.targets)):
+                return max(1, len(node.value.elts))
+        return 1
+    return max(1, sum(isinstance(node, ast.Assert) for node in ast.walk(tree)))
+
+
+def build_program(data_source: str, code: str, tests: str, entry_point: str | None = None) -> str:
+    """The program run in the sandbox: import header + code + tests (+ ``check`` call).
+
+    Args:
+        data_source: ``humaneval``, ``humanevalplus`` or ``mbpp``.
+        code: extracted solution code.
+        tests: the ground truth (HumanEval ``check`` source, EvalPlus source, or MBPP JSON list).
+        entry_point: HumanEval function under test; defaults to the first ``def`` in ``code``.
+    """
+    code = _MAIN_BLOCK.sub("", code)
+    if data_source == "mbpp":
+        test_src = "\n".join(json.loads(tests))
+    elif data_source == "humaneval":
+        name = entry_point or _first_def(code) or "solution"
+        test_src = f"{tests}\n\ncheck({name})\n"
+    elif data_source == "humanevalplus":
+        test_src = tests
+    else:
+        raise ValueError(
+            f"data_source={data_source!r} has no code program builder; "
+            "use one of ('humaneval', 'humanevalplus', 'mbpp')"
+        )
+    return f"{_IMPORT_HEADER}\n{code}\n\n{test_src}\n"
+
+
+def code_reward(
+    data_source: str,
+    response: str,
+    tests: str,
+    *,
+    entry_point: str | None = None,
+    config: CodeRewardConfig | None = None,
+) -> RewardResult:
+    """1.0 if the extracted code passes all tests in the sandbox, else 0.0 (no code -> 0.0)."""
+    cfg = config or CodeRewardConfig()
+    code = extract_mbpp_code(response) if data_source == "mbpp" else extract_code(response)
+    if code is None:
+        return RewardResult(score=0.0, acc=0.0, pred=None)
+    program = build_program(data_source, code, tests, entry_point)
+    n_tests = _count_tests(data_source, tests)
+    timeout = min(cfg.max_timeout_s, max(cfg.min_timeout_s, cfg.per_test_timeout_s * n_tests))
+    result = execute_code(program, timeout_s=timeout, memory_mb=cfg.memory_mb)
+    return RewardResult(score=float(result.ok), acc=float(result.ok), pred=code)

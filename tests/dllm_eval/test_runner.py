@@ -1,0 +1,96 @@
+"""Runner with a fake deterministic generator: outputs, manifest, batch-size invariance."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+from dllm_eval import get_benchmark, render_table, run_benchmark
+
+EOS = 0
+
+
+class CharTokenizer:
+    """Character-level stand-in for a HF tokenizer (id = code point, 0 = EOS)."""
+
+    eos_token_id = EOS
+    chat_template = "{role}: {content}\n"
+
+    def apply_chat_template(self, conversation: Any, **kwargs: Any) -> list[int]:
+        text = "".join(f"{m['role']}: {m['content']}\n" for m in conversation) + "assistant: "
+        return [ord(c) for c in text]
+
+    def decode(self, token_ids: Any, **kwargs: Any) -> str:
+        return "".join(chr(t) for t in token_ids if t != EOS)
+
+
+def make_fake_generate(answers: dict[str, str]) -> Any:
+    """Answers correctly for prompts whose text contains a key, wrongly otherwise."""
+    calls: list[int] = []
+
+    def generate(model: Any, prompts: list[list[int]], *, max_new_tokens: int, **kw: Any) -> Any:
+        calls.append(len(prompts))
+        out = torch.full((len(prompts), max_new_tokens), EOS, dtype=torch.long)
+        for i, ids in enumerate(prompts):
+            text = "".join(chr(t) for t in ids)
+            answer = next((a for q, a in answers.items() if q in text), "0")
+            resp = [ord(c) for c in f"<reasoning>r</reasoning>\\boxed{{{answer}}}"]
+            resp = resp[:max_new_tokens]
+            out[i, : len(resp)] = torch.tensor(resp)
+            out[i, len(resp):] = EOS
+        return SimpleNamespace(response_ids=out)
+
+    generate.calls = calls  # type: ignore[attr-defined]
+    return generate
+
+
+def _answers(limit: int) -> dict[str, str]:
+    rows = get_benchmark("gsm8k").load(limit=limit)
+    # every third question answered right
+    return {r.prompt[0]["content"][:80]: r.ground_truth for r in rows if r.index % 3 == 0}
+
+
+def test_scores_invariant_to_batch_size(tmp_path: Path) -> None:
+    model = torch.nn.Linear(2, 2)
+    results = []
+    for bs in (1, 3, 10):
+        gen = make_fake_generate(_answers(10))
+        res = run_benchmark(model, CharTokenizer(), "gsm8k", batch_size=bs, limit=10,
+                            generate_fn=gen, output_dir=tmp_path / f"bs{bs}")
+        assert gen.calls == [min(bs, 10 - i) for i in range(0, 10, bs)]
+        results.append(res)
+    base = [(s.index, s.score, s.response) for s in results[0].samples]
+    for res in results[1:]:
+        assert [(s.index, s.score, s.response) for s in res.samples] == base
+    assert results[0].accuracy == 0.4  # indices 0, 3, 6, 9
+
+
+def test_outputs_and_manifest(tmp_path: Path) -> None:
+    model = torch.nn.Linear(2, 2)
+    res = run_benchmark(model, CharTokenizer(), "gsm8k", preset="d1", batch_size=4, limit=6,
+                        seed=7, generate_fn=make_fake_generate(_answers(6)), output_dir=tmp_path)
+    lines = (tmp_path / "samples.jsonl").read_text().splitlines()
+    assert len(lines) == 6 and json.loads(lines[0])["score"] == 1.0
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert manifest["decoding"] == {"max_new_tokens": 256, "steps": 128, "block_length": 32,
+                                    "temperature": 0.0, "remasking": "low_confidence",
+                                    "threshold": None, "cache": None}
+    assert manifest["seed"] == 7 and manifest["preset"] == "d1"
+    assert len(manifest["prompt_template_hash"]) == 64
+    assert len(manifest["weights_sha256"]) == 64
+    assert manifest["packages"]["dllm-eval"] is not None
+    assert "EOS" in manifest["eos_handling"] and manifest["instruction"]
+    assert "| gsm8k | d1 | 6 |" in render_table([res])
+    assert (tmp_path / "results.md").exists()
+
+
+def test_prompt_hash_changes_with_preset(tmp_path: Path) -> None:
+    gen = make_fake_generate({})
+    a = run_benchmark(None, CharTokenizer(), "gsm8k", limit=2, generate_fn=gen)
+    b = run_benchmark(None, CharTokenizer(), "gsm8k", preset="d1", limit=2, generate_fn=gen)
+    assert a.manifest["prompt_template_hash"] != b.manifest["prompt_template_hash"]
+    assert a.manifest["weights_sha256"] is None and a.accuracy == 0.0
