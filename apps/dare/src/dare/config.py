@@ -1,0 +1,174 @@
+"""The run config: nested frozen dataclasses, dotted overrides, and a JSON form for --config."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dare.tasks.addition import AdditionConfig
+from dllm_rollout import SamplingConfig
+from dllm_train import OptimConfig, RLConfig, SFTConfig, TrainerConfig
+
+
+@dataclass(frozen=True, kw_only=True)
+class TinyModelConfig:
+    """A LLaDA-architecture model built from scratch (quick start).
+
+    Attributes:
+        d_model, n_layers, n_heads, mlp_hidden_size: shape.
+        rope_theta: RoPE base.
+        init_std: std of the random initial weights.
+    """
+
+    d_model: int = 128
+    n_layers: int = 4
+    n_heads: int = 4
+    mlp_hidden_size: int = 384
+    rope_theta: float = 10000.0
+    init_std: float = 0.02
+
+    def __post_init__(self) -> None:
+        if self.d_model % self.n_heads:
+            raise ValueError(f"model.d_model ({self.d_model}) must be divisible by model.n_heads ({self.n_heads})")
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvalConfig:
+    """Held-out evaluation: greedy decoding with the rollout's block and step settings.
+
+    Attributes:
+        batch_size: prompts per decoding batch.
+    """
+
+    batch_size: int = 250
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise ValueError(f"eval.batch_size must be >= 1, got {self.batch_size}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunConfig:
+    """Everything a `dare train` run needs; written resolved to `config.json` in the output folder."""
+
+    recipe: str = "quickstart"
+    algorithm: str = "d1"
+    task: AdditionConfig = field(default_factory=AdditionConfig)
+    model: TinyModelConfig = field(default_factory=TinyModelConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    sft_optim: OptimConfig = field(default_factory=OptimConfig)
+    rl: RLConfig = field(default_factory=RLConfig)
+    rl_optim: OptimConfig = field(default_factory=OptimConfig)
+    rollout: SamplingConfig = field(
+        default_factory=lambda: SamplingConfig(max_new_tokens=4, steps=4, block_length=4, temperature=1.0)
+    )
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+
+
+def to_dict(cfg: Any) -> Any:
+    """A JSON-ready dict of a (nested) dataclass config."""
+    if dataclasses.is_dataclass(cfg) and not isinstance(cfg, type):
+        return {f.name: to_dict(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)}
+    if isinstance(cfg, tuple):
+        return list(cfg)
+    return cfg
+
+
+def from_dict(cls: type[Any], data: dict[str, Any]) -> Any:
+    """Rebuild a config dataclass from `to_dict` output (validation runs again)."""
+    hints = typing.get_type_hints(cls)
+    kwargs: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        if f.name not in data:
+            continue
+        value, hint = data[f.name], hints[f.name]
+        if dataclasses.is_dataclass(hint) and isinstance(value, dict):
+            kwargs[f.name] = from_dict(typing.cast(type[Any], hint), value)
+        else:
+            kwargs[f.name] = _coerce(value, hint, f.name)
+    unknown = set(data) - {f.name for f in dataclasses.fields(cls)}
+    if unknown:
+        raise ValueError(f"unknown config keys {sorted(unknown)} for {cls.__name__}")
+    return cls(**kwargs)
+
+
+def _coerce(value: Any, hint: Any, name: str) -> Any:
+    """Convert a parsed override or JSON value to the field's type."""
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
+            if type(None) in args:
+                return None
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(value, arg, name)
+            except (TypeError, ValueError):
+                continue
+        raise ValueError(f"{name}: cannot read {value!r} as {hint}")
+    if origin is tuple:
+        items = json.loads(value) if isinstance(value, str) else value
+        return tuple(_coerce(v, a, name) for v, a in zip(items, args))
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        if str(value).lower() in ("true", "1", "yes"):
+            return True
+        if str(value).lower() in ("false", "0", "no"):
+            return False
+        raise ValueError(f"{name}: expected true/false, got {value!r}")
+    if hint is int:
+        if isinstance(value, float) and not value.is_integer():
+            raise ValueError(f"{name}: expected an integer, got {value!r}")
+        return int(value)
+    if hint is float:
+        return float(value)
+    if hint is str:
+        return str(value)
+    return value
+
+
+def apply_overrides(cfg: Any, overrides: list[str]) -> Any:
+    """Apply `a.b.c=value` overrides to a nested frozen dataclass, validating each level.
+
+    Raises:
+        ValueError: naming the key and the valid keys when a path does not exist.
+    """
+    for item in overrides:
+        if "=" not in item:
+            raise ValueError(f"override {item!r} must look like key=value, e.g. trainer.max_steps=10")
+        key, raw = item.split("=", 1)
+        cfg = _set(cfg, key.strip().split("."), raw, key)
+    return cfg
+
+
+def _set(cfg: Any, path: list[str], raw: str, full: str) -> Any:
+    names = [f.name for f in dataclasses.fields(cfg)]
+    if path[0] not in names:
+        raise ValueError(f"unknown config key {full!r}: {type(cfg).__name__} has {sorted(names)}")
+    hints = typing.get_type_hints(type(cfg))
+    current = getattr(cfg, path[0])
+    if len(path) > 1:
+        if not dataclasses.is_dataclass(current):
+            raise ValueError(f"config key {full!r}: {path[0]} has no sub-fields")
+        value = _set(current, path[1:], raw, full)
+    else:
+        value = _coerce(raw, hints[path[0]], full)
+    return dataclasses.replace(cfg, **{path[0]: value})
+
+
+def save_config(cfg: RunConfig, path: Path) -> None:
+    path.write_text(json.dumps(to_dict(cfg), indent=2, sort_keys=True))
+
+
+def load_config(path: Path) -> RunConfig:
+    result: RunConfig = from_dict(RunConfig, json.loads(path.read_text()))
+    return result

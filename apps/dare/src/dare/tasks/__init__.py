@@ -1,0 +1,1 @@
+"""Small generated tasks for quick starts and CPU tests."""

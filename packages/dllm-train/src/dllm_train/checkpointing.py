@@ -1,0 +1,100 @@
+"""Atomic checkpoints of a training run, and exact resume.
+
+A checkpoint is a folder `checkpoints/<phase>-<step>/` holding the model as a release-layout
+checkpoint (`model/`: config.json + safetensors) and `trainer_state.pt` (optimizer, counters,
+phase results). It is written under a temporary name and renamed into place, so a crash at any
+moment leaves either the previous checkpoint or the new one, never half of one.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dllm_models import load_model, save_model
+
+_NAME = re.compile(r"^(?P<order>\d+)-(?P<phase>[a-z]+)-(?P<step>\d{6})$")
+
+
+@dataclass(frozen=True)
+class CheckpointRef:
+    """A complete checkpoint on disk."""
+
+    path: Path
+    order: int
+    phase: str
+    step: int
+
+
+def _name(order: int, phase: str, step: int) -> str:
+    return f"{order}-{phase}-{step:06d}"
+
+
+def save_checkpoint(
+    output_dir: Path, *, order: int, phase: str, step: int, model: Any, state: dict[str, Any],
+    tokenizer: Any = None, keep: int = 2,
+) -> Path:
+    """Write a checkpoint atomically and keep only the newest `keep` ones.
+
+    Args:
+        output_dir: run folder; checkpoints go to `output_dir/checkpoints/`.
+        order: phase order (0 for the first phase, 1 for the second...), so phases sort.
+        phase: phase name ("sft", "rl").
+        step: completed steps of that phase.
+        model: the module to save.
+        state: trainer state (optimizer state, counters, results) saved with torch.save.
+        tokenizer: optional tokenizer saved with the model.
+        keep: number of checkpoints kept.
+    """
+    root = output_dir / "checkpoints"
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / _name(order, phase, step)
+    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=root))
+    try:
+        save_model(model, tmp / "model", tokenizer=tokenizer)
+        with open(tmp / "trainer_state.pt", "wb") as fh:
+            torch.save(state, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    for old in list_checkpoints(output_dir)[:-keep]:
+        shutil.rmtree(old.path, ignore_errors=True)
+    return final
+
+
+def list_checkpoints(output_dir: Path) -> list[CheckpointRef]:
+    """Complete checkpoints, oldest first (temporary folders are ignored)."""
+    root = output_dir / "checkpoints"
+    if not root.is_dir():
+        return []
+    refs = []
+    for p in root.iterdir():
+        m = _NAME.match(p.name)
+        if m and (p / "trainer_state.pt").is_file() and (p / "model" / "config.json").is_file():
+            refs.append(CheckpointRef(p, int(m["order"]), m["phase"], int(m["step"])))
+    return sorted(refs, key=lambda r: (r.order, r.step))
+
+
+def latest_checkpoint(output_dir: Path) -> CheckpointRef | None:
+    refs = list_checkpoints(output_dir)
+    return refs[-1] if refs else None
+
+
+def load_checkpoint(ref: CheckpointRef, model: Any) -> dict[str, Any]:
+    """Load the checkpoint's weights into `model` in place and return its trainer state."""
+    saved = load_model(ref.path / "model", dtype=next(model.parameters()).dtype)
+    model.load_state_dict(saved.state_dict())
+    state: dict[str, Any] = torch.load(ref.path / "trainer_state.pt", weights_only=False)
+    return state

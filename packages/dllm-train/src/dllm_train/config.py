@@ -1,0 +1,119 @@
+"""Configs of the trainer, validated on construction so a bad value fails before any work."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+BACKENDS = ("local", "ray")
+
+
+@dataclass(frozen=True, kw_only=True)
+class OptimConfig:
+    """AdamW settings.
+
+    Attributes:
+        lr: learning rate.
+        weight_decay: decoupled weight decay.
+        betas: Adam betas.
+        grad_clip: max global grad norm (0 disables clipping).
+        warmup_steps: linear warm-up steps.
+    """
+
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    grad_clip: float = 1.0
+    warmup_steps: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.lr > 0:
+            raise ValueError(f"optim.lr must be > 0, got {self.lr}")
+        if self.grad_clip < 0:
+            raise ValueError(f"optim.grad_clip must be >= 0 (0 disables), got {self.grad_clip}")
+        if self.warmup_steps < 0:
+            raise ValueError(f"optim.warmup_steps must be >= 0, got {self.warmup_steps}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainerConfig:
+    """The outer loop.
+
+    Attributes:
+        max_steps: number of optimizer steps of the RL phase.
+        seed: root seed; every step's randomness is derived from (seed, step), so a resumed run
+            draws exactly what an uninterrupted one would.
+        eval_every: held-out evaluation period in steps (0: only before and after).
+        save_every: checkpoint period in steps (0: only at the end).
+        log_every: progress-line period in steps.
+        backend: "local" (in-process) or "ray".
+    """
+
+    max_steps: int = 100
+    seed: int = 0
+    eval_every: int = 0
+    save_every: int = 0
+    log_every: int = 1
+    backend: str = "local"
+
+    def __post_init__(self) -> None:
+        if self.max_steps < 0:
+            raise ValueError(f"trainer.max_steps must be >= 0, got {self.max_steps}")
+        for name in ("eval_every", "save_every"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"trainer.{name} must be >= 0, got {getattr(self, name)}")
+        if self.log_every < 1:
+            raise ValueError(f"trainer.log_every must be >= 1, got {self.log_every}")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"trainer.backend {self.backend!r} unknown; choose one of {BACKENDS}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RLConfig:
+    """Batch shape of one RL step.
+
+    Attributes:
+        prompts_per_step: distinct prompts per rollout batch.
+        group_size: samples per prompt (G of GRPO).
+        clip_low, clip_high, dual_clip: clipped-surrogate constants.
+    """
+
+    prompts_per_step: int = 16
+    group_size: int = 8
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    dual_clip: float = 3.0
+
+    def __post_init__(self) -> None:
+        if self.prompts_per_step < 1:
+            raise ValueError(f"rl.prompts_per_step must be >= 1, got {self.prompts_per_step}")
+        if self.group_size < 2:
+            raise ValueError(
+                f"rl.group_size must be >= 2 so group-relative advantages are defined, got {self.group_size}"
+            )
+
+
+@dataclass(frozen=True, kw_only=True)
+class SFTConfig:
+    """Masked-diffusion SFT phase.
+
+    Attributes:
+        steps: optimizer steps (0 skips the phase).
+        batch_size: sequences per step.
+        eps: smallest masking ratio t.
+        normalizer: "masked" (sum over masked tokens / their count) or "response".
+        weight_by_t: weight each masked token by 1/t (the LLaDA-paper NELBO).
+    """
+
+    steps: int = 0
+    batch_size: int = 64
+    eps: float = 1e-3
+    normalizer: str = "masked"
+    weight_by_t: bool = False
+
+    def __post_init__(self) -> None:
+        if self.steps < 0:
+            raise ValueError(f"sft.steps must be >= 0, got {self.steps}")
+        if self.batch_size < 1:
+            raise ValueError(f"sft.batch_size must be >= 1, got {self.batch_size}")
+        if not 0 < self.eps < 1:
+            raise ValueError(f"sft.eps must be in (0, 1), got {self.eps}")

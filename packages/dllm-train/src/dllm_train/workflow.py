@@ -1,0 +1,174 @@
+"""Workflow: the outer loop of a run, its phases, checkpoints and exact resume.
+
+A run is a sequence of phases (e.g. SFT then RL). Each phase is a step function called for steps
+`start..steps-1`; all randomness of a step derives from (seed, phase, step) (see `seeding`), so a
+run resumed from its latest checkpoint continues exactly as the uninterrupted run would.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from tqdm import tqdm
+
+from dllm_train.checkpointing import latest_checkpoint, load_checkpoint, save_checkpoint
+from dllm_train.config import RLConfig, TrainerConfig
+from dllm_train.dataflow import Experience, PromptBatch
+from dllm_train.metrics import MetricsWriter, format_line, read_metrics
+from dllm_train.objective import PolicyObjective
+from dllm_train.seeding import generator, sample_seeds
+from dllm_train.workers import ActorWorker, ReferenceWorker, RewardWorker, RolloutWorker
+
+logger = logging.getLogger(__name__)
+
+
+class Stateful(Protocol):
+    def state(self) -> dict[str, Any]: ...
+
+    def load_state(self, state: dict[str, Any]) -> None: ...
+
+
+@dataclass(frozen=True)
+class PhaseSpec:
+    """One phase of a run.
+
+    Attributes:
+        order: position of the phase in the run (0, 1, ...).
+        name: short lowercase name ("sft", "rl"); also names its metrics file.
+        steps: number of steps.
+        step_fn: runs step `i` (0-based) and returns its metrics.
+        owner: the object whose optimizer state is checkpointed with the phase.
+        save_every: checkpoint period (0: only at the end).
+        eval_fn: held-out evaluation returning metrics, run every `eval_every` steps.
+        eval_every: evaluation period (0: never inside the phase).
+        on_end: called once after the last step; its results are stored with the run.
+        metrics_file: file name of the phase's metrics under the output folder.
+        log_keys: metrics shown in the one-line summaries.
+    """
+
+    order: int
+    name: str
+    steps: int
+    step_fn: Callable[[int], dict[str, float]]
+    owner: Stateful
+    save_every: int = 0
+    eval_fn: Callable[[], dict[str, float]] | None = None
+    eval_every: int = 0
+    on_end: Callable[[], dict[str, Any]] | None = None
+    metrics_file: str = "metrics.jsonl"
+    log_keys: Sequence[str] = ()
+
+
+class Run:
+    """Drives phases with checkpoints; resumes from the latest checkpoint in `output_dir`."""
+
+    def __init__(self, output_dir: Path, model: Any, *, tokenizer: Any = None, log_every: int = 1,
+                 progress: bool = True) -> None:
+        self.output_dir = output_dir
+        self.model = model
+        self.tokenizer = tokenizer
+        self.log_every = log_every
+        self.progress = progress
+        self.latest = latest_checkpoint(output_dir)
+        self.state: dict[str, Any] = load_checkpoint(self.latest, model) if self.latest else {}
+        self.results: dict[str, Any] = dict(self.state.get("results", {}))
+        if self.latest is not None:
+            logger.info("resuming from %s", self.latest.path)
+
+    def _start(self, spec: PhaseSpec) -> int | None:
+        """First step to run, or None if the phase already finished."""
+        if self.latest is None or self.latest.order < spec.order:
+            return 0
+        if self.latest.order > spec.order or self.latest.step >= spec.steps:
+            return None
+        spec.owner.load_state(self.state["owner"])
+        return self.latest.step
+
+    def _save(self, spec: PhaseSpec, step: int) -> None:
+        state = {"owner": spec.owner.state(), "results": self.results}
+        save_checkpoint(self.output_dir, order=spec.order, phase=spec.name, step=step,
+                        model=self.model, state=state, tokenizer=self.tokenizer)
+
+    def run_phase(self, spec: PhaseSpec) -> None:
+        start = self._start(spec)
+        if start is None:
+            logger.info("phase %s already complete; skipping", spec.name)
+            return
+        writer = MetricsWriter(self.output_dir / spec.metrics_file, resume_step=start)
+        bar = tqdm(total=spec.steps, initial=start, desc=spec.name, disable=not self.progress,
+                   dynamic_ncols=True, leave=False)
+        try:
+            for i in range(start, spec.steps):
+                record: dict[str, Any] = {"step": i + 1, **spec.step_fn(i)}
+                if spec.eval_fn is not None and spec.eval_every and (i + 1) % spec.eval_every == 0:
+                    record.update(spec.eval_fn())
+                writer.write(record)
+                bar.update(1)
+                if (i + 1) % self.log_every == 0 or i + 1 == spec.steps:
+                    logger.info("%s %s", spec.name, format_line(record, spec.log_keys))
+                if spec.save_every and (i + 1) % spec.save_every == 0 and i + 1 < spec.steps:
+                    self._save(spec, i + 1)
+        finally:
+            bar.close()
+            writer.close()
+        if spec.on_end is not None:
+            self.results.update(spec.on_end())
+        self._save(spec, spec.steps)
+
+    def metrics(self, spec_name_file: str = "metrics.jsonl") -> list[dict[str, Any]]:
+        path = self.output_dir / spec_name_file
+        return read_metrics(path) if path.exists() else []
+
+
+PromptSampler = Callable[[int], PromptBatch]
+"""step -> the prompts of that step (deterministic in step)."""
+
+
+class RLWorkflow:
+    """generate -> reward -> old log-probs (+ reference) -> advantages -> update."""
+
+    def __init__(self, *, prompts: PromptSampler, rollout: RolloutWorker, reward: RewardWorker,
+                 actor: ActorWorker, objective: PolicyObjective, trainer: TrainerConfig, rl: RLConfig,
+                 reference: ReferenceWorker | None = None) -> None:
+        if objective.needs_reference and reference is None:
+            raise ValueError(f"algorithm {objective.name!r} needs a reference model; pass reference=")
+        self.prompts = prompts
+        self.rollout = rollout
+        self.reward = reward
+        self.actor = actor
+        self.objective = objective
+        self.trainer = trainer
+        self.rl = rl
+        self.reference = reference
+
+    def step(self, step: int) -> dict[str, float]:
+        seed = self.trainer.seed
+        batch = self.prompts(step)
+        prompts, answers, groups = batch.expanded()
+        rollout = self.rollout.generate(prompts, sample_seeds(seed, len(prompts), "rollout", step))
+        scores, texts = self.reward.score(rollout, answers)
+        exp = Experience(rollout=rollout, scores=scores, group_ids=groups, texts=texts)
+        self.actor.prepare(exp, generator(seed, "plan", step))
+        if self.reference is not None:
+            exp.ref_logp = self.reference.log_probs(exp, self.objective)
+        exp.advantages = self.objective.advantages(scores, groups)
+        metrics = self.actor.update(exp)
+        lengths = rollout.response_mask.float().sum(-1)
+        metrics.update({
+            "reward_mean": float(scores.mean()),
+            "reward_std": float(scores.std()) if scores.numel() > 1 else 0.0,
+            "response_length": float(lengths.mean()),
+            "groups_all_equal": float(_all_equal_groups(scores, groups)),
+        })
+        return metrics
+
+
+def _all_equal_groups(scores: torch.Tensor, groups: torch.Tensor) -> float:
+    """Fraction of groups whose rewards are all equal (they carry no GRPO signal)."""
+    equal = [bool((scores[groups == g] == scores[groups == g][0]).all()) for g in torch.unique(groups)]
+    return sum(equal) / max(1, len(equal))
