@@ -126,11 +126,22 @@ def _coerce(value: Any, hint: Any, name: str) -> Any:
             return False
         raise ValueError(f"{name}: expected true/false, got {value!r}")
     if hint is int:
-        if isinstance(value, float) and not value.is_integer():
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.strip().lstrip("+-").isdigit():
+            return int(value)
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"{name}: expected an integer, got {value!r}") from None
+        if not number.is_integer():
             raise ValueError(f"{name}: expected an integer, got {value!r}")
-        return int(value)
+        return int(number)
     if hint is float:
-        return float(value)
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"{name}: expected a number, got {value!r}") from None
     if hint is str:
         return str(value)
     return value
