@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import torch
+
+from dllm_rollout.config import SamplingConfig
+
 
 
 @dataclass
@@ -19,9 +22,21 @@ class RolloutBatch:
         seeds: [B] per-sample seeds; `generate(..., seed=seeds[i:i+1])` on prompt i replays it.
         unmask_step: [B, R] long, global denoising step at which each response token was
             committed (-1 if never), present when trajectories are recorded.
-        step_logp: [B, R] float32 log-prob of each committed token under the sampling
-            distribution at the step it was committed, present when trajectories are recorded.
-        extras: further engine- or algorithm-agnostic per-sample tensors.
+        step_logp: [B, R] float32 log-prob of each committed token under softmax(logits / T)
+            (T = 1 at temperature 0; before top-k/top-p filtering) on the canvas of the step it
+            was committed at, present when trajectories are recorded.
+        ref_step_logp: [B, R] the same log-prob under a second (reference) model run on the same
+            canvases (`generate(..., ref_model=...)`).
+        step_canvas: [B, S, R] long, the response canvas before each of the sample's own steps
+            (S = most steps any row took; rows that took fewer are padded with the mask id).
+        step_x0: [B, S, R] long, the clean prediction at each step: proposals inside the block
+            being decoded, the canvas elsewhere (committed tokens kept).
+        step_confidence: [B, S, R] float32 confidence of each proposal inside the block being
+            decoded (NaN elsewhere).
+        config: the SamplingConfig that produced the batch (None for engine outputs without one).
+        extras: further per-sample tensors (block diffusion with trajectories: `tail_ids`,
+            `tail_unmask_step` [B, T], the decoded rest of the terminal block after the response,
+            padded with the mask id / -1, needed to replay the last block exactly).
     """
 
     prompt_ids: torch.Tensor
@@ -31,6 +46,11 @@ class RolloutBatch:
     seeds: torch.Tensor
     unmask_step: torch.Tensor | None = None
     step_logp: torch.Tensor | None = None
+    ref_step_logp: torch.Tensor | None = None
+    step_canvas: torch.Tensor | None = None
+    step_x0: torch.Tensor | None = None
+    step_confidence: torch.Tensor | None = None
+    config: SamplingConfig | None = None
     extras: dict[str, torch.Tensor] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -55,13 +75,13 @@ class RolloutBatch:
 
     def select(self, index: torch.Tensor) -> RolloutBatch:
         """The rows at `index` (a long or bool tensor over the batch)."""
-        return RolloutBatch(
-            prompt_ids=self.prompt_ids[index],
-            prompt_mask=self.prompt_mask[index],
-            response_ids=self.response_ids[index],
-            response_mask=self.response_mask[index],
-            seeds=self.seeds[index],
-            unmask_step=None if self.unmask_step is None else self.unmask_step[index],
-            step_logp=None if self.step_logp is None else self.step_logp[index],
-            extras={k: v[index] for k, v in self.extras.items()},
-        )
+        kwargs: dict[str, object] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, torch.Tensor):
+                kwargs[f.name] = value[index]
+            elif f.name == "extras":
+                kwargs[f.name] = {k: v[index] for k, v in value.items()}
+            else:
+                kwargs[f.name] = value
+        return RolloutBatch(**kwargs)  # type: ignore[arg-type]

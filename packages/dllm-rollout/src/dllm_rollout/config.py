@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-REMASKING = ("low_confidence", "random")
+LLADA_REMASKING = ("low_confidence", "random")
+DREAM_REMASKING = ("origin", "maskgit_plus", "topk_margin", "entropy")
+REMASKING = LLADA_REMASKING + DREAM_REMASKING
 CACHES = (None, "prefix", "dual")
 EOS_HANDLING = ("keep", "truncate")
 
@@ -13,48 +15,98 @@ EOS_HANDLING = ("keep", "truncate")
 class SamplingConfig:
     """How to decode a batch.
 
+    Masked diffusion (`block_diffusion=False`, LLaDA/Dream): the response is a canvas of
+    `max_new_tokens` masks split into semi-autoregressive blocks of `block_length` counted from the
+    response start; `steps` is the total number of denoising steps.
+
+    Block diffusion (`block_diffusion=True`, SDAR/LLaDA2): blocks lie on the global grid
+    (position // block_length, prompt included); `steps` is the number of denoising steps *per
+    block* and `max_new_tokens` need not be a block multiple.
+
     Attributes:
-        max_new_tokens: response length R (the canvas of masks appended to each prompt).
-        steps: total denoising steps over the whole response.
-        block_length: semi-autoregressive block size; must divide max_new_tokens.
-        temperature: 0 takes the argmax; > 0 samples from softmax(logits / temperature).
-        remasking: "low_confidence" commits the most confident proposals, "random" random ones.
-        cache: None, "prefix" or "dual" (masked diffusion KV caches).
-        threshold: if set, commit every proposal with confidence >= threshold (at least one).
+        max_new_tokens: response length R.
+        steps: total denoising steps (masked) or steps per block (block diffusion).
+        block_length: block size; divides max_new_tokens for masked diffusion.
+        temperature: 0 takes the argmax; > 0 samples from softmax(filtered logits / temperature).
+        top_k: keep the k most likely tokens before sampling (None: all).
+        top_p: keep the smallest set of tokens with mass >= top_p (None or 1.0: all).
+        remasking: which proposals to commit. LLaDA: "low_confidence" (probability of the
+            proposal at T=1), "random". Dream: "origin", "maskgit_plus", "topk_margin",
+            "entropy" (spec 2.3; these use Dream's 1 - s/t schedule). Block diffusion uses
+            "low_confidence" (probability under the filtered, tempered softmax).
+        alg_temp: Dream position sampling: choose positions by sampling from
+            softmax(confidence / alg_temp) without replacement instead of top-k (None/0: top-k).
+        cache: masked diffusion: None, "prefix" or "dual" (Fast-dLLM; approximate). Block
+            diffusion: None recomputes every finished block each step; "prefix" keeps an exact
+            KV cache of finished blocks.
+        threshold: parallel decoding. Masked: commit every masked proposal in the block with
+            confidence >= threshold, and always the most confident one. Block diffusion
+            (dynamic unmasking): commit those >= threshold, or the step's quota if fewer pass.
         eos_handling: "keep" counts every response token (reference LLaDA/Dream rollouts);
             "truncate" counts tokens through the first EOS only.
-        record_trajectory: record the step at which each token was committed and its log-prob.
+        stop_at_eos: block diffusion: a row stops after a block whose response part holds EOS
+            (remaining positions are filled with EOS).
+        record_trajectory: record per token the step it was committed at and its log-prob.
+        record_steps: record per step the canvas, the proposals and their confidences.
+        block_diffusion: set by `generate` from `model.traits.block_length`.
     """
 
     max_new_tokens: int
     steps: int
     block_length: int
     temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float | None = None
     remasking: str = "low_confidence"
+    alg_temp: float | None = None
     cache: str | None = None
     threshold: float | None = None
     eos_handling: str = "keep"
+    stop_at_eos: bool = True
     record_trajectory: bool = False
+    record_steps: bool = False
+    block_diffusion: bool = False
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if self.block_length < 1 or self.max_new_tokens % self.block_length:
-            raise ValueError(
-                f"block_length ({self.block_length}) must divide max_new_tokens "
-                f"({self.max_new_tokens}); e.g. block_length={self.max_new_tokens}"
-            )
-        if self.steps < self.num_blocks:
-            raise ValueError(
-                f"steps ({self.steps}) must be >= the number of blocks ({self.num_blocks}) "
-                "so every block gets at least one step"
-            )
+        if self.block_length < 1:
+            raise ValueError(f"block_length must be >= 1, got {self.block_length}")
+        if self.steps < 1:
+            raise ValueError(f"steps must be >= 1, got {self.steps}")
+        if not self.block_diffusion:
+            if self.max_new_tokens % self.block_length:
+                raise ValueError(
+                    f"block_length ({self.block_length}) must divide max_new_tokens "
+                    f"({self.max_new_tokens}); e.g. block_length={self.max_new_tokens}"
+                )
+            if self.steps < self.num_blocks:
+                raise ValueError(
+                    f"steps ({self.steps}) must be >= the number of blocks ({self.num_blocks}) "
+                    "so every block gets at least one step"
+                )
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k is not None and self.top_k < 1:
+            raise ValueError(f"top_k must be >= 1 or None, got {self.top_k}")
+        if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1] or None, got {self.top_p}")
         if self.remasking not in REMASKING:
             raise ValueError(f"remasking {self.remasking!r} unknown; choose one of {REMASKING}")
+        if self.block_diffusion and self.remasking != "low_confidence":
+            raise ValueError(
+                f"remasking {self.remasking!r} is not available for block diffusion; use "
+                "'low_confidence' (static) or set threshold for dynamic unmasking"
+            )
+        if self.alg_temp is not None and self.alg_temp < 0:
+            raise ValueError(f"alg_temp must be >= 0 or None, got {self.alg_temp}")
         if self.cache not in CACHES:
             raise ValueError(f"cache {self.cache!r} unknown; choose one of {CACHES}")
+        if self.block_diffusion and self.cache == "dual":
+            raise ValueError(
+                "cache='dual' is a masked-diffusion cache; block diffusion takes cache=None "
+                "(recompute) or cache='prefix' (exact KV cache of finished blocks)"
+            )
         if self.threshold is not None and not 0.0 <= self.threshold <= 1.0:
             raise ValueError(f"threshold must be in [0, 1] or None, got {self.threshold}")
         if self.eos_handling not in EOS_HANDLING:
@@ -62,8 +114,12 @@ class SamplingConfig:
 
     @property
     def num_blocks(self) -> int:
+        """Masked diffusion: blocks in the response."""
         return self.max_new_tokens // self.block_length
 
     @property
     def steps_per_block(self) -> int:
+        """Masked diffusion: steps // num_blocks (floor 1); block diffusion: steps."""
+        if self.block_diffusion:
+            return self.steps
         return max(1, self.steps // self.num_blocks)

@@ -8,64 +8,25 @@ from typing import Any
 import torch
 
 from dllm_rollout.batch import RolloutBatch
+from dllm_rollout.block import decode_blocks
 from dllm_rollout.config import SamplingConfig
-from dllm_rollout.masked import _confidence, _propose, _select, transfer_quota
+from dllm_rollout.masked import decode_masked
 from dllm_rollout.prompts import left_pad, sample_seeds
 
 
-def _logits(model: Any, canvas: torch.Tensor, attn: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-    logits: torch.Tensor = model(canvas, attention_mask=attn, position_ids=pos).logits
-    if model.traits.logit_shift:
-        logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
-    return logits
-
-
-@torch.no_grad()
 def decode(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, seeds: torch.Tensor,
-           cfg: SamplingConfig) -> RolloutBatch:
-    """Decode a left-padded batch with low-confidence (or random) remasking in blocks.
+           cfg: SamplingConfig, ref_model: Any = None) -> RolloutBatch:
+    """Decode a left-padded batch: block diffusion if `cfg.block_diffusion`, else masked diffusion.
 
-    Every step runs one full forward over the canvas (prompt + all blocks); only still-masked
-    positions of the current block compete, and committed tokens are never revised.
+    Args:
+        prompt_ids, prompt_mask: [B, P] left-padded prompt ids and real-token mask.
+        seeds: [B] per-sample seeds.
+        cfg: the sampling configuration.
+        ref_model: optional reference model scored on the same canvases (`ref_step_logp`).
     """
-    traits = model.traits
-    device = prompt_ids.device
-    b, p = prompt_ids.shape
-    r, bl = cfg.max_new_tokens, cfg.block_length
-    canvas = torch.cat([prompt_ids, torch.full((b, r), traits.mask_token_id, device=device)], dim=1)
-    attn = torch.cat([prompt_mask, torch.ones((b, r), dtype=torch.bool, device=device)], dim=1)
-    pos = (attn.long().cumsum(-1) - 1).clamp(min=0)
-    gens = [torch.Generator(device=device).manual_seed(int(s)) for s in seeds.tolist()]
-    unmask_step = torch.full((b, r), -1, dtype=torch.long, device=device)
-    step_logp = torch.zeros((b, r), dtype=torch.float32, device=device)
-    step = 0
-    for blk in range(cfg.num_blocks):
-        start, end = p + blk * bl, p + (blk + 1) * bl
-        quota = transfer_quota(bl, cfg.steps_per_block)
-        s = 0
-        while bool((canvas[:, start:end] == traits.mask_token_id).any()):
-            logits = _logits(model, canvas, attn, pos)[:, start:end]
-            x0, logp = _propose(logits, cfg.temperature, gens)
-            conf = _confidence(logits, x0, cfg.remasking, gens)
-            still = canvas[:, start:end] == traits.mask_token_id
-            k = quota[s] if s < len(quota) else bl
-            commit = _select(conf, still, k, cfg.threshold)
-            canvas[:, start:end] = torch.where(commit, x0, canvas[:, start:end])
-            rel = slice(blk * bl, (blk + 1) * bl)
-            unmask_step[:, rel] = torch.where(commit, step, unmask_step[:, rel])
-            step_logp[:, rel] = torch.where(commit, logp, step_logp[:, rel])
-            s += 1
-            step += 1
-    response = canvas[:, p:]
-    return RolloutBatch(
-        prompt_ids=prompt_ids,
-        prompt_mask=prompt_mask,
-        response_ids=response,
-        response_mask=response_mask(response, traits.eos_token_id, cfg.eos_handling),
-        seeds=seeds,
-        unmask_step=unmask_step if cfg.record_trajectory else None,
-        step_logp=step_logp if cfg.record_trajectory else None,
-    )
+    if cfg.block_diffusion:
+        return decode_blocks(model, prompt_ids, prompt_mask, seeds, cfg, ref_model)
+    return decode_masked(model, prompt_ids, prompt_mask, seeds, cfg, ref_model)
 
 
 def response_mask(response: torch.Tensor, eos_id: int, eos_handling: str) -> torch.Tensor:
@@ -91,37 +52,58 @@ def generate(
     seed: int | Sequence[int] | None = None,
     eos_handling: str = "keep",
     record_trajectory: bool = False,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    alg_temp: float | None = None,
+    stop_at_eos: bool = True,
+    record_steps: bool = False,
+    ref_model: Any = None,
 ) -> RolloutBatch:
     """Generate responses for prompts of any lengths with a diffusion LM.
 
-    With temperature 0 and no cache this is the plain reference decoder of LLaDA (spec §2.1):
-    semi-autoregressive blocks, `steps // num_blocks` steps per block, low-confidence remasking,
-    no special treatment of EOS.
+    Dispatches on `model.traits.block_length`: None selects masked diffusion (LLaDA, Dream; with
+    temperature 0 and no cache the plain reference decoder of LLaDA, spec §2.1: semi-autoregressive
+    blocks, `steps // num_blocks` steps per block, low-confidence remasking, no special treatment
+    of EOS); an int selects block diffusion on the global grid (SDAR, LLaDA2, spec §2.4-2.5),
+    where `steps` counts denoising steps per block and `block_length` must equal the model's.
 
     Args:
         model: a dllm_models family module (has `traits` and a padded-batch forward).
         prompts: B lists of token ids, any lengths (left-padded internally).
         max_new_tokens: response length.
-        steps: total denoising steps.
-        block_length: block size (divides max_new_tokens).
+        steps: total denoising steps (masked) or steps per block (block diffusion).
+        block_length: block size (masked: divides max_new_tokens; block diffusion: the model's).
         temperature: sampling temperature (0 = argmax).
-        remasking: "low_confidence" or "random".
-        cache: None, "prefix" or "dual".
+        remasking: "low_confidence", "random", or Dream's "origin", "maskgit_plus",
+            "topk_margin", "entropy".
+        cache: None, "prefix" or "dual" (masked, approximate); None or "prefix" (block, exact).
         threshold: confidence threshold for parallel decoding (commits at least one per step).
         seed: an int (per-sample seeds derived from it), one seed per prompt, or None.
         eos_handling: "keep" or "truncate" (which response tokens `response_mask` counts).
         record_trajectory: record unmask steps and per-step log-probs.
+        top_k, top_p: restrict the proposal distribution (Dream order: top-p, then top-k).
+        alg_temp: Dream: sample positions from softmax(confidence / alg_temp).
+        stop_at_eos: block diffusion: stop a row after a block that produced EOS.
+        record_steps: record canvases, proposals and confidences of every step.
+        ref_model: a second model scored on the same canvases (`ref_step_logp`).
 
     Returns:
         RolloutBatch with `response_ids` [B, max_new_tokens].
     """
+    native = model.traits.block_length
+    if native is not None and block_length != native:
+        raise ValueError(
+            f"block_length ({block_length}) must equal the model's block_length ({native}) for "
+            "block diffusion: its attention mask uses that grid; build the model with another "
+            "block size to decode with one"
+        )
     cfg = SamplingConfig(
         max_new_tokens=max_new_tokens, steps=steps, block_length=block_length,
-        temperature=temperature, remasking=remasking, cache=cache, threshold=threshold,
-        eos_handling=eos_handling, record_trajectory=record_trajectory,
+        temperature=temperature, top_k=top_k, top_p=top_p, remasking=remasking, alg_temp=alg_temp,
+        cache=cache, threshold=threshold, eos_handling=eos_handling, stop_at_eos=stop_at_eos,
+        record_trajectory=record_trajectory or ref_model is not None, record_steps=record_steps,
+        block_diffusion=native is not None,
     )
-    if cfg.cache is not None:
-        raise NotImplementedError(f"cache={cfg.cache!r} is not implemented yet; use cache=None")
     device = next(model.parameters()).device
     ids, mask = left_pad(prompts, model.traits.pad_token_id, device)
-    return decode(model, ids, mask, sample_seeds(seed, len(prompts)), cfg)
+    return decode(model, ids, mask, sample_seeds(seed, len(prompts)), cfg, ref_model)

@@ -1,14 +1,26 @@
-"""Masked-diffusion decoding: LLaDA low-confidence / random remasking in semi-AR blocks.
+"""Masked-diffusion decoding (LLaDA, Dream) in semi-autoregressive blocks, with Fast-dLLM caches.
 
-Nie et al., "Large Language Diffusion Models" (arXiv 2502.09992), Algorithm 5 (low-confidence
-remasking), and Fast-dLLM's confidence-threshold parallel decoding (Wu et al., arXiv 2505.22618).
+- LLaDA low-confidence / random remasking: Nie et al., "Large Language Diffusion Models"
+  (arXiv 2502.09992), Algorithm 5; quota per block as in spec 2.1.
+- Dream's origin / maskgit_plus / topk_margin / entropy with the 1 - s/t schedule: Ye et al.,
+  "Dream 7B" (arXiv 2508.15487), `generation_utils.py` (spec 2.3).
+- Prefix and dual KV caches and confidence-threshold parallel decoding: Wu et al., "Fast-dLLM"
+  (arXiv 2505.22618) (spec 2.2). Both caches are approximations for bidirectional models: the
+  cached keys are not refreshed when tokens of the current block are committed.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
-from dllm_rollout.config import SamplingConfig
+from dllm_rollout.batch import RolloutBatch
+from dllm_rollout.config import LLADA_REMASKING, SamplingConfig
+from dllm_rollout.record import Recorder
+from dllm_rollout.sampling import confidence, propose, row_uniform, sample_positions, select
+
+DREAM_EPS = 1e-3
 
 
 def transfer_quota(num_masked: int, steps: int) -> list[int]:
@@ -17,43 +29,155 @@ def transfer_quota(num_masked: int, steps: int) -> list[int]:
     return [base + (1 if s < extra else 0) for s in range(steps)]
 
 
-def _propose(
-    logits: torch.Tensor, temperature: float, generators: list[torch.Generator]
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Proposed tokens [B, N] and their log-prob under softmax(logits / T) (T=1 when T=0)."""
-    logits32 = logits.float()
-    if temperature == 0.0:
-        x0 = logits.argmax(dim=-1)
-        logp = torch.log_softmax(logits32, dim=-1)
-    else:
-        scaled = logits32 / temperature
-        noise = torch.stack(
-            [torch.rand(scaled.shape[1:], generator=g, device=scaled.device) for g in generators]
-        )
-        gumbel = -torch.log(-torch.log(noise.clamp_min(1e-20)).clamp_min(1e-20))
-        x0 = (scaled + gumbel).argmax(dim=-1)
-        logp = torch.log_softmax(scaled, dim=-1)
-    return x0, logp.gather(-1, x0[..., None]).squeeze(-1)
+def shifted(logits: torch.Tensor, shift: int) -> torch.Tensor:
+    """Logits whose column j predicts position j (Dream reads position j at j - 1)."""
+    if shift:
+        return torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
+    return logits
 
 
-def _confidence(
-    logits: torch.Tensor, x0: torch.Tensor, remasking: str, generators: list[torch.Generator]
-) -> torch.Tensor:
-    if remasking == "low_confidence":
-        probs = torch.softmax(logits.float(), dim=-1)
-        return probs.gather(-1, x0[..., None]).squeeze(-1)
-    return torch.stack([torch.rand(x0.shape[1:], generator=g, device=x0.device) for g in generators])
+def full_logits(model: Any, canvas: torch.Tensor, attn: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """[B, L, V] logits of one full forward, column j predicting position j."""
+    out: torch.Tensor = model(canvas, attention_mask=attn, position_ids=pos).logits
+    return shifted(out, model.traits.logit_shift)
 
 
-def _select(conf: torch.Tensor, still_masked: torch.Tensor, k: int, threshold: float | None) -> torch.Tensor:
-    """Positions [B, N] to commit: top-k by confidence, or all >= threshold (at least one)."""
-    conf = conf.masked_fill(~still_masked, float("-inf"))
-    if threshold is None:
-        if k == 0:
-            return torch.zeros_like(still_masked)
-        idx = conf.topk(k, dim=-1).indices
-        chosen = torch.zeros_like(still_masked).scatter_(1, idx, True)
-        return chosen & still_masked
-    chosen = (conf >= threshold) & still_masked
-    best = torch.zeros_like(still_masked).scatter_(1, conf.argmax(dim=-1, keepdim=True), True)
-    return (chosen | best) & still_masked
+class _BlockLogits:
+    """Logits [B, bl, V] of the current block at each step, under the configured cache.
+
+    Step 0 of a block is always one full forward (which also fills the cache); later steps
+    forward the window [start - shift, L) against the prefix cache ("prefix") or the block only
+    against prefix and (stale) suffix caches ("dual").
+    """
+
+    def __init__(self, model: Any, cfg: SamplingConfig, canvas: torch.Tensor, attn: torch.Tensor,
+                 pos: torch.Tensor) -> None:
+        self.model, self.cfg, self.canvas, self.attn, self.pos = model, cfg, canvas, attn, pos
+        self.shift = int(model.traits.logit_shift)
+        self.past: Any = None
+
+    def __call__(self, start: int, end: int, step: int) -> torch.Tensor:
+        m, c = self.model, self.canvas
+        lo = start - self.shift
+        if self.cfg.cache is None or step == 0 or self.past is None:
+            use_cache = self.cfg.cache is not None
+            out = m(c, attention_mask=self.attn, position_ids=self.pos, use_cache=use_cache)
+            if self.cfg.cache == "prefix":
+                self.past = out.past_key_values.slice(0, lo)
+            elif self.cfg.cache == "dual":
+                self.past = out.past_key_values.slice(0, lo).cat(out.past_key_values.slice(end))
+            logits: torch.Tensor = shifted(out.logits, self.shift)
+            return logits[:, start:end]
+        hi = c.shape[1] if self.cfg.cache == "prefix" else end
+        out = m(c[:, lo:hi], attention_mask=self.attn[:, lo:hi], position_ids=self.pos[:, lo:hi],
+                past_key_values=self.past)
+        window: torch.Tensor = out.logits
+        return window[:, : end - start]
+
+
+def _quota(cfg: SamplingConfig, still: torch.Tensor, step: int, spb: int, quota: list[int]) -> torch.Tensor:
+    """[B] tokens to commit this step (LLaDA linear quota or Dream's 1 - s/t schedule)."""
+    left = still.sum(-1)
+    if cfg.threshold is not None:
+        return torch.ones_like(left)
+    if step >= spb - 1:
+        if cfg.remasking in LLADA_REMASKING and step < len(quota):
+            return torch.full_like(left, quota[step])
+        return left
+    if cfg.remasking in LLADA_REMASKING:
+        return torch.full_like(left, quota[step])
+    return (left.float() * _dream_ratio(step, spb).to(left.device)).long()
+
+
+def _dream_ratio(step: int, spb: int) -> torch.Tensor:
+    """1 - s/t on Dream's grid linspace(1, eps, spb + 1) at `step`, in float32 as in Dream."""
+    ts = torch.linspace(1.0, DREAM_EPS, spb + 1)
+    return 1 - ts[step + 1] / ts[step]
+
+
+@torch.no_grad()
+def decode_masked(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, seeds: torch.Tensor,
+                  cfg: SamplingConfig, ref_model: Any = None, *, init_response: torch.Tensor | None = None,
+                  first_step: int = 0, last_step: int | None = None) -> RolloutBatch:
+    """Decode a left-padded batch block by block (spec 2.1-2.3).
+
+    Only still-masked positions of the current block compete; committed tokens are never revised.
+    Rows without masks in the block take no step (no forward result used, no random draw).
+
+    Args:
+        prompt_ids, prompt_mask: [B, P] left-padded prompts and their real-token mask.
+        seeds: [B] one seed per row.
+        ref_model: optional second model scored on the same canvases (`ref_step_logp`).
+        init_response, first_step, last_step: resume from a response canvas [B, R] at global
+            step `first_step` and stop before `last_step` (tree rollouts; quota mode with
+            steps_per_block <= block_length, where every block takes exactly steps_per_block steps).
+    """
+    traits = model.traits
+    device = prompt_ids.device
+    b, p = prompt_ids.shape
+    r, bl = cfg.max_new_tokens, cfg.block_length
+    mask_id = traits.mask_token_id
+    response0 = torch.full((b, r), mask_id, device=device) if init_response is None else init_response
+    canvas = torch.cat([prompt_ids, response0.clone()], dim=1)
+    attn = torch.cat([prompt_mask, torch.ones((b, r), dtype=torch.bool, device=device)], dim=1)
+    pos = (attn.long().cumsum(-1) - 1).clamp(min=0)
+    gens = [torch.Generator(device=device).manual_seed(int(s)) for s in seeds.tolist()]
+    rec = Recorder(b, r, device, steps=cfg.record_steps, ref=ref_model is not None)
+    rec.row_step += first_step
+    block_logits = _BlockLogits(model, cfg, canvas, attn, pos)
+    spb = cfg.steps_per_block
+    quota = transfer_quota(bl, spb)
+    t = cfg.temperature if cfg.temperature > 0 else 1.0
+    for blk in range(first_step // spb, cfg.num_blocks):
+        start, end = p + blk * bl, p + (blk + 1) * bl
+        step = first_step - blk * spb if blk == first_step // spb else 0
+        while last_step is None or blk * spb + step < last_step:
+            still = canvas[:, start:end] == mask_id
+            active = still.any(-1)
+            if not bool(active.any()):
+                break
+            logits = block_logits(start, end, step)
+            x0, probs, logp = propose(logits, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
+                                      generators=gens, active=active, mask_id=mask_id)
+            conf = confidence(cfg.remasking, logits, probs, x0, gens, active)
+            k = _quota(cfg, still, step, spb, quota)
+            if cfg.remasking == "origin" and cfg.threshold is None:
+                reveal = float(_dream_ratio(step, spb)) if step < spb - 1 else 1.0
+                commit = still & (row_uniform((bl,), gens, active, device) < reveal)
+            elif cfg.alg_temp and cfg.threshold is None:
+                commit = sample_positions(conf, still, k, cfg.alg_temp, gens, active)
+            else:
+                commit = select(conf, still, k, cfg.threshold)
+            commit &= active[:, None]
+            ref_logp = None
+            if ref_model is not None:
+                ref = full_logits(ref_model, canvas, attn, pos)[:, start:end].float()
+                ref_logp = torch.log_softmax(ref / t, dim=-1).gather(-1, x0[..., None]).squeeze(-1)
+            before = canvas[:, p:].clone() if cfg.record_steps else canvas[:, :0]
+            canvas[:, start:end] = torch.where(commit, x0, canvas[:, start:end])
+            rec.record(active, start - p, commit, x0, logp, conf, before, ref_logp)
+            step += 1
+    return _batch(prompt_ids, prompt_mask, canvas[:, p:].clone(), seeds, cfg, rec, traits)
+
+
+def _batch(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, response: torch.Tensor, seeds: torch.Tensor,
+           cfg: SamplingConfig, rec: Recorder, traits: Any) -> RolloutBatch:
+    from dllm_rollout.generate import response_mask
+
+    zeros = torch.zeros(response.shape[0], dtype=torch.long, device=response.device)
+    recs = rec.take(zeros, response.shape[1], traits.mask_token_id)
+    keep = cfg.record_trajectory
+    return RolloutBatch(
+        prompt_ids=prompt_ids,
+        prompt_mask=prompt_mask,
+        response_ids=response,
+        response_mask=response_mask(response, traits.eos_token_id, cfg.eos_handling),
+        seeds=seeds,
+        unmask_step=recs["unmask_step"] if keep else None,
+        step_logp=recs["step_logp"] if keep else None,
+        ref_step_logp=recs.get("ref_step_logp"),
+        step_canvas=recs.get("step_canvas"),
+        step_x0=recs.get("step_x0"),
+        step_confidence=recs.get("step_confidence"),
+        config=cfg,
+    )

@@ -1,0 +1,189 @@
+"""Block-diffusion decoding (SDAR, LLaDA2) on the global block grid, with an exact KV cache.
+
+Blocks are aligned to absolute position 0 (block id = position // block_length, prompt
+included), as in SDAR's `block_diffusion_generate`, LLaDA2's HF `generate` and SGLang (spec 2.4,
+2.5). A prompt ending mid-block shares its last block with the first response tokens.
+
+Batch layout: row b is left-padded by a whole number of blocks so that every row's last complete
+prompt block ends at the same column and columns and positions share the block grid. The decode
+region then starts at that column; row b's response begins `prompt_len_b % block_length`
+columns into it.
+
+With the model's block-causal mask, a finished block never attends to later blocks, so its keys
+and values are final once it is finished: caching them (`cache="prefix"`) is exact and equals
+recomputing every finished block at every step (`cache=None`, LLaDA2's HF generate) up to
+floating-point rounding. After a block is finished its final K/V are computed by one more forward
+(the "store" pass that SDAR's reference performs).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from dllm_rollout.batch import RolloutBatch
+from dllm_rollout.config import SamplingConfig
+from dllm_rollout.masked import transfer_quota
+from dllm_rollout.record import Recorder
+from dllm_rollout.sampling import confidence, propose, select
+
+
+def grid_layout(prompt_lengths: torch.Tensor, block_length: int, max_new_tokens: int) -> tuple[int, int, torch.Tensor]:
+    """Where each row sits on the shared block grid.
+
+    Args:
+        prompt_lengths: [B] real prompt lengths.
+
+    Returns:
+        full: number of complete prompt blocks of the longest such row (N); the decode region
+        starts at column N * block_length. decode_blocks: blocks in the decode region (D).
+        pad: [B] left padding of each row (a multiple of block_length).
+    """
+    n = prompt_lengths // block_length
+    tail = prompt_lengths % block_length
+    full = int(n.max().item())
+    decode_blocks = int(((tail + max_new_tokens + block_length - 1) // block_length).max().item())
+    return full, decode_blocks, (full - n) * block_length
+
+
+def grid_canvas(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, block_length: int, max_new_tokens: int,
+                mask_id: int, pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int, torch.Tensor]:
+    """Canvas [B, C] (pads, prompt, masks), its attention mask, positions, region start and offsets.
+
+    Returns:
+        canvas, attn, pos: [B, C]; region_start: first column of the decode region;
+        offsets: [B] column of each row's first response token, relative to region_start.
+    """
+    b = prompt_ids.shape[0]
+    device = prompt_ids.device
+    lengths = prompt_mask.long().sum(-1)
+    full, blocks, pad = grid_layout(lengths, block_length, max_new_tokens)
+    width = (full + blocks) * block_length
+    col = torch.arange(width, device=device)[None].expand(b, -1)
+    pos = col - pad[:, None]
+    attn = pos >= 0
+    is_prompt = attn & (pos < lengths[:, None])
+    canvas = torch.full((b, width), mask_id, dtype=torch.long, device=device)
+    canvas[~attn] = pad_id
+    # left-padded prompt token j of row b (j < len) sits at column pad_b + j
+    src = prompt_ids.shape[1] - lengths[:, None] + pos.clamp(min=0)
+    canvas[is_prompt] = prompt_ids.gather(1, src.clamp(max=prompt_ids.shape[1] - 1))[is_prompt]
+    return canvas, attn, pos.clamp(min=0), full * block_length, lengths % block_length
+
+
+@torch.no_grad()
+def decode_blocks(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, seeds: torch.Tensor,
+                  cfg: SamplingConfig, ref_model: Any = None) -> RolloutBatch:
+    """Block-by-block denoising with static or dynamic (threshold) unmasking.
+
+    Each step forwards the current block only (against the KV cache of finished blocks) or, with
+    `cache=None`, everything up to the end of the current block. Quota per step is
+    block_length // steps (+1 for the first block_length % steps steps), restricted to masks;
+    with `threshold` every mask with confidence >= threshold is committed, or the quota if fewer
+    pass. A row stops after a block whose response part contains EOS (`stop_at_eos`).
+
+    Args:
+        prompt_ids, prompt_mask: [B, P] left-padded prompts; seeds: [B].
+        ref_model: optional second block-diffusion model scored on the same canvases.
+    """
+    traits = model.traits
+    if traits.logit_shift:
+        raise ValueError("block diffusion with logit_shift=1 is not supported (no family needs it)")
+    bl, r = cfg.block_length, cfg.max_new_tokens
+    mask_id, eos_id = traits.mask_token_id, traits.eos_token_id
+    device = prompt_ids.device
+    canvas, attn, pos, r0, offsets = grid_canvas(prompt_ids, prompt_mask, bl, r, mask_id, traits.pad_token_id)
+    b, width = canvas.shape
+    gens = [torch.Generator(device=device).manual_seed(int(s)) for s in seeds.tolist()]
+    rec = Recorder(b, width - r0, device, steps=cfg.record_steps, ref=ref_model is not None)
+    quota = transfer_quota(bl, cfg.steps)
+    t = cfg.temperature if cfg.temperature > 0 else 1.0
+    live = torch.ones(b, dtype=torch.bool, device=device)
+    cache: Any = None
+    if cfg.cache == "prefix" and r0 > 0:
+        cache = model(canvas[:, :r0], attention_mask=attn[:, :r0], position_ids=pos[:, :r0],
+                      use_cache=True).past_key_values
+    for start in range(r0, width, bl):
+        end = start + bl
+        step = 0
+        while True:
+            still = (canvas[:, start:end] == mask_id) & live[:, None]
+            active = still.any(-1)
+            if not bool(active.any()):
+                break
+            logits = _block_logits(model, canvas, attn, pos, start, end, cache if cfg.cache else None,
+                                   cached=cfg.cache == "prefix")
+            x0, probs, logp = propose(logits, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
+                                      generators=gens, active=active, mask_id=mask_id)
+            conf = confidence("maskgit_plus", logits, probs, x0, gens, active)
+            k = torch.full((b,), quota[step] if step < len(quota) else bl, dtype=torch.long, device=device)
+            commit = select(conf, still, k, cfg.threshold) & active[:, None]
+            ref_logp = None
+            if ref_model is not None:
+                ref = _block_logits(ref_model, canvas, attn, pos, start, end, None, cached=False).float()
+                ref_logp = torch.log_softmax(ref / t, dim=-1).gather(-1, x0[..., None]).squeeze(-1)
+            before = canvas[:, r0:].clone() if cfg.record_steps else canvas[:, :0]
+            canvas[:, start:end] = torch.where(commit, x0, canvas[:, start:end])
+            rec.record(active, start - r0, commit, x0, logp, conf, before, ref_logp)
+            step += 1
+        if cfg.cache == "prefix" and end < width:
+            new = model(canvas[:, start:end], attention_mask=attn[:, start:end], position_ids=pos[:, start:end],
+                        past_key_values=cache, use_cache=True).past_key_values
+            cache = new if cache is None else cache.cat(new)
+        if cfg.stop_at_eos:
+            region = canvas[:, r0:end]
+            col = torch.arange(end - r0, device=device)[None]
+            live &= ~((region == eos_id) & (col >= offsets[:, None])).any(-1)
+            if not bool(live.any()):
+                break
+    region = canvas[:, r0:]
+    region = torch.where(region == mask_id, torch.full_like(region, eos_id), region)
+    return _batch(prompt_ids, prompt_mask, region, offsets, seeds, cfg, rec, traits)
+
+
+def _block_logits(model: Any, canvas: torch.Tensor, attn: torch.Tensor, pos: torch.Tensor, start: int, end: int,
+                  cache: Any, *, cached: bool) -> torch.Tensor:
+    """[B, bl, V] logits of block [start, end): block against cache, or recompute [0, end)."""
+    if cached:
+        out = model(canvas[:, start:end], attention_mask=attn[:, start:end], position_ids=pos[:, start:end],
+                    past_key_values=cache)
+        block: torch.Tensor = out.logits
+        return block
+    out = model(canvas[:, :end], attention_mask=attn[:, :end], position_ids=pos[:, :end])
+    full: torch.Tensor = out.logits
+    return full[:, start:end]
+
+
+def _batch(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, region: torch.Tensor, offsets: torch.Tensor,
+           seeds: torch.Tensor, cfg: SamplingConfig, rec: Recorder, traits: Any) -> RolloutBatch:
+    from dllm_rollout.generate import response_mask
+
+    r = cfg.max_new_tokens
+    idx = offsets[:, None] + torch.arange(r, device=region.device)[None]
+    response = region.gather(1, idx)
+    recs = rec.take(offsets, r, traits.mask_token_id)
+    extras: dict[str, torch.Tensor] = {}
+    keep = cfg.record_trajectory
+    if keep:
+        tail_w = region.shape[1] - r - int(offsets.min().item())
+        tcol = torch.arange(tail_w, device=region.device)[None] + offsets[:, None] + r
+        inside = tcol < region.shape[1]
+        tcol = tcol.clamp(max=region.shape[1] - 1)
+        extras["tail_ids"] = torch.where(inside, region.gather(1, tcol), traits.mask_token_id)
+        extras["tail_unmask_step"] = torch.where(inside, rec.unmask_step.gather(1, tcol), -1)
+    return RolloutBatch(
+        prompt_ids=prompt_ids,
+        prompt_mask=prompt_mask,
+        response_ids=response,
+        response_mask=response_mask(response, traits.eos_token_id, cfg.eos_handling),
+        seeds=seeds,
+        unmask_step=recs["unmask_step"] if keep else None,
+        step_logp=recs["step_logp"] if keep else None,
+        ref_step_logp=recs.get("ref_step_logp"),
+        step_canvas=recs.get("step_canvas"),
+        step_x0=recs.get("step_x0"),
+        step_confidence=recs.get("step_confidence"),
+        config=cfg,
+        extras=extras,
+    )

@@ -1,0 +1,90 @@
+"""Per-row trajectory records kept while decoding (engine-agnostic, see RolloutBatch)."""
+
+from __future__ import annotations
+
+import torch
+
+
+class Recorder:
+    """Collects what each row committed at each of its own steps.
+
+    Records live on a "region" of width W (the response canvas, possibly wider than the response
+    for block diffusion) and are cut to the response by `take`.
+
+    Steps are counted per row: a row's step counter advances only on steps where it still had
+    masks in the current block, so a sample's records do not depend on the batch it ran in.
+    """
+
+    def __init__(self, batch: int, width: int, device: torch.device, *, steps: bool, ref: bool) -> None:
+        self.row_step = torch.zeros(batch, dtype=torch.long, device=device)
+        self.unmask_step = torch.full((batch, width), -1, dtype=torch.long, device=device)
+        self.step_logp = torch.zeros((batch, width), dtype=torch.float32, device=device)
+        self.ref_step_logp = torch.zeros((batch, width), dtype=torch.float32, device=device) if ref else None
+        self.keep_steps = steps
+        self._canvas: list[torch.Tensor] = []
+        self._x0: list[torch.Tensor] = []
+        self._conf: list[torch.Tensor] = []
+        self._when: list[torch.Tensor] = []
+
+    def record(
+        self,
+        active: torch.Tensor,
+        lo: int,
+        commit: torch.Tensor,
+        x0: torch.Tensor,
+        logp: torch.Tensor,
+        conf: torch.Tensor,
+        region_before: torch.Tensor,
+        ref_logp: torch.Tensor | None = None,
+    ) -> None:
+        """One decoding step over region columns [lo, lo + n).
+
+        Args:
+            active: [B] rows that took this step; commit/x0/logp/conf/ref_logp: [B, n];
+            region_before: [B, W] the region canvas before the commit.
+        """
+        hi = lo + commit.shape[1]
+        step = self.row_step[:, None].expand_as(commit)
+        self.unmask_step[:, lo:hi] = torch.where(commit, step, self.unmask_step[:, lo:hi])
+        self.step_logp[:, lo:hi] = torch.where(commit, logp.float(), self.step_logp[:, lo:hi])
+        if self.ref_step_logp is not None and ref_logp is not None:
+            self.ref_step_logp[:, lo:hi] = torch.where(commit, ref_logp.float(), self.ref_step_logp[:, lo:hi])
+        if self.keep_steps:
+            x0_region = region_before.clone()
+            x0_region[:, lo:hi] = x0
+            conf_region = torch.full(region_before.shape, float("nan"), device=conf.device)
+            conf_region[:, lo:hi] = conf.float()
+            self._canvas.append(region_before.clone())
+            self._x0.append(x0_region)
+            self._conf.append(conf_region)
+            self._when.append(torch.where(active, self.row_step, -1))
+        self.row_step += active.long()
+
+    def take(self, offsets: torch.Tensor, length: int, mask_id: int) -> dict[str, torch.Tensor]:
+        """Records cut to response columns [offset_b, offset_b + length) of each row.
+
+        Returns:
+            unmask_step, step_logp, ref_step_logp [B, R]; with steps also step_canvas, step_x0
+            [B, S, R] long (mask id after a row's last step) and step_confidence [B, S, R] float32
+            (NaN outside the block that was being decoded).
+        """
+        idx = offsets[:, None] + torch.arange(length, device=offsets.device)[None]
+        out = {
+            "unmask_step": self.unmask_step.gather(1, idx),
+            "step_logp": self.step_logp.gather(1, idx),
+        }
+        if self.ref_step_logp is not None:
+            out["ref_step_logp"] = self.ref_step_logp.gather(1, idx)
+        if self.keep_steps and self._when:
+            s_max = int(self.row_step.max().item())
+            b = offsets.shape[0]
+            canvas = torch.full((b, s_max, length), mask_id, dtype=torch.long, device=offsets.device)
+            x0 = canvas.clone()
+            conf = torch.full((b, s_max, length), float("nan"), device=offsets.device)
+            for when, c, x, f in zip(self._when, self._canvas, self._x0, self._conf):
+                rows = torch.nonzero(when >= 0).flatten()
+                canvas[rows, when[rows]] = c.gather(1, idx)[rows]
+                x0[rows, when[rows]] = x.gather(1, idx)[rows]
+                conf[rows, when[rows]] = f.gather(1, idx)[rows]
+            out.update(step_canvas=canvas, step_x0=x0, step_confidence=conf)
+        return out

@@ -1,0 +1,160 @@
+"""Token proposals, confidences and position selection shared by every decoder.
+
+Randomness is per sample: row b draws only from `generators[b]`, and only while it is active,
+so a sample decodes the same in any batch (replay).
+"""
+
+from __future__ import annotations
+
+import torch
+
+NEG_INF = float("-inf")
+
+
+def filter_logits(logits: torch.Tensor, top_k: int | None, top_p: float | None) -> torch.Tensor:
+    """Set logits outside the top-p (nucleus) set, then outside the top-k, to -inf (Dream's order).
+
+    Args:
+        logits: [..., V] float.
+        top_k: keep the k largest (None: all).
+        top_p: keep the smallest prefix of the sorted distribution whose mass reaches top_p; the
+            token that crosses top_p is kept (Holtzman et al. 2020; Dream's `top_p_logits`).
+
+    Returns:
+        [..., V] logits with removed entries at -inf.
+    """
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        before = probs.cumsum(-1) - probs
+        remove_sorted = before > top_p
+        remove = torch.zeros_like(remove_sorted).scatter(-1, order, remove_sorted)
+        logits = logits.masked_fill(remove, NEG_INF)
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = logits.topk(top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, NEG_INF)
+    return logits
+
+
+def row_uniform(
+    shape: tuple[int, ...], generators: list[torch.Generator], active: torch.Tensor, device: torch.device
+) -> torch.Tensor:
+    """U(0,1) noise [B, *shape]; row b comes from generators[b], drawn only where active[b]."""
+    out = torch.full((len(generators), *shape), 0.5, device=device)
+    for b in torch.nonzero(active).flatten().tolist():
+        out[b] = torch.rand(shape, generator=generators[b], device=device)
+    return out
+
+
+def propose(
+    logits: torch.Tensor,
+    *,
+    temperature: float,
+    top_k: int | None,
+    top_p: float | None,
+    generators: list[torch.Generator],
+    active: torch.Tensor,
+    mask_id: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Propose a token per position.
+
+    Temperature 0 takes the argmax of the (filtered) logits; T > 0 samples from
+    softmax(filter(logits / T)) with the Gumbel-max trick (LLaDA spec 2.1, equal in law to Dream's
+    categorical draw).
+
+    Args:
+        logits: [B, N, V] model logits (any float dtype).
+        active: [B] bool, rows that draw noise this step.
+        mask_id: never proposed (a random or early checkpoint can put mass on it, which would
+            leave a committed position masked).
+
+    Returns:
+        x0: [B, N] proposals; probs: [B, N, V] float32 softmax(filter(logits / T)) (T=1 at T=0), the
+        distribution every Dream confidence reads; logp: [B, N] float32 log-prob of x0 under the
+        unfiltered softmax(logits / T) (T=1 at T=0): the policy log-prob a trainer recomputes.
+    """
+    t = temperature if temperature > 0 else 1.0
+    logits32 = logits.float()
+    scaled = logits32 / t
+    if mask_id is not None:
+        scaled = scaled.index_fill(-1, torch.tensor([mask_id], device=scaled.device), NEG_INF)
+    filtered = filter_logits(scaled, top_k, top_p)
+    if temperature == 0.0:
+        x0 = filtered.argmax(dim=-1)
+    else:
+        u = row_uniform(tuple(filtered.shape[1:]), generators, active, filtered.device)
+        gumbel = -torch.log(-torch.log(u.clamp(1e-20, 1.0 - 1e-7)))
+        x0 = (filtered + gumbel).argmax(dim=-1)
+    probs = torch.softmax(filtered, dim=-1)
+    logp = torch.log_softmax(logits32 / t, dim=-1).gather(-1, x0[..., None]).squeeze(-1)
+    return x0, probs, logp
+
+
+def confidence(
+    remasking: str,
+    logits: torch.Tensor,
+    probs: torch.Tensor,
+    x0: torch.Tensor,
+    generators: list[torch.Generator],
+    active: torch.Tensor,
+) -> torch.Tensor:
+    """Confidence [B, N] of each proposal (higher = commit first).
+
+    "low_confidence": softmax(raw logits) at x0 (LLaDA: temperature 1, unfiltered);
+    "random": U(0,1); Dream (spec 2.3) from the filtered, tempered `probs`: "maskgit_plus" p(x0),
+    "topk_margin" p(top1) - p(top2), "entropy" sum p log p (negative entropy).
+    """
+    if remasking == "low_confidence":
+        return torch.softmax(logits.float(), dim=-1).gather(-1, x0[..., None]).squeeze(-1)
+    if remasking == "random":
+        return row_uniform(tuple(x0.shape[1:]), generators, active, x0.device)
+    if remasking in ("maskgit_plus", "origin"):
+        return probs.gather(-1, x0[..., None]).squeeze(-1)
+    if remasking == "topk_margin":
+        top2 = probs.topk(2, dim=-1).values
+        return top2[..., 0] - top2[..., 1]
+    if remasking == "entropy":
+        return (probs * torch.log(probs.clamp_min(1e-30))).sum(-1)
+    raise ValueError(f"remasking {remasking!r} has no confidence")
+
+
+def select(
+    conf: torch.Tensor,
+    candidates: torch.Tensor,
+    k: torch.Tensor,
+    threshold: float | None = None,
+) -> torch.Tensor:
+    """Positions [B, N] to commit among `candidates`.
+
+    Without threshold: the k[b] most confident candidates of row b (ties: lower index first).
+    With threshold: every candidate with confidence >= threshold, plus the k[b] most confident
+    (so k >= 1 guarantees progress).
+
+    Args:
+        conf: [B, N] confidences; candidates: [B, N] bool; k: [B] long.
+    """
+    conf = conf.float().masked_fill(~candidates, NEG_INF)
+    order = conf.sort(dim=-1, descending=True, stable=True).indices
+    rank = torch.empty_like(order).scatter_(-1, order, torch.arange(conf.shape[-1], device=conf.device).expand_as(order))
+    chosen = rank < k[:, None]
+    if threshold is not None:
+        chosen = chosen | (conf >= threshold)
+    return chosen & candidates
+
+
+def sample_positions(
+    conf: torch.Tensor,
+    candidates: torch.Tensor,
+    k: torch.Tensor,
+    alg_temp: float,
+    generators: list[torch.Generator],
+    active: torch.Tensor,
+) -> torch.Tensor:
+    """k[b] candidates per row drawn without replacement from softmax(conf / alg_temp) (Dream).
+
+    Gumbel-top-k: adding Gumbel noise to conf / alg_temp and taking the top k samples without
+    replacement from that softmax (Kool et al. 2019).
+    """
+    u = row_uniform(tuple(conf.shape[1:]), generators, active, conf.device)
+    gumbel = -torch.log(-torch.log(u.clamp(1e-20, 1.0 - 1e-7)))
+    return select(conf.float() / alg_temp + gumbel, candidates, k)

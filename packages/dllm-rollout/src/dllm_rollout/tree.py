@@ -1,0 +1,125 @@
+"""Tree rollouts: decode a shared trunk, then branch into children at set denoising steps.
+
+The tree search of d-TreeRPO-style training (spec 2.8): every node continues its parent's canvas
+with its own seed from the branch step to the next one; leaves are complete responses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from dllm_rollout.batch import RolloutBatch
+from dllm_rollout.config import SamplingConfig
+from dllm_rollout.masked import decode_masked
+from dllm_rollout.prompts import _mix, left_pad, sample_seeds
+
+
+@dataclass
+class TreeRollout:
+    """Nodes of every tree and the leaf batch.
+
+    Attributes:
+        leaves: RolloutBatch of the B * branching ** len(branch_steps) leaves (prompt-major).
+        node_response: [N, R] response canvas at the end of each node (mask id where undecided).
+        node_step: [N] global step at which each node ends.
+        node_parent: [N] parent node index (-1 for roots).
+        node_is_leaf: [N] bool.
+        leaf_node: [B_leaf] node index of each leaf row.
+    """
+
+    leaves: RolloutBatch
+    node_response: torch.Tensor
+    node_step: torch.Tensor
+    node_parent: torch.Tensor
+    node_is_leaf: torch.Tensor
+    leaf_node: torch.Tensor
+
+
+@torch.no_grad()
+def tree_generate(
+    model: Any,
+    prompts: Sequence[Sequence[int]],
+    *,
+    branch_steps: Sequence[int],
+    branching: int,
+    max_new_tokens: int,
+    steps: int,
+    block_length: int,
+    temperature: float = 1.0,
+    seed: int | None = None,
+    **sampling: Any,
+) -> TreeRollout:
+    """Branch each prompt's rollout into `branching` children at every step in `branch_steps`.
+
+    Args:
+        model: a masked-diffusion model (block diffusion is not supported here yet).
+        prompts: B lists of token ids.
+        branch_steps: increasing global steps (0 < s < steps) at which every node splits.
+        branching: children per split.
+        seed: base seed; the node at depth d, index i gets seed mix(seed, d * 2**20 + i).
+        **sampling: further SamplingConfig fields (remasking, top_k, top_p, cache, ...).
+
+    Returns:
+        TreeRollout with B * branching ** len(branch_steps) leaves.
+    """
+    if model.traits.block_length is not None:
+        raise ValueError("tree_generate supports masked diffusion only; block diffusion is not implemented")
+    cfg = SamplingConfig(max_new_tokens=max_new_tokens, steps=steps, block_length=block_length,
+                         temperature=temperature, record_trajectory=True, **sampling)
+    bounds = list(branch_steps)
+    if bounds != sorted(set(bounds)) or (bounds and not 0 < bounds[0] <= bounds[-1] < steps):
+        raise ValueError(f"branch_steps must be increasing steps in (0, {steps}), got {bounds}")
+    if cfg.threshold is not None or cfg.steps_per_block > block_length or steps % cfg.num_blocks:
+        raise ValueError("tree_generate needs quota mode (threshold=None) with steps a multiple of the "
+                         "number of blocks and steps_per_block <= block_length")
+    base = seed if seed is not None else int(torch.randint(0, 2**62, (1,)).item())
+    device = next(model.parameters()).device
+    ids, mask = left_pad(prompts, model.traits.pad_token_id, device)
+    seeds = sample_seeds(base, len(prompts))
+    response: torch.Tensor | None = None
+    node_of_row = torch.arange(len(prompts))
+    parents: list[int] = []
+    ends: list[int] = []
+    canvases: list[torch.Tensor] = []
+    step_rows: list[torch.Tensor] = []
+    logp_rows: list[torch.Tensor] = []
+    edges = [0, *bounds, steps]
+    out: RolloutBatch | None = None
+    for depth, (a, b) in enumerate(zip(edges[:-1], edges[1:])):
+        if depth:
+            rep = torch.arange(ids.shape[0]).repeat_interleave(branching)
+            ids, mask, node_of_row = ids[rep], mask[rep], node_of_row[rep]
+            assert response is not None
+            response = response[rep]
+            prev_steps, prev_logp = step_rows[-1][rep], logp_rows[-1][rep]
+            seeds = torch.tensor([_mix(base, depth * 2**20 + i) for i in range(ids.shape[0])])
+        out = decode_masked(model, ids, mask, seeds, cfg, init_response=response, first_step=a, last_step=b)
+        assert out.unmask_step is not None and out.step_logp is not None
+        if depth:
+            old = prev_steps >= 0
+            out.unmask_step = torch.where(old, prev_steps, out.unmask_step)
+            out.step_logp = torch.where(old, prev_logp, out.step_logp)
+        response = out.response_ids
+        first = len(parents)
+        parents.extend(node_of_row.tolist() if depth else [-1] * ids.shape[0])
+        ends.extend([b] * ids.shape[0])
+        canvases.append(response)
+        step_rows.append(out.unmask_step)
+        logp_rows.append(out.step_logp)
+        node_of_row = torch.arange(first, first + ids.shape[0])
+    assert out is not None
+    n = len(parents)
+    is_leaf = torch.zeros(n, dtype=torch.bool)
+    is_leaf[node_of_row] = True
+    return TreeRollout(
+        leaves=out,
+        node_response=torch.cat(canvases),
+        node_step=torch.tensor(ends),
+        node_parent=torch.tensor(parents),
+        node_is_leaf=is_leaf,
+        leaf_node=node_of_row,
+    )

@@ -1,0 +1,30 @@
+"""Tree rollouts: shared trunks, distinct branches, consistent records."""
+
+from __future__ import annotations
+
+import torch
+
+from dllm_rollout import generate, tree_generate
+
+
+def test_tree_shares_trunk_and_branches(tiny_llada: torch.nn.Module) -> None:
+    tree = tree_generate(tiny_llada, [[1, 2, 3], [4, 5]], branch_steps=[2], branching=3, max_new_tokens=8,
+                         steps=4, block_length=4, seed=0)
+    assert tree.leaves.batch_size == 6 and tree.node_response.shape == (8, 8)
+    assert tree.node_parent.tolist() == [-1, -1, 0, 0, 0, 1, 1, 1]
+    assert tree.node_is_leaf.tolist() == [False, False] + [True] * 6
+    mask = tiny_llada.traits.mask_token_id  # type: ignore[union-attr]
+    trunk = tree.node_response[0]
+    done = trunk != mask
+    assert int(done.sum()) == 4  # two steps of a 4-step, 8-token decode: first block complete
+    for leaf in range(3):
+        assert torch.equal(tree.leaves.response_ids[leaf][done], trunk[done])
+    assert tree.leaves.unmask_step is not None and int(tree.leaves.unmask_step.max()) == 3
+    assert not bool((tree.leaves.response_ids == mask).any())
+
+
+def test_tree_without_branches_is_generate(tiny_llada: torch.nn.Module) -> None:
+    tree = tree_generate(tiny_llada, [[1, 2, 3]], branch_steps=[], branching=2, max_new_tokens=8, steps=4,
+                         block_length=4, seed=4, temperature=0.0)
+    plain = generate(tiny_llada, [[1, 2, 3]], max_new_tokens=8, steps=4, block_length=4)
+    assert torch.equal(tree.leaves.response_ids, plain.response_ids)
