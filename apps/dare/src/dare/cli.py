@@ -1,4 +1,4 @@
-"""The `dare` command: train, recipes."""
+"""The `dare` command: train, eval, recipes."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from tqdm import tqdm
 
 from dare.algorithms import describe
 from dare.config import apply_overrides, load_config
+from dare.evaluate import add_eval_parser
 from dare.recipes import RECIPES, get_recipe
 
 
@@ -69,6 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--config", help="a resolved config.json from an earlier run")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
     train.set_defaults(func=_train)
+    add_eval_parser(sub)
     rec = sub.add_parser("recipes", help="list recipes and algorithms")
     rec.set_defaults(func=_recipes)
     return parser

@@ -61,6 +61,8 @@ def build_tokenizer(save_dir: Path | None = None) -> Any:
     tok = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
         tokenizer_object=core, eos_token=EOS, pad_token=EOS, mask_token=MASK
     )
+    # a plain chat template (concatenated turns) so chat-based evaluation tools accept it
+    tok.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
     if save_dir is not None:
         tok.save_pretrained(str(save_dir))
     return tok

@@ -1,0 +1,64 @@
+"""`dare eval`: benchmarks on a checkpoint, natively or through OpenCompass."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import time
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+
+def add_eval_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("eval", help="evaluate a checkpoint on benchmarks")
+    p.add_argument("checkpoint", help="checkpoint folder (config.json, safetensors, tokenizer files)")
+    p.add_argument("--benchmarks", default="gsm8k", help="comma-separated names (see dllm_eval.BENCHMARKS)")
+    p.add_argument("--preset", default="dare_local", help="protocol preset (see dllm_eval.PRESETS)")
+    p.add_argument("--harness", default="native", choices=("native", "opencompass"))
+    p.add_argument("--limit", type=int, default=None, help="first N rows of each benchmark")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-new-tokens", type=int, default=None, help="override the preset")
+    p.add_argument("--steps", type=int, default=None, help="override the preset")
+    p.add_argument("--block-length", type=int, default=None, help="override the preset")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", default=None, help="float32, bfloat16 (default: the checkpoint's)")
+    p.add_argument("--output-dir", default=None, help="default runs/eval-<time>")
+    p.set_defaults(func=run_eval)
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    out = Path(args.output_dir) if args.output_dir else Path("runs") / f"eval-{time.strftime('%Y%m%d-%H%M%S')}"
+    names = [b.strip() for b in args.benchmarks.split(",") if b.strip()]
+    if args.harness == "opencompass":
+        from dllm_eval.opencompass.driver import run_opencompass
+
+        return run_opencompass(args.checkpoint, names, preset=args.preset, limit=args.limit, output_dir=out)
+    from dllm_eval import get_benchmark, get_preset, render_table, run_benchmark
+    from dllm_models import load_model, load_tokenizer
+
+    model = load_model(args.checkpoint, dtype=args.dtype, device=args.device)
+    tokenizer = load_tokenizer(args.checkpoint)
+    preset = get_preset(args.preset)
+    results = []
+    for name in names:
+        bench = get_benchmark(name)
+        decoding = bench.decoding(preset)
+        overrides = {k: v for k, v in (("max_new_tokens", args.max_new_tokens), ("steps", args.steps),
+                                       ("block_length", args.block_length)) if v is not None}
+        if overrides:
+            decoding = dataclasses.replace(decoding, **overrides)
+        t0 = time.perf_counter()
+        result = run_benchmark(model, tokenizer, bench, preset=preset, batch_size=args.batch_size,
+                               limit=args.limit, seed=args.seed, output_dir=out / name, decoding=decoding)
+        logger.info("%s: %d samples in %.1f s", name, len(result.samples), time.perf_counter() - t0)
+        results.append(result)
+    table = render_table(results)
+    (out / "results.md").write_text(table + "\n")
+    print(table)
+    print(f"per-sample outputs and manifests in {out}")
+    return 0
