@@ -26,3 +26,45 @@ __all__ = [
     "save_model",
     "weight_files",
 ]
+
+from dllm_models.families.dream import DreamConfig, DreamModel  # noqa: E402
+from dllm_models.families.llada2 import LLaDA2Config, LLaDA2Model  # noqa: E402
+from dllm_models.families.sdar import SDARConfig, SDARModel  # noqa: E402
+from dllm_models.families.sdar_moe import SDARMoeConfig, SDARMoeModel  # noqa: E402
+
+__all__ += [
+    "DreamConfig",
+    "DreamModel",
+    "LLaDA2Config",
+    "LLaDA2Model",
+    "SDARConfig",
+    "SDARModel",
+    "SDARMoeConfig",
+    "SDARMoeModel",
+]
+
+from dllm_models.attention import available_backends, bd3lm_mask  # noqa: E402
+from dllm_models.logprob import (  # noqa: E402
+    final_hidden,
+    lm_head_and_hidden,
+    model_token_logprobs,
+    token_logprobs,
+)
+from dllm_models.lora import adapter_state_dict, apply_lora, merge_lora  # noqa: E402
+from dllm_models.packing import Packed, pack, pack_like, unpack  # noqa: E402
+
+__all__ += [
+    "Packed",
+    "adapter_state_dict",
+    "apply_lora",
+    "available_backends",
+    "bd3lm_mask",
+    "final_hidden",
+    "lm_head_and_hidden",
+    "merge_lora",
+    "model_token_logprobs",
+    "pack",
+    "pack_like",
+    "token_logprobs",
+    "unpack",
+]

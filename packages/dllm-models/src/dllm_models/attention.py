@@ -1,14 +1,26 @@
 """Attention behind one function, with interchangeable backends.
 
-Backends: `sdpa` (reference, runs everywhere) and `eager` (explicit softmax, for tests). More
-backends register themselves in `BACKENDS`; every backend computes the same function.
+Backends (every one computes the same function of q, k, v and an `AttentionMask`):
+
+- `sdpa`: torch scaled_dot_product_attention with a dense boolean mask (reference, runs everywhere).
+- `eager`: explicit float32 softmax (for tests).
+- `flex`: FlexAttention with a sparse `BlockMask` built tile by tile from the mask spec (never a
+  dense Lq x Lk mask); compiled on CUDA, eager (slow, small inputs only) on CPU.
+- `varlen`: torch's built-in flash varlen kernel on packed rows (`cu_seqlens`); CUDA only.
+- `flash_attn`: `flash_attn_varlen_func` on packed rows; registered only when flash-attn imports.
+
+Masks are specs, not model forks: key padding, packed segments, block-causal block ids and the
+BD3LM [x_t ; x_0] training layout (Arriola et al., "Block Diffusion", arXiv 2503.09573) are all
+fields of `AttentionMask`.
 """
 
 from __future__ import annotations
 
+import inspect
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -18,37 +30,109 @@ import torch.nn.functional as F
 class AttentionMask:
     """Which keys each query may see.
 
+    Queries are the last Lq of the Lk key positions (a KV cache precedes them); per-position
+    fields below are indexed by key position.
+
     Attributes:
         key_padding: bool [B, Lk], True for real keys; None means all keys are real.
         block_ids: long [B, Lk] block index per key position for block-causal attention (a
-            query sees keys whose block id is <= its own; queries are the last Lq positions);
-            None means bidirectional.
+            query sees keys whose block id is <= its own); None means bidirectional.
         cu_seqlens: int32 [n + 1] cumulative lengths of n sequences packed along one row
             (B = 1); attention never crosses sequences. None for padded batches.
         max_seqlen: longest packed sequence (with cu_seqlens).
+        is_clean: bool [B, Lk], True on the clean x_0 copy of the BD3LM [x_t ; x_0] layout (needs
+            block_ids). Then a noisy query of block b sees noisy keys of block b and clean keys of
+            blocks < b; a clean query of block b sees clean keys of blocks <= b. Build it with
+            `bd3lm_mask`.
     """
 
     key_padding: torch.Tensor | None = None
     block_ids: torch.Tensor | None = None
     cu_seqlens: torch.Tensor | None = None
     max_seqlen: int | None = None
+    is_clean: torch.Tensor | None = None
+    # per-mask memo of derived structures (flex BlockMask, segment ids); shared by all layers
+    cache: dict[Any, Any] = field(
+        default_factory=dict, init=False, repr=False, compare=False, hash=False
+    )
+
+    def __post_init__(self) -> None:
+        if self.is_clean is not None and self.block_ids is None:
+            raise ValueError("AttentionMask.is_clean (BD3LM layout) needs block_ids; use bd3lm_mask")
+
+    @property
+    def rule(self) -> str:
+        """'bidirectional', 'block_causal' or 'bd3lm'."""
+        if self.block_ids is None:
+            return "bidirectional"
+        return "block_causal" if self.is_clean is None else "bd3lm"
+
+    def segment_ids(self, device: torch.device) -> torch.Tensor | None:
+        """long [Lk_total] index of the packed sequence of each position (None if not packed)."""
+        if self.cu_seqlens is None:
+            return None
+        key = ("segment_ids", str(device))
+        if key not in self.cache:
+            lengths = (self.cu_seqlens[1:] - self.cu_seqlens[:-1]).to(device)
+            n = torch.arange(len(lengths), device=device)
+            self.cache[key] = torch.repeat_interleave(n, lengths)
+        out: torch.Tensor = self.cache[key]
+        return out
 
     def dense(self, q_len: int, k_len: int, device: torch.device) -> torch.Tensor | None:
         """Boolean mask [B or 1, 1, Lq, Lk] (True = may attend), or None when unrestricted."""
         mask: torch.Tensor | None = None
         if self.key_padding is not None:
-            mask = self.key_padding[:, None, None, :].to(device=device, dtype=torch.bool)
-        if self.cu_seqlens is not None:
-            lengths = self.cu_seqlens[1:] - self.cu_seqlens[:-1]
-            seg = torch.repeat_interleave(torch.arange(len(lengths), device=device), lengths.to(device))
+            mask = self.key_padding[:, None, None, -k_len:].to(device=device, dtype=torch.bool)
+        seg = self.segment_ids(device)
+        if seg is not None:
             same = (seg[-k_len:][None, :] == seg[-q_len:][:, None])[None, None]
             mask = same if mask is None else (mask & same)
         if self.block_ids is not None:
-            k_blocks = self.block_ids[:, -k_len:]
-            q_blocks = self.block_ids[:, -q_len:]
-            causal = (k_blocks[:, None, :] <= q_blocks[:, :, None])[:, None]
-            mask = causal if mask is None else (mask & causal)
+            kb = self.block_ids[:, -k_len:].to(device)[:, None, :]
+            qb = self.block_ids[:, -q_len:].to(device)[:, :, None]
+            if self.is_clean is None:
+                rule = kb <= qb
+            else:
+                kc = self.is_clean[:, -k_len:].to(device)[:, None, :]
+                qc = self.is_clean[:, -q_len:].to(device)[:, :, None]
+                rule = (kc & ((qc & (kb <= qb)) | (~qc & (kb < qb)))) | (~kc & ~qc & (kb == qb))
+            mask = rule[:, None] if mask is None else (mask & rule[:, None])
         return mask
+
+
+def bd3lm_mask(
+    lengths: Sequence[int], block_size: int, *, device: torch.device | str | None = None
+) -> AttentionMask:
+    """Mask of the BD3LM training layout: per sample its noisy copy x_t, then its clean copy x_0.
+
+    Samples are packed along one row (B = 1) as [x_t^1 ; x_0^1 ; x_t^2 ; x_0^2 ; ...]; blocks are
+    numbered from each sample's absolute position 0 ("global" block origin, spec §1.4 item 4).
+
+    Args:
+        lengths: length L_i of each sample (each contributes 2 L_i positions).
+        block_size: diffusion block size.
+        device: where the mask tensors live.
+
+    Returns:
+        AttentionMask with cu_seqlens over the 2 L_i segments, block_ids and is_clean [1, sum 2 L_i].
+    """
+    if block_size < 1:
+        raise ValueError(f"block_size must be >= 1, got {block_size}")
+    if not lengths or min(lengths) < 1:
+        raise ValueError(f"lengths must be a non-empty list of positive ints, got {list(lengths)}")
+    blocks, clean = [], []
+    for n in lengths:
+        b = torch.arange(n, device=device) // block_size
+        blocks += [b, b]
+        clean += [torch.zeros(n, dtype=torch.bool, device=device), torch.ones(n, dtype=torch.bool, device=device)]
+    seg = torch.tensor([0] + [2 * n for n in lengths], device=device).cumsum(0).to(torch.int32)
+    return AttentionMask(
+        block_ids=torch.cat(blocks)[None],
+        cu_seqlens=seg,
+        max_seqlen=2 * max(lengths),
+        is_clean=torch.cat(clean)[None],
+    )
 
 
 AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, AttentionMask], torch.Tensor]
@@ -76,18 +160,102 @@ def _eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMas
     return (probs @ v.float()).to(q.dtype)
 
 
-BACKENDS: dict[str, AttentionFn] = {"sdpa": _sdpa, "eager": _eager}
+def _flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask) -> torch.Tensor:
+    from dllm_models.flex import flex_attend
+
+    return flex_attend(q, k, v, mask)
+
+
+def _packed_rows(
+    q: torch.Tensor, k: torch.Tensor, mask: AttentionMask, backend: str
+) -> tuple[torch.Tensor, int]:
+    """cu_seqlens (int32) and max_seqlen for a varlen kernel, validating the mask."""
+    if mask.block_ids is not None or mask.key_padding is not None:
+        raise ValueError(
+            f"attention backend {backend!r} supports only packed (cu_seqlens) or unmasked input, "
+            "not key_padding/block_ids: pack the batch with dllm_models.packing.pack, or use "
+            "backend='flex' (block masks) or 'sdpa'"
+        )
+    if q.shape[2] != k.shape[2]:
+        raise ValueError(f"attention backend {backend!r} needs Lq == Lk (no KV cache); use 'sdpa'")
+    b, _, n, _ = q.shape
+    if mask.cu_seqlens is None:  # every row is one full sequence
+        cu = torch.arange(0, (b + 1) * n, n, device=q.device, dtype=torch.int32)
+        return cu, n
+    if b != 1:
+        raise ValueError(f"packed input (cu_seqlens) must have batch size 1, got {b}")
+    cu = mask.cu_seqlens.to(device=q.device, dtype=torch.int32)
+    max_len = mask.max_seqlen if mask.max_seqlen is not None else int((cu[1:] - cu[:-1]).max())
+    return cu, max_len
+
+
+def _varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask) -> torch.Tensor:
+    if q.device.type != "cuda":
+        raise RuntimeError(
+            f"attention backend 'varlen' needs a CUDA device (torch's varlen_attn has no "
+            f"{q.device.type} kernel); use backend='sdpa' or 'flex' there, see available_backends()"
+        )
+    from torch.nn.attention.varlen import varlen_attn
+
+    cu, max_len = _packed_rows(q, k, mask, "varlen")
+    b, hq, n, d = q.shape
+    params = inspect.signature(varlen_attn).parameters
+    if "enable_gqa" not in params:
+        k, v = _repeat_kv(k, hq // k.shape[1]), _repeat_kv(v, hq // k.shape[1])
+    kwargs: dict[str, Any] = {}
+    if "enable_gqa" in params and k.shape[1] != hq:
+        kwargs["enable_gqa"] = True
+    # [B, H, L, D] -> [B * L, H, D]
+    qf, kf, vf = (x.transpose(1, 2).reshape(b * n, x.shape[1], d) for x in (q, k, v))
+    out = varlen_attn(qf, kf, vf, cu, cu, max_len, max_len, **kwargs)
+    assert isinstance(out, torch.Tensor)
+    return out.view(b, n, hq, d).transpose(1, 2)
+
+
+BACKENDS: dict[str, AttentionFn] = {
+    "sdpa": _sdpa,
+    "eager": _eager,
+    "flex": _flex,
+    "varlen": _varlen,
+}
+
+try:  # optional extra `flash-attn`
+    from flash_attn import flash_attn_varlen_func as _flash_varlen  # type: ignore[import-not-found,unused-ignore]
+except Exception:  # noqa: BLE001 - any import failure (missing, ABI mismatch) means "not available"
+    _flash_varlen = None
+
+if _flash_varlen is not None:
+
+    def _flash_attn(
+        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask
+    ) -> torch.Tensor:
+        cu, max_len = _packed_rows(q, k, mask, "flash_attn")
+        b, hq, n, d = q.shape
+        qf, kf, vf = (x.transpose(1, 2).reshape(b * n, x.shape[1], d) for x in (q, k, v))
+        out = _flash_varlen(qf, kf, vf, cu, cu, max_len, max_len, causal=False)
+        return torch.as_tensor(out).view(b, n, hq, d).transpose(1, 2)
+
+    BACKENDS["flash_attn"] = _flash_attn
+
+
+def available_backends(device: torch.device | str = "cpu") -> list[str]:
+    """Backends of `BACKENDS` that run on `device` ('flex' on CPU is eager: small inputs only)."""
+    kind = torch.device(device).type
+    names = ["sdpa", "eager", "flex"]
+    if kind == "cuda":
+        names += [n for n in ("varlen", "flash_attn") if n in BACKENDS]
+    return names
 
 
 def attend(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask, *, backend: str = "sdpa"
 ) -> torch.Tensor:
-    """Scaled dot-product attention with grouped KV heads.
+    """Scaled dot-product attention with grouped KV heads (Vaswani et al., arXiv 1706.03762).
 
     Args:
         q: [B, Hq, Lq, D]; k, v: [B, Hkv, Lk, D] with Hq a multiple of Hkv.
         mask: which keys each query may see.
-        backend: a key of `BACKENDS`.
+        backend: a key of `BACKENDS` (see `available_backends(device)`).
 
     Returns:
         [B, Hq, Lq, D] in q's dtype.

@@ -82,3 +82,19 @@ def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     """Position ids [B, L] that start at 0 on each row's first real token (left padding safe)."""
     pos = attention_mask.long().cumsum(-1) - 1
     return pos.clamp(min=0)
+
+
+class FastLinear(nn.Linear):
+    """`nn.Linear` that skips its own random init: weights stay uninitialised until the family's
+    `reset_parameters` or a checkpoint fills them (building 10k+ experts fast, also on meta)."""
+
+    def reset_parameters(self) -> None:
+        return None
+
+
+class FastEmbedding(nn.Embedding):
+    """`nn.Embedding` that skips its own random init (on the meta device `normal_` would import
+    torch._dynamo, seconds of start-up); the family's `reset_parameters` or a checkpoint fills it."""
+
+    def reset_parameters(self) -> None:
+        return None

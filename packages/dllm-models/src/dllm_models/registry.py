@@ -7,7 +7,11 @@ from typing import Any, Protocol
 
 from torch import nn
 
+from dllm_models.families.dream import DreamConfig, DreamModel
 from dllm_models.families.llada import LLaDAConfig, LLaDAModel
+from dllm_models.families.llada2 import LLaDA2Config, LLaDA2Model
+from dllm_models.families.sdar import SDARConfig, SDARModel
+from dllm_models.families.sdar_moe import SDARMoeConfig, SDARMoeModel
 
 
 class FamilyConfig(Protocol):
@@ -30,6 +34,10 @@ class Family:
 
 FAMILIES: dict[str, Family] = {
     "llada": Family("llada", LLaDAConfig, LLaDAModel),
+    "Dream": Family("Dream", DreamConfig, DreamModel),
+    "sdar": Family("sdar", SDARConfig, SDARModel),
+    "sdar_moe": Family("sdar_moe", SDARMoeConfig, SDARMoeModel),
+    "llada2_moe": Family("llada2_moe", LLaDA2Config, LLaDA2Model),
 }
 
 

@@ -15,7 +15,14 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from dllm_models.attention import AttentionMask, attend
-from dllm_models.layers import RMSNorm, apply_rope, positions_from_mask, rope_cos_sin, swiglu
+from dllm_models.layers import (
+    FastEmbedding,
+    RMSNorm,
+    apply_rope,
+    positions_from_mask,
+    rope_cos_sin,
+    swiglu,
+)
 from dllm_models.protocol import DiffusionTraits, KVCache, ModelOutput
 
 MASK_TOKEN_ID = 126336
@@ -127,7 +134,7 @@ class LLaDABlock(nn.Module):
 class _Transformer(nn.Module):
     def __init__(self, cfg: LLaDAConfig) -> None:
         super().__init__()
-        self.wte = nn.Embedding(cfg.embedding_size, cfg.d_model)
+        self.wte = FastEmbedding(cfg.embedding_size, cfg.d_model)
         self.blocks = nn.ModuleList(LLaDABlock(cfg) for _ in range(cfg.n_layers))
         self.ln_f = RMSNorm(cfg.d_model, cfg.rms_norm_eps)
         self.ff_out = nn.Linear(cfg.d_model, cfg.embedding_size, bias=False)

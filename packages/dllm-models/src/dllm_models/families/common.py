@@ -1,0 +1,154 @@
+"""Plumbing shared by the families: config I/O, attention inputs, the layer loop, random init."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, fields
+from typing import Any, TypeVar, cast
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from dllm_models.attention import AttentionMask
+from dllm_models.layers import positions_from_mask
+from dllm_models.protocol import KVCache
+
+C = TypeVar("C")
+
+
+def config_from_hf(cls: type[C], raw: dict[str, Any], renames: dict[str, str] | None = None) -> C:
+    """Build a frozen config dataclass from a config.json dict; unknown keys go to `extra`.
+
+    Args:
+        cls: the family's config dataclass (with an `extra` field).
+        raw: the config.json dict.
+        renames: dataclass field -> config.json key, where the two differ.
+    """
+    renames = renames or {}
+    names = {f.name for f in fields(cast(Any, cls)) if f.name != "extra"}
+    kwargs: dict[str, Any] = {}
+    used: set[str] = set()
+    for name in names:
+        key = renames.get(name, name)
+        if key in raw and raw[key] is not None:
+            kwargs[name] = raw[key]
+            used.add(key)
+    extra = {k: v for k, v in raw.items() if k not in used}
+    factory: Any = cls
+    return cast(C, factory(**kwargs, extra=extra))
+
+
+def config_to_hf(cfg: Any, defaults: dict[str, Any], renames: dict[str, str] | None = None) -> dict[str, Any]:
+    """The config.json dict of a config dataclass: `extra` keys, then the fields, then defaults."""
+    renames = renames or {}
+    out = dict(cfg.extra)
+    out.update({renames.get(k, k): v for k, v in asdict(cfg).items() if k != "extra"})
+    for k, v in defaults.items():
+        out.setdefault(k, v)
+    return out
+
+
+def attention_inputs(
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    position_ids: torch.Tensor | None,
+    past_key_values: KVCache | None,
+    block_length: int | None,
+) -> tuple[AttentionMask, torch.Tensor]:
+    """The attention mask spec and position ids of a forward call.
+
+    Block-diffusion families (`block_length` set) number blocks on the global grid from absolute
+    position 0: block id = position_ids // block_length. Cached keys precede the current call, so
+    they get the smallest block id of the row's queries: every query sees all cached keys.
+
+    Args:
+        input_ids: [B, L].
+        attention_mask: [B, L] 1/True on real tokens, or None.
+        position_ids: [B, L] or None (then counted from each row's first real token).
+        past_key_values: cache of Lc earlier positions, or None.
+        block_length: block size of block-causal attention; None for bidirectional.
+
+    Returns:
+        (AttentionMask over Lc + L keys, position_ids [B, L]).
+    """
+    b, n = input_ids.shape
+    device = input_ids.device
+    key_padding = None
+    if attention_mask is not None and not bool(attention_mask.bool().all()):
+        key_padding = attention_mask.bool()
+    if past_key_values is not None:
+        if position_ids is None:
+            raise ValueError("position_ids are required when past_key_values is given")
+        if key_padding is not None or past_key_values.key_padding is not None:
+            own = (
+                attention_mask.bool()
+                if attention_mask is not None
+                else torch.ones((b, n), dtype=torch.bool, device=device)
+            )
+            cached = past_key_values.key_padding
+            if cached is None:
+                cached = torch.ones((b, past_key_values.length), dtype=torch.bool, device=device)
+            key_padding = torch.cat([cached.to(device), own], dim=1)
+    if position_ids is None:
+        if attention_mask is None:
+            position_ids = torch.arange(n, device=device)[None].expand(b, -1)
+        else:
+            position_ids = positions_from_mask(attention_mask)
+    block_ids = None
+    if block_length is not None:
+        block_ids = torch.div(position_ids, block_length, rounding_mode="floor")
+        if past_key_values is not None and past_key_values.length:
+            first = block_ids.min(dim=1, keepdim=True).values
+            block_ids = torch.cat([first.expand(b, past_key_values.length), block_ids], dim=1)
+    return AttentionMask(key_padding=key_padding, block_ids=block_ids), position_ids
+
+
+def run_layers(
+    model: nn.Module,
+    layers: nn.ModuleList,
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    mask: AttentionMask,
+    past_key_values: KVCache | None,
+    use_cache: bool,
+    attention_mask: torch.Tensor | None,
+) -> tuple[torch.Tensor, KVCache | None]:
+    """Run the decoder stack, with gradient checkpointing when the model asks for it.
+
+    Returns:
+        hidden states [B, L, H] and, with use_cache, the KVCache of this call's positions
+        (post-RoPE keys; not including `past_key_values`).
+    """
+    backend: str = getattr(model, "attention_backend", "sdpa")
+    ckpt = bool(getattr(model, "gradient_checkpointing", False)) and model.training
+    keys: list[torch.Tensor] = []
+    values: list[torch.Tensor] = []
+    for i, layer in enumerate(layers):
+        past = None
+        if past_key_values is not None:
+            past = (past_key_values.keys[i], past_key_values.values[i])
+        if ckpt:
+            x, kv = checkpoint(layer, x, cos, sin, mask, backend, past, use_reentrant=False)
+        else:
+            x, kv = layer(x, cos, sin, mask, backend, past)
+        if use_cache:
+            keys.append(kv[0])
+            values.append(kv[1])
+    if not use_cache:
+        return x, None
+    own_padding = attention_mask.bool() if attention_mask is not None else None
+    return x, KVCache(keys, values, own_padding)
+
+
+def reset_parameters(module: nn.Module, generator: torch.Generator | None, std: float) -> None:
+    """Normal(0, std) weights and biases, unit norm scales, zero buffers (e.g. `expert_bias`)."""
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if name.endswith("norm.weight"):
+                p.fill_(1.0)
+            else:
+                p.copy_(torch.randn(p.shape, generator=generator, dtype=torch.float32) * std)
+        for _, buf in module.named_buffers():
+            if buf.is_floating_point():
+                buf.zero_()

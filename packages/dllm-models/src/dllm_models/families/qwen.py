@@ -1,0 +1,188 @@
+"""The Qwen2/Qwen3 decoder layout shared by Dream, SDAR and SDAR-MoE.
+
+Parameter names are transformers' (`model.embed_tokens`, `model.layers.{i}.self_attn.q_proj`,
+`...mlp.gate_proj`, `model.norm`, `lm_head`), so the release safetensors load as they are.
+A family subclasses `QwenStyleLM`, choosing q/k/v biases (Qwen2), per-head q/k norms (Qwen3),
+the norm numerics, the MLP of each layer and its traits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from dllm_models.attention import AttentionMask, attend
+from dllm_models.families.common import attention_inputs, reset_parameters, run_layers
+from dllm_models.layers import FastEmbedding, RMSNorm, apply_rope, rope_cos_sin
+from dllm_models.protocol import DiffusionTraits, KVCache, ModelOutput
+
+
+class QwenAttention(nn.Module):
+    """GQA self-attention; optional q/k/v biases and per-head RMSNorm on q and k before RoPE."""
+
+    def __init__(
+        self,
+        hidden: int,
+        n_heads: int,
+        n_kv_heads: int,
+        head_dim: int,
+        *,
+        qkv_bias: bool,
+        qk_norm_eps: float | None,
+        scale_in_fp32: bool,
+    ) -> None:
+        super().__init__()
+        if n_heads % n_kv_heads:
+            raise ValueError(
+                f"num_attention_heads ({n_heads}) must be a multiple of num_key_value_heads "
+                f"({n_kv_heads})"
+            )
+        self.head_dim = head_dim
+        self.q_proj = nn.Linear(hidden, n_heads * head_dim, bias=qkv_bias)
+        self.k_proj = nn.Linear(hidden, n_kv_heads * head_dim, bias=qkv_bias)
+        self.v_proj = nn.Linear(hidden, n_kv_heads * head_dim, bias=qkv_bias)
+        self.o_proj = nn.Linear(n_heads * head_dim, hidden, bias=False)
+        self.q_norm: RMSNorm | None = None
+        self.k_norm: RMSNorm | None = None
+        if qk_norm_eps is not None:
+            self.q_norm = RMSNorm(head_dim, qk_norm_eps, scale_in_fp32=scale_in_fp32)
+            self.k_norm = RMSNorm(head_dim, qk_norm_eps, scale_in_fp32=scale_in_fp32)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        mask: AttentionMask,
+        backend: str,
+        past: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        b, n, _ = x.shape
+        hd = self.head_dim
+        q = self.q_proj(x).view(b, n, -1, hd)
+        k = self.k_proj(x).view(b, n, -1, hd)
+        v = self.v_proj(x).view(b, n, -1, hd).transpose(1, 2)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = apply_rope(q.transpose(1, 2), cos, sin, full_precision=False)
+        k = apply_rope(k.transpose(1, 2), cos, sin, full_precision=False)
+        new_kv = (k, v)
+        if past is not None:
+            k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
+        att = attend(q, k, v, mask, backend=backend).transpose(1, 2).reshape(b, n, -1)
+        out: torch.Tensor = self.o_proj(att)
+        return out, new_kv
+
+
+class QwenDecoderLayer(nn.Module):
+    """Pre-norm block: x + attn(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, attn: QwenAttention, mlp: nn.Module, hidden: int, eps: float, scale_in_fp32: bool) -> None:
+        super().__init__()
+        self.self_attn = attn
+        self.mlp = mlp
+        self.input_layernorm = RMSNorm(hidden, eps, scale_in_fp32=scale_in_fp32)
+        self.post_attention_layernorm = RMSNorm(hidden, eps, scale_in_fp32=scale_in_fp32)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        mask: AttentionMask,
+        backend: str,
+        past: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        att, kv = self.self_attn(self.input_layernorm(x), cos, sin, mask, backend, past)
+        x = x + att
+        out: torch.Tensor = x + self.mlp(self.post_attention_layernorm(x))
+        return out, kv
+
+
+class QwenBody(nn.Module):
+    """`model.*`: embeddings, decoder layers and the final norm."""
+
+    def __init__(self, vocab: int, hidden: int, layers: list[nn.Module], eps: float, scale_in_fp32: bool) -> None:
+        super().__init__()
+        self.embed_tokens = FastEmbedding(vocab, hidden)
+        self.layers = nn.ModuleList(layers)
+        self.norm = RMSNorm(hidden, eps, scale_in_fp32=scale_in_fp32)
+
+
+class QwenStyleLM(nn.Module):
+    """Qwen-layout diffusion LM; subclasses build `self.model`, `self.lm_head` and `self.traits`.
+
+    Attributes:
+        rotary_dim, rope_theta: RoPE of every layer.
+        block_length: native block size for block-causal attention; None for bidirectional.
+    """
+
+    traits: DiffusionTraits
+    model: QwenBody
+    lm_head: nn.Linear
+
+    def __init__(self, *, rotary_dim: int, rope_theta: float, block_length: int | None) -> None:
+        super().__init__()
+        self.rotary_dim = rotary_dim
+        self.rope_theta = rope_theta
+        self.block_length = block_length
+        self.attention_backend = "sdpa"
+        self.gradient_checkpointing = False
+
+    def build(
+        self,
+        *,
+        vocab: int,
+        hidden: int,
+        n_layers: int,
+        eps: float,
+        scale_in_fp32: bool,
+        make_layer: Callable[[int], nn.Module],
+    ) -> None:
+        """Create `model` and `lm_head` (called by subclasses from __init__)."""
+        layers = [make_layer(i) for i in range(n_layers)]
+        self.model = QwenBody(vocab, hidden, layers, eps, scale_in_fp32)
+        self.lm_head = nn.Linear(hidden, vocab, bias=False)
+
+    def reset_parameters(self, generator: torch.Generator | None = None, std: float = 0.02) -> None:
+        """Fresh normal(0, std) weights and unit norms (for random-weight builds and tests)."""
+        reset_parameters(self, generator, std)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        *,
+        past_key_values: KVCache | None = None,
+        use_cache: bool = False,
+    ) -> ModelOutput:
+        """Forward over a padded batch, optionally attending to a KV cache.
+
+        Attention is bidirectional, or block-causal on the grid position_ids // block_length
+        when the family has a block length (cached keys always precede the current call).
+
+        Args:
+            input_ids: [B, L] token ids.
+            attention_mask: [B, L], 1/True for real tokens (keys with 0 are never attended).
+                With a cache, the cache's own `key_padding` covers the cached keys.
+            position_ids: [B, L]; defaults to positions counted from each row's first real token
+                (required when a cache is given).
+            past_key_values: cached (post-RoPE) keys/values the queries attend to as well.
+            use_cache: return this call's keys/values as `past_key_values`.
+
+        Returns:
+            ModelOutput with logits [B, L, V] (model dtype, unshifted) and, with use_cache, the
+            KVCache of this call's positions (not including `past_key_values`).
+        """
+        mask, position_ids = attention_inputs(
+            input_ids, attention_mask, position_ids, past_key_values, self.block_length
+        )
+        cos, sin = rope_cos_sin(position_ids, self.rotary_dim, self.rope_theta)
+        x = self.model.embed_tokens(input_ids)
+        x, cache = run_layers(
+            self, self.model.layers, x, cos, sin, mask, past_key_values, use_cache, attention_mask
+        )
+        return ModelOutput(logits=self.lm_head(self.model.norm(x)), past_key_values=cache)

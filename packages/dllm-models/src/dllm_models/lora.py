@@ -1,0 +1,123 @@
+"""LoRA adapters on any family through peft (optional extra `lora`, imported lazily).
+
+Hu et al., "LoRA: Low-Rank Adaptation of Large Language Models", arXiv 2106.09685. Adapters are
+injected in place (`peft.inject_adapter_in_model`), so the model keeps its class, `traits` and
+forward signature; only adapter weights are trainable afterwards.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import torch
+from torch import nn
+
+# Default target modules per family (`traits.family`), as a regex over module names that peft
+# matches in full. LLaDA's block `ff_out` is the down projection; `model.transformer.ff_out` is
+# the LM head and is excluded by requiring the `blocks.<i>.` prefix.
+DEFAULT_TARGETS: dict[str, str] = {
+    "llada": r".*\.blocks\.\d+\.(q_proj|k_proj|v_proj|attn_out|ff_proj|up_proj|ff_out)",
+    "dream": r".*\.layers\.\d+\.(self_attn\.(q_proj|k_proj|v_proj|o_proj)|mlp\.(gate_proj|up_proj|down_proj))",
+    "sdar": r".*\.layers\.\d+\.(self_attn\.(q_proj|k_proj|v_proj|o_proj)|mlp\.(gate_proj|up_proj|down_proj))",
+    "llada2_moe": (
+        r".*\.layers\.\d+\.(attention\.(query_key_value|dense)"
+        r"|mlp\.(shared_experts\.)?(experts\.\d+\.)?(gate_proj|up_proj|down_proj))"
+    ),
+}
+DEFAULT_TARGETS["sdar_moe"] = DEFAULT_TARGETS["sdar"].replace(
+    r"mlp\.(gate_proj", r"mlp\.(experts\.\d+\.)?(gate_proj"
+)
+DEFAULT_TARGETS["llada2"] = DEFAULT_TARGETS["llada2_moe"]
+
+_ADAPTER_MARK = "lora_"
+
+
+def _peft() -> Any:
+    try:
+        import peft  # type: ignore[import-not-found,import-untyped,unused-ignore]
+    except ImportError as err:
+        raise ImportError(
+            "LoRA needs peft: install the extra with `uv sync --extra lora` (dllm-models[lora])"
+        ) from err
+    return peft
+
+
+def default_target_modules(model: nn.Module) -> str:
+    """The default LoRA target regex of the model's family (`model.traits.family`)."""
+    traits = getattr(model, "traits", None)
+    family = getattr(traits, "family", None)
+    if family not in DEFAULT_TARGETS:
+        raise ValueError(
+            f"no default LoRA target modules for family {family!r}; pass target_modules= "
+            f"(names or a regex) or use one of {sorted(DEFAULT_TARGETS)}"
+        )
+    return DEFAULT_TARGETS[str(family)]
+
+
+def apply_lora(
+    model: nn.Module,
+    *,
+    rank: int = 16,
+    alpha: float = 32,
+    dropout: float = 0.0,
+    target_modules: str | list[str] | None = None,
+    adapter_name: str = "default",
+) -> nn.Module:
+    """Inject LoRA adapters into `model` in place and freeze every other parameter.
+
+    Args:
+        model: a family module.
+        rank, alpha, dropout: LoRA rank r, scaling numerator (scale = alpha / r) and dropout.
+        target_modules: module-name suffixes or a full-match regex; None: the family default
+            (`DEFAULT_TARGETS`).
+        adapter_name: peft adapter name.
+
+    Returns:
+        The same module, with `lora_A`/`lora_B` weights as its only trainable parameters.
+    """
+    if rank < 1 or alpha <= 0 or not 0.0 <= dropout < 1.0:
+        raise ValueError(f"need rank >= 1, alpha > 0, 0 <= dropout < 1; got {rank}, {alpha}, {dropout}")
+    peft = _peft()
+    targets = default_target_modules(model) if target_modules is None else target_modules
+    config = peft.LoraConfig(
+        r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets, bias="none"
+    )
+    model = peft.inject_adapter_in_model(config, model, adapter_name=adapter_name)
+    n = 0
+    for name, p in model.named_parameters():
+        is_adapter = _ADAPTER_MARK in name
+        p.requires_grad_(is_adapter)
+        n += int(is_adapter)
+    if n == 0:
+        raise ValueError(f"target_modules {targets!r} matched no module of {type(model).__name__}")
+    return model
+
+
+def adapter_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Only the adapter weights (`...lora_A.<adapter>.weight`, `...lora_B...`): detached views
+    sharing storage with the model (clone them to keep a snapshot)."""
+    return {k: v.detach() for k, v in model.state_dict().items() if _ADAPTER_MARK in k}
+
+
+def merge_lora(model: nn.Module) -> nn.Module:
+    """Fold every adapter into its base weight (W += scale * B A) and remove the LoRA layers.
+
+    Returns the same module with plain layers again (all parameters left frozen).
+    """
+    tuner = _peft().tuners.tuners_utils.BaseTunerLayer
+    targets = [(name, m) for name, m in model.named_modules() if isinstance(m, tuner)]
+    for name, module in targets:
+        module.merge()
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, child, module.get_base_layer())
+    for attr in ("peft_config", "_hf_peft_config_loaded"):
+        if hasattr(model, attr):
+            delattr(model, attr)
+    return model
+
+
+def lora_parameter_names(model: nn.Module) -> list[str]:
+    """Names of the trainable adapter parameters."""
+    return [n for n, p in model.named_parameters() if p.requires_grad and re.search(_ADAPTER_MARK, n)]

@@ -1,0 +1,185 @@
+"""Attention backends agree on every mask kind; the flex BlockMask is exact and sparse."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from dllm_models.attention import AttentionMask, attend, available_backends, bd3lm_mask
+
+CPU = torch.device("cpu")
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def _qkv(b: int, hq: int, hkv: int, lq: int, lk: int, d: int = 16, seed: int = 0, **kw: object):  # type: ignore[no-untyped-def]
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, hq, lq, d, generator=g)
+    k = torch.randn(b, hkv, lk, d, generator=g)
+    v = torch.randn(b, hkv, lk, d, generator=g)
+    return tuple(x.to(**kw) for x in (q, k, v))  # type: ignore[arg-type]
+
+
+def _cases() -> dict[str, tuple[AttentionMask, int, int, int]]:
+    """name -> (mask, batch, Lq, Lk)."""
+    g = torch.Generator().manual_seed(1)
+    pad = torch.ones(3, 21, dtype=torch.bool)
+    pad[0, :5] = False  # left padding
+    pad[2, 15:] = False  # right padding
+    cu = torch.tensor([0, 7, 9, 30], dtype=torch.int32)
+    blocks = (torch.arange(24) // 4)[None].expand(2, -1)
+    return {
+        "none": (AttentionMask(), 2, 19, 19),
+        "padding": (AttentionMask(key_padding=pad), 3, 21, 21),
+        "packed": (AttentionMask(cu_seqlens=cu, max_seqlen=21), 1, 30, 30),
+        "block_causal": (AttentionMask(block_ids=blocks), 2, 24, 24),
+        "block_causal_padded_cache": (
+            AttentionMask(key_padding=torch.rand(2, 24, generator=g) > 0.2, block_ids=blocks), 2, 8, 24
+        ),
+        "packed_block_causal": (
+            AttentionMask(cu_seqlens=cu, block_ids=torch.cat([torch.arange(n) // 3 for n in (7, 2, 21)])[None]),
+            1, 30, 30,
+        ),
+        "bd3lm": (bd3lm_mask([13, 4, 22], block_size=4), 1, 78, 78),
+    }
+
+
+@pytest.mark.parametrize("name", list(_cases()))
+@pytest.mark.parametrize("heads", [(4, 4), (4, 2)], ids=["mha", "gqa"])
+def test_backends_agree_on_cpu(name: str, heads: tuple[int, int]) -> None:
+    mask, b, lq, lk = _cases()[name]
+    q, k, v = _qkv(b, heads[0], heads[1], lq, lk)
+    ref = attend(q, k, v, mask, backend="eager")
+    for backend in ("sdpa", "flex"):
+        out = attend(q, k, v, mask, backend=backend)
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5, msg=f"{backend} on {name}")
+
+
+def test_bd3lm_layout_by_hand() -> None:
+    # one sample of length 4, block 2: positions x_t = 0..3, x_0 = 4..7, blocks 0,0,1,1 twice
+    dense = bd3lm_mask([4], block_size=2).dense(8, 8, CPU)
+    assert dense is not None
+    expected = torch.tensor([
+        # noisy block 0 sees noisy block 0 only (no clean block < 0)
+        [1, 1, 0, 0, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0, 0, 0, 0],
+        # noisy block 1 sees noisy block 1 and clean block 0
+        [0, 0, 1, 1, 1, 1, 0, 0],
+        [0, 0, 1, 1, 1, 1, 0, 0],
+        # clean block 0 sees clean block 0; clean block 1 sees clean blocks 0 and 1
+        [0, 0, 0, 0, 1, 1, 0, 0],
+        [0, 0, 0, 0, 1, 1, 0, 0],
+        [0, 0, 0, 0, 1, 1, 1, 1],
+        [0, 0, 0, 0, 1, 1, 1, 1],
+    ], dtype=torch.bool)
+    assert torch.equal(dense[0, 0], expected)
+
+
+@pytest.mark.parametrize("name", list(_cases()))
+def test_flex_tiles_are_exact_and_sparse(name: str) -> None:
+    from dllm_models.flex import _positions, mask_mod_for, tile_classes
+
+    mask, b, lq, lk = _cases()[name]
+    tile = 4
+    pos = _positions(mask, b, lk, math.ceil(lk / tile) * tile, CPU)
+    any_, full = tile_classes(mask, pos, lq, lk, tile)
+    exact = mask_mod_for(mask, pos, lk - lq)
+    qi, ki = torch.arange(lq)[:, None], torch.arange(lk)[None]
+    dense = mask.dense(lq, lk, CPU)
+    for row in range(b):
+        allowed = exact(torch.tensor(row), 0, qi, ki)
+        want = torch.ones(lq, lk, dtype=torch.bool)
+        if dense is not None:
+            want = dense[min(row, dense.shape[0] - 1), 0].expand(lq, lk)
+        assert torch.equal(allowed, want)
+        tile_any, tile_full = any_[row][qi // tile, ki // tile], full[row][qi // tile, ki // tile]
+        assert not (allowed & ~tile_any).any(), "an allowed pair sits in a skipped tile"
+        assert not (tile_full & ~allowed).any(), "a full tile holds a masked pair"
+    if name == "bd3lm":  # the layout is sparse: many tiles are skipped, many need no mask_mod
+        assert (~any_).float().mean() > 0.4 and full.any()
+
+
+def test_flex_block_mask_is_built_once_per_mask() -> None:
+    mask, b, lq, lk = _cases()["bd3lm"]
+    q, k, v = _qkv(b, 2, 2, lq, lk)
+    attend(q, k, v, mask, backend="flex")
+    first = dict(mask.cache)
+    attend(q, k, v, mask, backend="flex")
+    assert [id(x) for x in mask.cache.values()] == [id(x) for x in first.values()]
+
+
+def test_varlen_on_cpu_is_a_clear_error() -> None:
+    q, k, v = _qkv(1, 2, 2, 8, 8)
+    mask = AttentionMask(cu_seqlens=torch.tensor([0, 3, 8], dtype=torch.int32), max_seqlen=5)
+    with pytest.raises(RuntimeError, match="needs a CUDA device.*'sdpa' or 'flex'"):
+        attend(q, k, v, mask, backend="varlen")
+    assert "varlen" not in available_backends("cpu")
+    with pytest.raises(ValueError, match="not available; choose one of"):
+        attend(q, k, v, mask, backend="nope")
+
+
+def test_bd3lm_mask_validates() -> None:
+    with pytest.raises(ValueError, match="block_size"):
+        bd3lm_mask([4], block_size=0)
+    with pytest.raises(ValueError, match="needs block_ids"):
+        AttentionMask(is_clean=torch.ones(1, 4, dtype=torch.bool))
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("name", ["none", "packed"])
+def test_varlen_matches_sdpa_on_gpu(name: str) -> None:
+    mask, b, lq, lk = _cases()[name]
+    q, k, v = _qkv(b, 8, 2, lq, lk, d=64, device="cuda", dtype=torch.bfloat16)
+    mask = AttentionMask(
+        cu_seqlens=None if mask.cu_seqlens is None else mask.cu_seqlens.cuda(), max_seqlen=mask.max_seqlen
+    )
+    for x in (q, k, v):
+        x.requires_grad_(True)
+    ref = attend(q, k, v, mask, backend="sdpa")
+    out = attend(q, k, v, mask, backend="varlen")
+    torch.testing.assert_close(out, ref, rtol=2e-2, atol=2e-2)
+    g_ref = torch.autograd.grad(ref.float().square().sum(), (q, k, v))
+    g_out = torch.autograd.grad(out.float().square().sum(), (q, k, v))
+    for a, r in zip(g_out, g_ref):
+        torch.testing.assert_close(a, r, rtol=5e-2, atol=5e-2)
+
+
+def _to_cuda(mask: AttentionMask) -> AttentionMask:
+    def mv(x: torch.Tensor | None) -> torch.Tensor | None:
+        return None if x is None else x.cuda()
+
+    return AttentionMask(
+        key_padding=mv(mask.key_padding), block_ids=mv(mask.block_ids), cu_seqlens=mv(mask.cu_seqlens),
+        max_seqlen=mask.max_seqlen, is_clean=mv(mask.is_clean),
+    )
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("name", list(_cases()))
+def test_compiled_flex_matches_sdpa_on_gpu(name: str) -> None:
+    mask, b, lq, lk = _cases()[name]
+    mask = _to_cuda(mask)
+    q, k, v = _qkv(b, 8, 2, lq, lk, d=64, device="cuda", dtype=torch.bfloat16)
+    for x in (q, k, v):
+        x.requires_grad_(True)
+    ref = attend(q, k, v, mask, backend="sdpa")
+    out = attend(q, k, v, mask, backend="flex")
+    torch.testing.assert_close(out, ref, rtol=2e-2, atol=2e-2)
+    g_ref = torch.autograd.grad(ref.float().square().sum(), (q, k, v))
+    g_out = torch.autograd.grad(out.float().square().sum(), (q, k, v))
+    for a, r in zip(g_out, g_ref):
+        torch.testing.assert_close(a, r, rtol=5e-2, atol=5e-2)
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_flex_bd3lm_at_real_length_on_gpu() -> None:
+    # 8 samples, 2 x 512 tokens each, block 4: the sparse build never makes the 8192^2 mask
+    mask = bd3lm_mask([512] * 8, block_size=4, device="cuda")
+    q, k, v = _qkv(1, 8, 8, 8192, 8192, d=64, device="cuda", dtype=torch.bfloat16)
+    out = attend(q, k, v, mask, backend="flex")
+    ref = attend(q, k, v, mask, backend="sdpa")
+    torch.testing.assert_close(out, ref, rtol=2e-2, atol=2e-2)

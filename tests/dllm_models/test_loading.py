@@ -1,0 +1,121 @@
+"""Every release folder builds on the meta device with exactly the checkpoint's weight names;
+every family is registered, round-trips its config and loads with fresh weights."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from dllm_models import FAMILIES, build_model, load_model, save_model
+from tests.dllm_models.tiny_configs import TINY_CONFIGS, build_tiny
+
+CHECKPOINTS = Path(__file__).resolve().parents[3] / "shared" / "checkpoints"
+FOLDERS = sorted(p.name for p in CHECKPOINTS.iterdir()) if CHECKPOINTS.is_dir() else []
+# parameters per release (embeddings untied), from the meta build; model cards agree
+PARAMS = {
+    "Dream-v0-Instruct-7B": 7_615_616_512,
+    "LLaDA-8B-Instruct": 8_015_581_184,
+    "LLaDA2.0-mini": 16_255_638_528,
+    "LLaDA2.1-mini": 16_255_638_528,
+    "SDAR-1dot7B-Chat": 2_031_739_904,
+    "SDAR-4B-Chat": 4_411_424_256,
+    "SDAR-8B-Chat": 8_190_735_360,
+    "SDAR-30B-A3B-Chat": 30_532_122_624,
+}
+
+
+def _qwen3_names(n_layers: int) -> set[str]:
+    """Transformers' Qwen3 weight names (SDAR-1.7B ships one safetensors file and no index)."""
+    per_layer = [
+        "input_layernorm.weight", "post_attention_layernorm.weight",
+        "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight",
+        *(f"self_attn.{p}_proj.weight" for p in "qkvo"),
+        "self_attn.q_norm.weight", "self_attn.k_norm.weight",
+    ]
+    names = {f"model.layers.{i}.{p}" for i in range(n_layers) for p in per_layer}
+    return names | {"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"}
+
+
+@pytest.mark.skipif(not FOLDERS, reason="needs ../shared/checkpoints beside the repository")
+@pytest.mark.parametrize("folder", FOLDERS)
+def test_meta_build_matches_release_weight_names(folder: str) -> None:
+    root = CHECKPOINTS / folder
+    model = load_model(root, device="meta", load_weights=False)
+    raw = json.loads((root / "config.json").read_text())
+    index = root / "model.safetensors.index.json"
+    if index.is_file():
+        expected = set(json.loads(index.read_text())["weight_map"])
+    else:
+        assert raw["model_type"] == "sdar"
+        expected = _qwen3_names(raw["num_hidden_layers"])
+    assert set(model.state_dict()) == expected
+    assert getattr(model, "traits").family == raw["model_type"]
+    if folder in PARAMS:
+        assert sum(p.numel() for p in model.parameters()) == PARAMS[folder]
+    assert next(model.parameters()).dtype == torch.bfloat16
+
+
+@pytest.mark.skipif(not FOLDERS, reason="needs ../shared/checkpoints beside the repository")
+def test_release_traits_follow_the_spec_table() -> None:
+    want = {
+        "Dream-v0-Instruct-7B": (151666, 151643, 151643, None, 1),
+        "SDAR-4B-Chat": (151669, 151643, 151643, 4, 0),
+        "SDAR-30B-A3B-Chat": (151669, 151643, 151643, 4, 0),
+        "LLaDA2.0-mini": (156895, 156892, 156892, 32, 0),
+    }
+    for folder, expect in want.items():
+        raw = json.loads((CHECKPOINTS / folder / "config.json").read_text())
+        raw["num_hidden_layers"] = 1  # traits depend on the config only; keep the build small
+        fam = FAMILIES[raw["model_type"]]
+        cfg = fam.config_cls.from_hf(raw)
+        with torch.device("meta"):
+            t = fam.model_cls(cfg).traits
+        assert (t.mask_token_id, t.eos_token_id, t.pad_token_id, t.block_length, t.logit_shift) == expect
+
+
+@pytest.mark.skipif(not FOLDERS, reason="needs ../shared/checkpoints beside the repository")
+@pytest.mark.parametrize("folder", ["Dream-v0-Instruct-7B", "SDAR-30B-A3B-Chat", "LLaDA2.0-mini"])
+def test_release_config_round_trips(folder: str) -> None:
+    raw = json.loads((CHECKPOINTS / folder / "config.json").read_text())
+    fam = FAMILIES[raw["model_type"]]
+    back = fam.config_cls.from_hf(raw).to_hf()
+    assert {k: back[k] for k in raw} == raw
+
+
+@pytest.mark.parametrize("family", sorted(TINY_CONFIGS))
+def test_every_family_is_registered_and_builds(family: str) -> None:
+    assert family in FAMILIES
+    model = build_model(TINY_CONFIGS[family]())
+    assert getattr(model, "traits").family == family
+    assert getattr(model, "attention_backend") == "sdpa"
+
+
+@pytest.mark.parametrize("family", sorted(TINY_CONFIGS))
+def test_load_fresh_weights_and_config_keys_survive(tmp_path: Path, family: str) -> None:
+    model = build_tiny(family)
+    save_model(model, tmp_path / "m")
+    raw = json.loads((tmp_path / "m" / "config.json").read_text())
+    assert raw["model_type"] == family
+    again = load_model(tmp_path / "m", load_weights=False, seed=3)
+    ids = torch.randint(0, 60, (1, 6))
+    assert again(ids).logits.shape == (1, 6, 64)
+    assert set(again.state_dict()) == set(model.state_dict())
+
+
+@pytest.mark.parametrize("family", sorted(TINY_CONFIGS))
+def test_eager_backend_and_gradient_checkpointing_agree(family: str) -> None:
+    model = build_tiny(family)
+    ids = torch.randint(0, 60, (2, 8), generator=torch.Generator().manual_seed(0))
+    ref = model(ids).logits
+    setattr(model, "attention_backend", "eager")
+    torch.testing.assert_close(model(ids).logits, ref, rtol=1e-5, atol=1e-5)
+    setattr(model, "attention_backend", "sdpa")
+    setattr(model, "gradient_checkpointing", True)
+    model.train()
+    out = model(ids).logits
+    out.float().square().mean().backward()
+    torch.testing.assert_close(out.detach(), ref, rtol=1e-5, atol=1e-5)
+    assert all(p.grad is not None for n, p in model.named_parameters() if "experts" not in n)
