@@ -148,7 +148,8 @@ def reset_parameters(module: nn.Module, generator: torch.Generator | None, std: 
             if name.endswith("norm.weight"):
                 p.fill_(1.0)
             else:
-                p.copy_(torch.randn(p.shape, generator=generator, dtype=torch.float32) * std)
+                dev = generator.device if generator is not None else p.device
+                p.copy_(torch.randn(p.shape, generator=generator, dtype=torch.float32, device=dev) * std)
         for _, buf in module.named_buffers():
             if buf.is_floating_point():
                 buf.zero_()

@@ -169,7 +169,8 @@ class LLaDAModel(nn.Module):
                 if name.endswith("norm.weight") or name.endswith("ln_f.weight"):
                     p.fill_(1.0)
                 else:
-                    p.copy_(torch.randn(p.shape, generator=generator, dtype=torch.float32) * std)
+                    dev = generator.device if generator is not None else p.device
+                    p.copy_(torch.randn(p.shape, generator=generator, dtype=torch.float32, device=dev) * std)
 
     def forward(
         self,
