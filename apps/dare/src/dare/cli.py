@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -83,6 +84,8 @@ def main(argv: list[str] | None = None) -> int:
         args.overrides = [args.recipe, *args.overrides]
         args.recipe = None
     _setup_logging(args.verbose)
+    os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     try:
         code: int = args.func(args)
     except ValueError as err:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
@@ -31,6 +32,17 @@ from dllm_train import (
 )
 
 logger = logging.getLogger(__name__)
+
+
+def rank_setup(cfg: RunConfig, weights: dict[str, torch.Tensor]) -> Any:
+    """One Ray rank's workers (module-level, so Ray pickles it by reference)."""
+    from dllm_train.distributed import RankSetup
+
+    tok = build_tokenizer()
+    model = build_tiny_model(cfg, tok)
+    model.load_state_dict(weights)
+    return RankSetup(model=model, sampling=cfg.rollout, reward_fn=exact_match_reward, detokenize=tok.decode,
+                     objective=build_objective(cfg.algorithm, cfg.rl), optim=cfg.rl_optim, seed=cfg.trainer.seed)
 
 
 def build_tiny_model(cfg: RunConfig, tokenizer: Any) -> Any:
@@ -97,17 +109,14 @@ def run_quickstart(cfg: RunConfig, output_dir: Path, *, progress: bool = True) -
                            [task.answer(a, b) for a, b in pairs], cfg.rl.group_size)
 
     objective = build_objective(cfg.algorithm, cfg.rl)
-    workflow = RLWorkflow(
-        prompts=prompts, rollout=RolloutWorker(model, cfg.rollout),
-        reward=RewardWorker(exact_match_reward, tokenizer.decode),
-        actor=ActorWorker(model, objective, cfg.rl_optim), objective=objective, trainer=cfg.trainer, rl=cfg.rl,
-    )
+    step_fn, owner, shutdown = _rl_backend(cfg, model, tokenizer, prompts, objective)
     run.run_phase(PhaseSpec(
-        order=1, name="rl", steps=cfg.trainer.max_steps, step_fn=workflow.step, owner=workflow.actor,
+        order=1, name="rl", steps=cfg.trainer.max_steps, step_fn=step_fn, owner=owner,
         eval_fn=evaluate, eval_every=cfg.trainer.eval_every, save_every=cfg.trainer.save_every,
         on_end=lambda: {"eval_accuracy_after_rl": evaluate()["eval_accuracy"]},
         log_keys=("reward_mean", "loss", "clip_frac", "eval_accuracy"),
     ))
+    shutdown()
     save_model(model, output_dir / "model", tokenizer=tokenizer)
     records = read_metrics(output_dir / "metrics.jsonl")
     plot_curves(records, ["reward_mean", "eval_accuracy", "loss", "response_length"], output_dir / "reward.png")
@@ -122,3 +131,23 @@ def run_quickstart(cfg: RunConfig, output_dir: Path, *, progress: bool = True) -
     }
     (output_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
+
+
+def _rl_backend(cfg: RunConfig, model: Any, tokenizer: Any, prompts: Any, objective: Any) -> tuple[Any, Any, Any]:
+    """(step_fn, checkpointed owner, shutdown) of the local or the Ray backend; same workers either way."""
+    if cfg.trainer.backend == "ray":
+        from dllm_train.distributed import DistributedConfig, RayRLWorkflow
+
+        weights = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+        ray_wf = RayRLWorkflow(
+            setup_fn=functools.partial(rank_setup, cfg, weights), prompts=prompts, objective=objective,
+            trainer=cfg.trainer, rl=cfg.rl, driver_model=model,
+            dist=DistributedConfig(num_workers=cfg.trainer.num_workers, gpus_per_worker=cfg.trainer.gpus_per_worker),
+        )
+        return ray_wf.step, ray_wf, ray_wf.shutdown
+    workflow = RLWorkflow(
+        prompts=prompts, rollout=RolloutWorker(model, cfg.rollout),
+        reward=RewardWorker(exact_match_reward, tokenizer.decode),
+        actor=ActorWorker(model, objective, cfg.rl_optim), objective=objective, trainer=cfg.trainer, rl=cfg.rl,
+    )
+    return workflow.step, workflow.actor, lambda: None

@@ -45,7 +45,9 @@ class TrainerConfig:
         eval_every: held-out evaluation period in steps (0: only before and after).
         save_every: checkpoint period in steps (0: only at the end).
         log_every: progress-line period in steps.
-        backend: "local" (in-process) or "ray".
+        backend: "local" (in-process) or "ray" (Ray actors with FSDP2, same worker code).
+        num_workers: ranks of the Ray backend (one actor each).
+        gpus_per_worker: 0 (CPU, gloo) or 1 (one GPU per rank, nccl) for the Ray backend.
     """
 
     max_steps: int = 100
@@ -54,6 +56,8 @@ class TrainerConfig:
     save_every: int = 0
     log_every: int = 1
     backend: str = "local"
+    num_workers: int = 2
+    gpus_per_worker: int = 0
 
     def __post_init__(self) -> None:
         if self.max_steps < 0:
@@ -65,6 +69,10 @@ class TrainerConfig:
             raise ValueError(f"trainer.log_every must be >= 1, got {self.log_every}")
         if self.backend not in BACKENDS:
             raise ValueError(f"trainer.backend {self.backend!r} unknown; choose one of {BACKENDS}")
+        if self.num_workers < 1:
+            raise ValueError(f"trainer.num_workers must be >= 1, got {self.num_workers}")
+        if self.gpus_per_worker not in (0, 1):
+            raise ValueError(f"trainer.gpus_per_worker must be 0 or 1, got {self.gpus_per_worker}")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,0 +1,117 @@
+"""FSDP2 wrapping and full-weight hand-off: a thin shell around a plain model.
+
+`shard_model` applies `torch.distributed.fsdp.fully_shard` to every transformer block and then to
+the root (Zhao et al., "PyTorch FSDP", arXiv 2304.11277; FSDP2 = per-parameter DTensor sharding).
+Gradients are reduce-scattered and averaged over the data-parallel group, so ranks that each see
+B/N samples of a batch whose loss is a per-sample (or equal-count token) mean produce the
+full-batch update.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+
+def free_port() -> int:
+    """An unused TCP port on this host (for the rendezvous of a new process group)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+def init_process_group(*, rank: int, world_size: int, master_addr: str, master_port: int,
+                       backend: str, timeout_s: float = 600.0) -> None:
+    """Join the default process group (gloo on CPU, nccl on GPU), rendezvous over TCP."""
+    if backend not in ("gloo", "nccl"):
+        raise ValueError(f"process-group backend {backend!r} unknown; choose 'gloo' (CPU) or 'nccl' (GPU)")
+    os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port),
+                      RANK=str(rank), WORLD_SIZE=str(world_size))
+    if backend == "nccl":
+        torch.cuda.set_device(0 if torch.cuda.device_count() == 1 else rank % torch.cuda.device_count())
+    dist.init_process_group(backend, init_method=f"tcp://{master_addr}:{master_port}", rank=rank,
+                            world_size=world_size, timeout=timedelta(seconds=timeout_s))
+
+
+def transformer_blocks(model: nn.Module) -> list[nn.Module]:
+    """The repeated blocks of a dllm_models family (`transformer.blocks` or `model.layers`)."""
+    for name, module in model.named_modules():
+        if isinstance(module, nn.ModuleList) and name.rsplit(".", 1)[-1] in ("blocks", "layers"):
+            return list(module)
+    raise ValueError(f"{type(model).__name__} has no `blocks`/`layers` ModuleList to shard per block")
+
+
+@torch.no_grad()
+def broadcast_parameters(model: nn.Module, src: int = 0) -> None:
+    """Copy rank `src`'s parameters and buffers to every rank (call before sharding)."""
+    for t in [*model.parameters(), *model.buffers()]:
+        dist.broadcast(t.data, src=src)
+
+
+def shard_model(model: nn.Module, *, param_dtype: torch.dtype | None = None,
+                reduce_dtype: torch.dtype | None = torch.float32,
+                reshard_after_forward: bool = True) -> nn.Module:
+    """FSDP2-shard `model` in place: each transformer block, then the root (embeddings, head).
+
+    Args:
+        model: an unsharded model, identical on every rank, on this rank's device.
+        param_dtype: compute dtype of gathered parameters (e.g. torch.bfloat16); None keeps
+            the stored dtype (fp32 on CPU tests).
+        reduce_dtype: dtype of the gradient reduce-scatter.
+        reshard_after_forward: free gathered block weights after forward (ZeRO-3 style).
+
+    Returns:
+        the same module object (its parameters are now DTensors sharded on dim 0).
+    """
+    mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+    for block in transformer_blocks(model):
+        fully_shard(block, mp_policy=mp, reshard_after_forward=reshard_after_forward)
+    fully_shard(model, mp_policy=mp, reshard_after_forward=reshard_after_forward)
+    return model
+
+
+def full_state_dict(model: nn.Module, *, cpu: bool = False) -> dict[str, Any]:
+    """Unsharded weights of an FSDP2 model.
+
+    With `cpu=False` every rank gets full tensors on its device (rollout hand-off); with
+    `cpu=True` only rank 0 gets them, on CPU (checkpoints; other ranks get {}).
+    """
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=cpu))
+
+
+def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """Unsharded optimizer state on rank 0, CPU (other ranks get {})."""
+    return get_optimizer_state_dict(model, optimizer,
+                                    options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def load_full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer,
+                              state: dict[str, Any]) -> None:
+    """Load rank 0's full optimizer state into every rank's shard."""
+    set_optimizer_state_dict(model, optimizer, state,
+                             options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+
+
+__all__ = [
+    "broadcast_parameters",
+    "free_port",
+    "full_optimizer_state",
+    "full_state_dict",
+    "init_process_group",
+    "load_full_optimizer_state",
+    "shard_model",
+    "transformer_blocks",
+]

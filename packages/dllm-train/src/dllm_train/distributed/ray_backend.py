@@ -1,0 +1,224 @@
+"""`trainer.backend="ray"`: N `RankWorker`s as Ray actors forming one torch.distributed group.
+
+The driver (`RayRLWorkflow`) owns the loop and the data split; actors own the models:
+
+1. the driver expands the step's prompts and per-sample seeds, gives rank r rows
+   [r B/N, (r+1) B/N), and each rank generates (unsharded replica), scores, samples its mask plan
+   and computes old/reference log-probs;
+2. the driver gathers the scores, computes group-relative advantages on the full batch (groups
+   may straddle ranks) and sends each rank its rows;
+3. each rank runs `ActorWorker.update` on its FSDP2-sharded policy (gradients are averaged by the
+   reduce-scatter) and refreshes its rollout replica with the gathered full weights.
+
+Placement: one bundle per rank ({"CPU": 1} or {"CPU": 1, "GPU": 1}) in a placement group, so the
+same code spans nodes (strategy "SPREAD"/"PACK"); rank 0's node IP and a free port on it are the
+rendezvous. Rollout is colocated with the actor on every rank.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from dllm_train.config import RLConfig, TrainerConfig
+from dllm_train.distributed.rank import RankSetup, RankWorker, shard_rows
+from dllm_train.objective import PolicyObjective
+from dllm_train.seeding import sample_seeds
+from dllm_train.workflow import PromptSampler
+
+SetupFn = Callable[[], RankSetup]
+"""Builds a rank's `RankSetup`; pickled to every actor, so it must be importable there."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class DistributedConfig:
+    """The actor group.
+
+    Attributes:
+        num_workers: data-parallel ranks (each holds B / num_workers samples of a step).
+        gpus_per_worker: 0 (CPU, gloo) or 1 (one GPU per rank, nccl).
+        cpus_per_worker: CPUs reserved per rank.
+        placement_strategy: Ray placement-group strategy: "PACK", "SPREAD", "STRICT_PACK",
+            "STRICT_SPREAD" (multi-node: "SPREAD" or "PACK").
+        bf16: compute in bfloat16 (FSDP2 MixedPrecisionPolicy; fp32 master weights and reduce).
+    """
+
+    num_workers: int = 2
+    gpus_per_worker: int = 0
+    cpus_per_worker: float = 1.0
+    placement_strategy: str = "PACK"
+    bf16: bool = False
+
+    def __post_init__(self) -> None:
+        if self.num_workers < 1:
+            raise ValueError(f"distributed.num_workers must be >= 1, got {self.num_workers}")
+        if self.gpus_per_worker not in (0, 1):
+            raise ValueError(f"distributed.gpus_per_worker must be 0 or 1, got {self.gpus_per_worker}")
+        strategies = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+        if self.placement_strategy not in strategies:
+            raise ValueError(f"distributed.placement_strategy {self.placement_strategy!r} unknown; choose one of {strategies}")
+
+    @property
+    def pg_backend(self) -> str:
+        return "nccl" if self.gpus_per_worker else "gloo"
+
+
+class RankActor:
+    """The Ray actor body: a thin shell that builds one `RankWorker` and forwards calls to it."""
+
+    def __init__(self) -> None:
+        self.worker: RankWorker | None = None
+
+    def address(self) -> tuple[str, int]:
+        import ray
+
+        from dllm_train.distributed.fsdp import free_port
+
+        ip: str = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
+        return ip, free_port()
+
+    def start(self, setup_fn: SetupFn, rank: int, world_size: int, addr: str, port: int,
+              cfg: DistributedConfig) -> None:
+        from dllm_train.distributed.fsdp import init_process_group
+
+        if not cfg.gpus_per_worker:
+            torch.set_num_threads(max(1, int(cfg.cpus_per_worker)))
+        init_process_group(rank=rank, world_size=world_size, master_addr=addr, master_port=port,
+                           backend=cfg.pg_backend)
+        device = "cuda" if cfg.gpus_per_worker else "cpu"
+        self.worker = RankWorker(setup_fn(), device=device, param_dtype=torch.bfloat16 if cfg.bf16 else None)
+
+    def call(self, method: str, *args: Any) -> Any:
+        assert self.worker is not None, "start() first"
+        return getattr(self.worker, method)(*args)
+
+    def stop(self) -> None:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+class RayActorGroup:
+    """N `RankActor`s in one placement group; `call` runs a method on every rank and gathers."""
+
+    def __init__(self, setup_fn: SetupFn, cfg: DistributedConfig) -> None:
+        import ray
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        if not ray.is_initialized():
+            ray.init()
+        bundle: dict[str, float] = {"CPU": cfg.cpus_per_worker}
+        if cfg.gpus_per_worker:
+            bundle["GPU"] = float(cfg.gpus_per_worker)
+        self.pg = placement_group([dict(bundle) for _ in range(cfg.num_workers)], strategy=cfg.placement_strategy)
+        ray.get(self.pg.ready())
+        cls: Any = ray.remote(RankActor)
+        self.actors: list[Any] = [
+            cls.options(
+                num_cpus=cfg.cpus_per_worker, num_gpus=cfg.gpus_per_worker,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    placement_group=self.pg, placement_group_bundle_index=i),
+            ).remote()
+            for i in range(cfg.num_workers)
+        ]
+        addr, port = ray.get(self.actors[0].address.remote())
+        ray.get([a.start.remote(setup_fn, r, cfg.num_workers, addr, port, cfg) for r, a in enumerate(self.actors)])
+
+    def call(self, method: str, per_rank_args: list[tuple[Any, ...]] | None = None) -> list[Any]:
+        """Run `RankWorker.<method>` on every rank (rank r gets per_rank_args[r]); results by rank."""
+        import ray
+
+        args = per_rank_args or [() for _ in self.actors]
+        return list(ray.get([a.call.remote(method, *x) for a, x in zip(self.actors, args)]))
+
+    def shutdown(self) -> None:
+        import ray
+        from ray.util.placement_group import remove_placement_group
+
+        ray.get([a.stop.remote() for a in self.actors])
+        for a in self.actors:
+            ray.kill(a)
+        remove_placement_group(self.pg)
+
+
+class RayRLWorkflow:
+    """The RL step of `RLWorkflow` over a Ray actor group; `step` returns the same metrics.
+
+    Args:
+        setup_fn: builds each rank's `RankSetup` (importable on the workers).
+        prompts: step -> PromptBatch, evaluated on the driver.
+        objective: the same objective the ranks build (the driver uses its advantage estimator).
+        trainer, rl: trainer and batch-shape configs.
+        dist: the actor group.
+        driver_model: if given, the driver's copy of the policy is refreshed with the trained
+            weights at every eval/save step and at the end (so `Run` checkpoints and evaluation
+            see them).
+    """
+
+    def __init__(self, *, setup_fn: SetupFn, prompts: PromptSampler, objective: PolicyObjective,
+                 trainer: TrainerConfig, rl: RLConfig, dist: DistributedConfig,
+                 driver_model: Any = None) -> None:
+        shard_rows(rl.prompts_per_step * rl.group_size, dist.num_workers, 0)  # validate the split
+        self.prompts = prompts
+        self.objective = objective
+        self.trainer = trainer
+        self.rl = rl
+        self.dist = dist
+        self.driver_model = driver_model
+        self.group = RayActorGroup(setup_fn, dist)
+
+    def step(self, step: int) -> dict[str, float]:
+        n = self.dist.num_workers
+        prompts, answers, groups = self.prompts(step).expanded()
+        seeds = sample_seeds(self.trainer.seed, len(prompts), "rollout", step)
+        rows = [shard_rows(len(prompts), n, r) for r in range(n)]
+        outs = self.group.call("rollout_step", [
+            (step, prompts[s], answers[s], seeds[s], groups[s]) for s in rows])
+        scores = torch.cat([o[0] for o in outs])
+        lengths = torch.cat([o[1] for o in outs])
+        advantages = self.objective.advantages(scores, groups)
+        per_rank = self.group.call("update", [(advantages[s],) for s in rows])
+        metrics = {k: sum(m[k] for m in per_rank) / n for k in per_rank[0]}
+        metrics.update({
+            "reward_mean": float(scores.mean()),
+            "reward_std": float(scores.std()) if scores.numel() > 1 else 0.0,
+            "response_length": float(lengths.mean()),
+            "groups_all_equal": all_equal_groups(scores, groups),
+        })
+        if self.driver_model is not None and self._sync_due(step + 1):
+            self.pull_weights(self.driver_model)
+        return metrics
+
+    def _sync_due(self, done: int) -> bool:
+        t = self.trainer
+        return done == t.max_steps or any(every and done % every == 0 for every in (t.eval_every, t.save_every))
+
+    def pull_weights(self, model: Any) -> None:
+        """Load the trained full weights (gathered on rank 0) into a driver-side model."""
+        full = self.group.call("full_weights")[0]
+        model.load_state_dict(full)
+
+    def state(self) -> dict[str, Any]:
+        """Optimizer state (full, from rank 0) and counters, for `Run` checkpoints."""
+        out: dict[str, Any] = self.group.call("state")[0]
+        return out
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        self.group.call("load_state", [(state,) for _ in range(self.dist.num_workers)])
+
+    def shutdown(self) -> None:
+        self.group.shutdown()
+
+
+def all_equal_groups(scores: torch.Tensor, groups: torch.Tensor) -> float:
+    """Fraction of groups whose rewards are all equal (they carry no GRPO signal)."""
+    equal = [bool((scores[groups == g] == scores[groups == g][0]).all()) for g in torch.unique(groups)]
+    return sum(equal) / max(1, len(equal))
+
+
+__all__ = ["DistributedConfig", "RankActor", "RayActorGroup", "RayRLWorkflow", "SetupFn", "all_equal_groups"]

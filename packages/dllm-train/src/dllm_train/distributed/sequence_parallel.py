@@ -1,0 +1,217 @@
+"""Ulysses sequence parallelism: shard the sequence, all-to-all to heads around attention.
+
+Jacobs et al., "DeepSpeed Ulysses", arXiv 2309.14509. Each of N ranks holds L/N positions of every
+sequence. Every layer runs its projections, norms and MLP on its own positions; RoPE is applied
+with the *global* position ids of those positions (RoPE is per position, so rotating before the
+exchange equals rotating after gathering the full sequence). Around attention an all-to-all turns
+q, k, v [B, H, L/N, D] into [B, H/N, L, D] (all positions, a slice of the heads), attention runs
+over the full sequence with the full mask, and a second all-to-all turns the output back.
+
+Installed from outside the model: `sequence_parallel(model, group)` registers a wrapping backend in
+`dllm_models.attention.BACKENDS` and points `model.attention_backend` at it, so the families need no
+code change. KV heads are repeated to the query head count first when N does not divide them.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from dllm_models.attention import BACKENDS, AttentionMask
+
+_counter = itertools.count()
+
+
+def _a2a(x: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
+    x = x.contiguous()
+    out = torch.empty_like(x)  # contiguous too (empty_like keeps x's strides)
+    dist.all_to_all_single(out, x, group=group)
+    return out
+
+
+def _seq_to_head(x: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
+    """[B, H, L/N, D] -> [B, H/N, L, D] (rank r keeps heads [r H/N, (r+1) H/N))."""
+    n = dist.get_world_size(group)
+    b, h, s, d = x.shape
+    send = x.reshape(b, n, h // n, s, d).permute(1, 0, 2, 3, 4)
+    recv = _a2a(send, group)  # [N (source rank = sequence chunk), B, H/N, L/N, D]
+    return recv.permute(1, 2, 0, 3, 4).reshape(b, h // n, n * s, d)
+
+
+def _head_to_seq(x: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
+    """[B, H/N, L, D] -> [B, H, L/N, D]; the inverse of `_seq_to_head`."""
+    n = dist.get_world_size(group)
+    b, hl, length, d = x.shape
+    send = x.reshape(b, hl, n, length // n, d).permute(2, 0, 1, 3, 4)
+    recv = _a2a(send, group)  # [N (source rank = head group), B, H/N, L/N, D]
+    return recv.permute(1, 0, 2, 3, 4).reshape(b, n * hl, length // n, d)
+
+
+class _SeqToHead(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
+        ctx.group = group
+        return _seq_to_head(x, group)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return _head_to_seq(grad, ctx.group), None
+
+
+class _HeadToSeq(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
+        ctx.group = group
+        return _head_to_seq(x, group)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return _seq_to_head(grad, ctx.group), None
+
+
+def _all_gather_seq(x: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
+    parts = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(parts, x.contiguous(), group=group)
+    return torch.cat(parts, dim=1)
+
+
+class _GatherSeq(torch.autograd.Function):
+    """All-gather along dim 1; backward keeps this rank's slice of the gradient (the loss on the
+    gathered tensor is computed identically on every rank)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
+        ctx.group, ctx.local = group, x.shape[1]
+        return _all_gather_seq(x, group)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        r = dist.get_rank(ctx.group)
+        return grad[:, r * ctx.local:(r + 1) * ctx.local].contiguous(), None
+
+
+def gather_sequence(x: torch.Tensor, group: dist.ProcessGroup | None = None) -> torch.Tensor:
+    """[B, L/N, ...] -> [B, L, ...] across the group, differentiable (backward: own slice)."""
+    out: torch.Tensor = _GatherSeq.apply(x, group)
+    return out
+
+
+def _full_mask(mask: AttentionMask, batch: int, local_len: int, device: torch.device,
+               group: dist.ProcessGroup | None) -> AttentionMask:
+    """The mask over the gathered sequence (memoised in `mask.cache`, shared by all layers)."""
+    key = ("ulysses", id(group))
+    if key in mask.cache:
+        out: AttentionMask = mask.cache[key]
+        return out
+    if mask.cu_seqlens is not None:
+        raise ValueError("sequence parallelism does not support packed (cu_seqlens) masks; use padded batches")
+    pad = mask.key_padding
+    if pad is None:  # every rank joins the gather: a rank without padding sends ones
+        pad = torch.ones((batch, local_len), dtype=torch.bool, device=device)
+    full_pad = _all_gather_seq(pad.to(device=device, dtype=torch.bool), group)
+    blocks = None if mask.block_ids is None else _all_gather_seq(mask.block_ids.to(device), group)
+    clean = None if mask.is_clean is None else _all_gather_seq(mask.is_clean.to(device), group)
+    out = AttentionMask(key_padding=None if bool(full_pad.all()) else full_pad, block_ids=blocks, is_clean=clean)
+    mask.cache[key] = out
+    return out
+
+
+def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask, *,
+                      inner: str, group: dist.ProcessGroup | None) -> torch.Tensor:
+    """Attention over the full sequence from sequence-sharded q [B, Hq, L/N, D], k, v [B, Hkv, L/N, D].
+
+    Returns:
+        [B, Hq, L/N, D], equal to this rank's rows of unsharded attention.
+    """
+    n = dist.get_world_size(group)
+    if q.shape[2] != k.shape[2]:
+        raise ValueError("sequence parallelism does not support a KV cache (Lq != Lk); decode unsharded")
+    hq, hkv = q.shape[1], k.shape[1]
+    if hq % n:
+        raise ValueError(f"sequence parallel size {n} must divide the number of attention heads ({hq})")
+    if hkv % n:  # repeat KV heads before the exchange (DARE's llada.py monkey patch does the same)
+        k, v = k.repeat_interleave(hq // hkv, dim=1), v.repeat_interleave(hq // hkv, dim=1)
+    full = _full_mask(mask, q.shape[0], q.shape[2], q.device, group)
+    qf, kf, vf = (_SeqToHead.apply(t, group) for t in (q, k, v))
+    out = BACKENDS[inner](qf, kf, vf, full)
+    res: torch.Tensor = _HeadToSeq.apply(out, group)
+    return res
+
+
+@contextmanager
+def sequence_parallel(model: Any, group: dist.ProcessGroup | None = None,
+                      inner: str | None = None) -> Iterator[str]:
+    """Run `model`'s attention Ulysses-style over `group` inside the block; yields the backend name.
+
+    Args:
+        model: a dllm_models family with an `attention_backend` attribute (LLaDA, SDAR, Dream ...).
+        group: the sequence-parallel process group (None: the default group).
+        inner: backend doing the full-sequence attention (default: the model's current backend).
+    """
+    old = model.attention_backend
+    inner_name = inner or old
+    if inner_name not in BACKENDS:
+        raise ValueError(f"inner attention backend {inner_name!r} unknown; choose one of {sorted(BACKENDS)}")
+    name = f"ulysses{next(_counter)}:{inner_name}"
+
+    def fn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask) -> torch.Tensor:
+        return ulysses_attention(q, k, v, mask, inner=inner_name, group=group)
+
+    BACKENDS[name] = fn
+    model.attention_backend = name
+    try:
+        yield name
+    finally:
+        model.attention_backend = old
+        del BACKENDS[name]
+
+
+def shard_sequence(x: torch.Tensor, group: dist.ProcessGroup | None = None) -> torch.Tensor:
+    """This rank's contiguous chunk of dim 1 (L must be divisible by the group size)."""
+    n, r = dist.get_world_size(group), dist.get_rank(group)
+    if x.shape[1] % n:
+        raise ValueError(f"sequence length {x.shape[1]} is not divisible by the group size {n}; pad it")
+    s = x.shape[1] // n
+    return x[:, r * s:(r + 1) * s]
+
+
+def sp_forward(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+               position_ids: torch.Tensor | None = None, *,
+               group: dist.ProcessGroup | None = None) -> torch.Tensor:
+    """Sequence-parallel forward: the full logits [B, L, V], equal to `model(input_ids, ...)`.
+
+    Every rank passes the same full inputs; each runs the model on its L/N positions (padded at
+    the end to a multiple of N with masked keys), and the logits are gathered. Gradients of
+    parameters are partial per rank: sum them over `group` (for a loss computed identically on
+    every rank) to get the unsharded gradient.
+
+    Args:
+        input_ids: [B, L]; attention_mask: [B, L] (1 on real tokens) or None.
+        position_ids: [B, L] global positions (default: counted from each row's first real token).
+    """
+    n = dist.get_world_size(group)
+    b, length = input_ids.shape
+    mask = attention_mask.bool() if attention_mask is not None else torch.ones_like(input_ids, dtype=torch.bool)
+    if position_ids is None:
+        position_ids = (mask.long().cumsum(-1) - 1).clamp(min=0)
+    pad = (-length) % n
+    if pad:
+        ids = torch.cat([input_ids, input_ids.new_zeros(b, pad)], dim=1)
+        mask = torch.cat([mask, mask.new_zeros(b, pad)], dim=1)
+        extra = position_ids[:, -1:] + torch.arange(1, pad + 1, device=position_ids.device)
+        position_ids = torch.cat([position_ids, extra], dim=1)
+    else:
+        ids = input_ids
+    local_ids, local_mask, local_pos = (shard_sequence(t, group) for t in (ids, mask, position_ids))
+    with sequence_parallel(model, group):
+        # key_padding must be given whenever any rank pads: pass the bool mask always
+        logits = model(local_ids, attention_mask=local_mask, position_ids=local_pos).logits
+    return gather_sequence(logits, group)[:, :length]
+
+
+__all__ = ["gather_sequence", "shard_sequence", "sequence_parallel", "sp_forward", "ulysses_attention"]
