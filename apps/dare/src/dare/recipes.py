@@ -1,10 +1,18 @@
-"""Recipes: plain functions returning a RunConfig, listed in one dict."""
+"""Recipes: plain functions returning a RunConfig, listed in one dict.
+
+`quickstart` trains a tiny model on CPU. The `<family>-<algorithm>` recipes reproduce the
+reference defaults (spec §6) on released checkpoints: set `checkpoint.checkpoint` and
+`data.train_files`; they are meant for GPUs.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
+from dare.algorithms import ALGORITHMS, PREFERENCE_ALGORITHMS, SFT_ALGORITHMS
 from dare.config import EvalConfig, RunConfig, TinyModelConfig
+from dare.run_config_ext import CheckpointModelConfig, DataConfig, RecipeRunConfig
 from dare.tasks.addition import AdditionConfig
 from dllm_rollout import SamplingConfig
 from dllm_train import OptimConfig, RLConfig, SFTConfig, TrainerConfig
@@ -27,9 +35,90 @@ def quickstart() -> RunConfig:
     )
 
 
-RECIPES: dict[str, Callable[[], RunConfig]] = {
-    "quickstart": quickstart,
+# Reference rollout settings per family (spec §6): response length, steps, block, temperature, top-k.
+_FAMILY_ROLLOUT: dict[str, SamplingConfig] = {
+    "llada": SamplingConfig(max_new_tokens=512, steps=256, block_length=32, temperature=0.6),
+    "dream": SamplingConfig(max_new_tokens=512, steps=256, block_length=32, temperature=0.2),
+    "sdar": SamplingConfig(max_new_tokens=2048, steps=4, block_length=4, temperature=1.0, top_k=50,
+                           block_diffusion=True, eos_handling="truncate"),
+    "llada2": SamplingConfig(max_new_tokens=2048, steps=16, block_length=32, temperature=0.6, top_k=50,
+                             top_p=0.95, block_diffusion=True, eos_handling="truncate"),
 }
+_GROUP = {"espo": 16, "d-treerpo": 16}
+_PROMPTS = {"coupled-grpo@dream": 8}
+_LR = {"d-treerpo": 3e-5, "dmpo": 1e-6}
+_ROLLOUT_CHANGES: dict[str, dict[str, object]] = {
+    "justgrpo": {"block_length": 1, "steps": 512},
+    "cj-grpo": {"max_new_tokens": 256, "steps": 128},
+    "d-treerpo": {"max_new_tokens": 256, "steps": 128, "temperature": 0.9},
+    "espo": {"temperature": 1.0},
+}
+_LORA = {"d-treerpo": (128, 64.0), "dmpo": (128, 64.0), "lora-sft": (16, 32.0)}
+
+
+def _rollout(family: str, algorithm: str) -> SamplingConfig:
+    import dataclasses
+
+    base = _FAMILY_ROLLOUT[family]
+    changes = {} if base.block_diffusion else dict(_ROLLOUT_CHANGES.get(algorithm, {}))
+    return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
+
+
+def rl_recipe(family: str, algorithm: str) -> RunConfig:
+    """`family` policy trained with RL algorithm `algorithm`, reference defaults (spec §6)."""
+    rank, alpha = _LORA.get(algorithm, (0, 64.0))
+    return RecipeRunConfig(
+        recipe=f"{family}-{algorithm}",
+        algorithm=algorithm,
+        checkpoint=CheckpointModelConfig(family=family, lora_rank=rank, lora_alpha=alpha),
+        data=DataConfig(max_prompt_length=512),
+        rl=RLConfig(prompts_per_step=_PROMPTS.get(f"{algorithm}@{family}", 16), group_size=_GROUP.get(algorithm, 8)),
+        rl_optim=OptimConfig(lr=_LR.get(algorithm, 5e-7), weight_decay=0.01, grad_clip=1.0),
+        rollout=_rollout(family, algorithm),
+        trainer=TrainerConfig(max_steps=500, seed=0, eval_every=50, save_every=50),
+    )
+
+
+def preference_recipe(family: str, algorithm: str) -> RunConfig:
+    """DPO / VRPO on chosen/rejected pairs: 64 pairs per step, lr 5e-7, lengths 512/512 (spec §2.3)."""
+    return RecipeRunConfig(
+        recipe=f"{family}-{algorithm}", algorithm=algorithm,
+        checkpoint=CheckpointModelConfig(family=family), data=DataConfig(max_prompt_length=512),
+        rl_optim=OptimConfig(lr=5e-7, weight_decay=0.01),
+        rollout=_FAMILY_ROLLOUT[family], trainer=TrainerConfig(max_steps=1000, seed=0),
+    )
+
+
+_SFT_SETTINGS = {
+    "llada": (SFTConfig(steps=1000, batch_size=2, eps=1e-3, normalizer="masked", weight_by_t=True), 1e-4),
+    "dream": (SFTConfig(steps=10000, batch_size=2, eps=1e-3, normalizer="masked", weight_by_t=True), 1e-4),
+    "sdar": (SFTConfig(steps=1000, batch_size=1, eps=1e-3, normalizer="answer_len", weight_by_t=True), 1e-4),
+    "llada2": (SFTConfig(steps=1000, batch_size=1, eps=1e-3, normalizer="masked", weight_by_t=False), 5e-5),
+}
+
+
+def sft_recipe(family: str, algorithm: str) -> RunConfig:
+    """Diffusion SFT of `family` (spec §4, §6): AdamW (0.9, 0.95), wd 0.01, 10% warm-up, clip 1."""
+    sft, lr = _SFT_SETTINGS[family]
+    rank, alpha = _LORA.get(algorithm, (0, 64.0))
+    return RecipeRunConfig(
+        recipe=f"{family}-{algorithm}", algorithm=algorithm,
+        algorithm_args=("t_range=[0.3, 0.8]",) if family == "llada2" else (),
+        checkpoint=CheckpointModelConfig(family=family, lora_rank=rank, lora_alpha=alpha),
+        data=DataConfig(max_prompt_length=4096), sft=sft,
+        sft_optim=OptimConfig(lr=lr, betas=(0.9, 0.95), weight_decay=0.01, warmup_steps=sft.steps // 10),
+        rollout=_FAMILY_ROLLOUT[family], trainer=TrainerConfig(max_steps=0, seed=0),
+    )
+
+
+_FAMILIES = ("llada", "dream", "sdar", "llada2")
+RECIPES: dict[str, Callable[[], RunConfig]] = {"quickstart": quickstart}
+for _table, _builder in ((ALGORITHMS, rl_recipe), (PREFERENCE_ALGORITHMS, preference_recipe),
+                         (SFT_ALGORITHMS, sft_recipe)):
+    for _name, _entry in _table.items():
+        for _family in _FAMILIES:
+            if _family in _entry.families:
+                RECIPES[f"{_family}-{_name}"] = partial(_builder, _family, _name)
 
 
 def get_recipe(name: str) -> RunConfig:

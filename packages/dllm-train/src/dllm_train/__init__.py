@@ -9,12 +9,21 @@ from dllm_train.checkpointing import (
 )
 from dllm_train.config import OptimConfig, RLConfig, SFTConfig, TrainerConfig
 from dllm_train.dataflow import Experience, PromptBatch
-from dllm_train.likelihood import noised_token_logp
+from dllm_train.evaluation import benchmark_validator
+from dllm_train.likelihood import Scorer, noised_token_logp, plan_token_logp
 from dllm_train.metrics import MetricsWriter, format_line, plot_curves, read_metrics
-from dllm_train.objective import PolicyObjective
+from dllm_train.objective import PolicyObjective, at_iteration, default_update
+from dllm_train.preference import PreferenceBatch, PreferenceObjective, PreferenceWorker
 from dllm_train.seeding import derive_seed, generator, sample_seeds
 from dllm_train.sft import SFTWorker
-from dllm_train.workers import ActorWorker, ReferenceWorker, RewardWorker, RolloutWorker, sequence_inputs
+from dllm_train.workers import (
+    ActorWorker,
+    ReferenceWorker,
+    RewardWorker,
+    RolloutWorker,
+    sampling_for,
+    sequence_inputs,
+)
 from dllm_train.workflow import PhaseSpec, RLWorkflow, Run
 
 __all__ = [
@@ -25,6 +34,9 @@ __all__ = [
     "OptimConfig",
     "PhaseSpec",
     "PolicyObjective",
+    "PreferenceBatch",
+    "PreferenceObjective",
+    "PreferenceWorker",
     "PromptBatch",
     "RLConfig",
     "RLWorkflow",
@@ -34,7 +46,11 @@ __all__ = [
     "Run",
     "SFTConfig",
     "SFTWorker",
+    "Scorer",
+    "at_iteration",
+    "default_update",
     "TrainerConfig",
+    "benchmark_validator",
     "derive_seed",
     "format_line",
     "generator",
@@ -42,9 +58,11 @@ __all__ = [
     "list_checkpoints",
     "load_checkpoint",
     "noised_token_logp",
+    "plan_token_logp",
     "plot_curves",
     "read_metrics",
     "sample_seeds",
+    "sampling_for",
     "save_checkpoint",
     "sequence_inputs",
 ]

@@ -1,4 +1,10 @@
-"""Masked-diffusion SFT: a step function over (prompt, response) batches."""
+"""Masked- and block-diffusion SFT: a step function over (prompt, response) batches.
+
+One code path for every family: the `Scorer` runs masked LMs (LLaDA, Dream) directly and block
+LMs (SDAR, LLaDA2) in the BD3LM layout, so the same NELBO (LLaDA, arXiv 2502.09992 §2.3; per
+block with one t per sample for BD3LM, arXiv 2503.09573) trains both. LoRA SFT is the same
+worker on a model with adapters (`dllm_models.apply_lora`): only trainable weights are optimised.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +15,7 @@ import torch
 
 from dllm_objectives import iid_masks, mdm_sft_loss
 from dllm_train.config import OptimConfig, SFTConfig
-from dllm_train.likelihood import noised_token_logp
+from dllm_train.likelihood import Scorer, plan_token_logp
 from dllm_train.seeding import generator
 from dllm_train.workers import build_optimizer
 
@@ -18,28 +24,49 @@ SFTBatchFn = Callable[[int], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 
 
 class SFTWorker:
-    """Trains the masked-diffusion NELBO on response tokens (LLaDA SFT, arXiv 2502.09992 §2.3)."""
+    """Trains the diffusion NELBO on response tokens.
 
-    def __init__(self, model: Any, batches: SFTBatchFn, sft: SFTConfig, optim: OptimConfig, *, seed: int) -> None:
+    Args:
+        model: any family module (adapters already injected for LoRA SFT).
+        batches: step -> batch.
+        sft: normaliser, t floor and 1/t weighting.
+        optim: optimizer settings.
+        seed: root seed of the masks.
+        t_range: (t_min, t_max) of the masking ratio (LLaDA2 uses (0.3, 0.8)); default (0, 1)
+            floored at `sft.eps`.
+    """
+
+    def __init__(self, model: Any, batches: SFTBatchFn, sft: SFTConfig, optim: OptimConfig, *, seed: int,
+                 t_range: tuple[float, float] = (0.0, 1.0)) -> None:
+        if not 0.0 <= t_range[0] < t_range[1] <= 1.0:
+            raise ValueError(f"t_range must satisfy 0 <= t_min < t_max <= 1, got {t_range}")
         self.model = model
         self.batches = batches
         self.sft = sft
         self.optim_cfg = optim
         self.optimizer = build_optimizer(model, optim)
+        self.scorer = Scorer(model)
         self.seed = seed
+        self.t_range = t_range
+
+    def loss(self, step: int) -> torch.Tensor:
+        """The SFT loss of step `step` (with gradient)."""
+        ids, attn, response = self.batches(step)
+        plan = iid_masks(response, 1, t_min=self.t_range[0], t_max=self.t_range[1], eps=self.sft.eps,
+                         generator=generator(self.seed, "sft-mask", step))
+        logp = plan_token_logp(self.scorer, ids, attn, plan)[:, 0]
+        t = plan.meta["t"][:, 0]
+        return mdm_sft_loss(logp, plan.mask[:, 0], t, normalizer=self.sft.normalizer,
+                            response_mask=response, weight_by_t=self.sft.weight_by_t)
 
     def step(self, step: int) -> dict[str, float]:
-        ids, attn, response = self.batches(step)
-        plan = iid_masks(response, 1, eps=self.sft.eps, generator=generator(self.seed, "sft-mask", step))
         self.model.train()
-        logp = noised_token_logp(self.model, ids, attn, plan)[:, 0]
-        t = plan.meta["t"][:, 0]
-        loss = mdm_sft_loss(logp, plan.mask[:, 0], t, normalizer=self.sft.normalizer,
-                            response_mask=response, weight_by_t=self.sft.weight_by_t)
+        loss = self.loss(step)
         self.optimizer.zero_grad(set_to_none=True)
         torch.autograd.backward(loss)
+        params = [p for p in self.model.parameters() if p.requires_grad]
         clip = self.optim_cfg.grad_clip if self.optim_cfg.grad_clip > 0 else float("inf")
-        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+        norm = torch.nn.utils.clip_grad_norm_(params, clip)
         warm = self.optim_cfg.warmup_steps
         for group in self.optimizer.param_groups:
             group["lr"] = self.optim_cfg.lr * (min(1.0, (step + 1) / warm) if warm else 1.0)

@@ -1,11 +1,13 @@
 """Workers: rollout, reward, actor and reference, each a plain object around one job.
 
 The same classes run in-process (local mode) and inside Ray actors (ray mode), so the update a
-user debugs locally is the update that runs distributed.
+user debugs locally is the update that runs distributed. None of them knows which algorithm it
+runs: everything algorithm-specific comes from the `PolicyObjective`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from collections.abc import Callable, Sequence
@@ -17,8 +19,8 @@ import torch
 from dllm_rollout import RolloutBatch, SamplingConfig, decode, left_pad
 from dllm_train.config import OptimConfig
 from dllm_train.dataflow import Experience
-from dllm_train.likelihood import noised_token_logp
-from dllm_train.objective import PolicyObjective
+from dllm_train.likelihood import Scorer
+from dllm_train.objective import PolicyObjective, default_update
 
 logger = logging.getLogger(__name__)
 
@@ -32,12 +34,37 @@ def sequence_inputs(rollout: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor, 
     return rollout.input_ids, rollout.attention_mask, prompt_valid, response_valid
 
 
-class RolloutWorker:
-    """Generates responses with the current policy weights."""
+def sampling_for(model: Any, sampling: SamplingConfig, objective: PolicyObjective | None) -> SamplingConfig:
+    """The run's SamplingConfig with the model's decoding mode and the objective's overrides."""
+    block = model.traits.block_length
+    fields: dict[str, Any] = {"block_diffusion": block is not None}
+    if block is not None:
+        fields["block_length"] = int(block)
+    if objective is not None:
+        fields.update(objective.sampling_overrides)
+    return dataclasses.replace(sampling, **fields)
 
-    def __init__(self, model: Any, sampling: SamplingConfig) -> None:
+
+class RolloutWorker:
+    """Generates responses with the current policy weights.
+
+    Args:
+        model: the policy module (shared with the actor in local mode).
+        sampling: the run's decoding settings.
+        objective: the algorithm; its `sampling_overrides` / `rollout` are applied.
+        ref_model: a frozen reference model scored on the rollout canvases, for objectives
+            with `needs_rollout_reference`.
+    """
+
+    def __init__(self, model: Any, sampling: SamplingConfig, *, objective: PolicyObjective | None = None,
+                 ref_model: Any = None) -> None:
         self.model = model
-        self.sampling = sampling
+        self.sampling = sampling_for(model, sampling, objective)
+        self.objective = objective
+        self.ref_model = ref_model
+        if objective is not None and objective.needs_rollout_reference and ref_model is None:
+            raise ValueError(f"algorithm {objective.name!r} scores rollouts with a reference model; "
+                             "pass RolloutWorker(..., ref_model=<frozen copy of the initial policy>)")
 
     def generate(self, prompts: Sequence[Sequence[int]], seeds: torch.Tensor) -> RolloutBatch:
         """Decode `prompts` with one seed per sample (the seeds make every sample replayable)."""
@@ -45,94 +72,157 @@ class RolloutWorker:
         self.model.eval()
         device = next(self.model.parameters()).device
         ids, mask = left_pad(prompts, self.model.traits.pad_token_id, device)
-        batch = decode(self.model, ids, mask, seeds, self.sampling)
+        custom = self.objective.rollout if self.objective is not None else None
+        with torch.no_grad():
+            if custom is not None:
+                batch = custom(self.model, ids, mask, seeds, self.sampling, self.ref_model)
+            else:
+                batch = decode(self.model, ids, mask, seeds, self.sampling, self.ref_model)
         self.model.train(was_training)
         return batch
 
     def load_weights(self, state: dict[str, torch.Tensor]) -> None:
-        """Weight hand-off from the actor (a no-op when both share one module)."""
+        """Weight hand-off from the actor: a full state dict, or only LoRA adapter weights.
+
+        A no-op when both share one module. Keys missing from `state` keep their values, so an
+        adapter-only dict (`dllm_models.adapter_state_dict`) updates just the adapters.
+        """
+        own = self.model.state_dict()
+        unknown = [k for k in state if k not in own]
+        if unknown:
+            raise ValueError(f"load_weights got {len(unknown)} keys the rollout model lacks, e.g. {unknown[:3]}")
         self.model.load_state_dict(state, strict=False)
 
 
 class RewardWorker:
-    """Scores decoded responses with a verifiable reward."""
+    """Scores decoded responses with a verifiable reward.
+
+    When the rollout recorded per-step clean predictions (`step_x0`), their rewards are stored
+    in `rollout.extras["step_scores"]` [B, S] (NaN past a row's last step) for objectives with
+    step-wise advantages.
+    """
 
     def __init__(self, reward_fn: Callable[[str, str], float], detokenize: Callable[[list[int]], str]) -> None:
         self.reward_fn = reward_fn
         self.detokenize = detokenize
 
+    def _text(self, ids: list[int], keep: list[bool]) -> str:
+        return self.detokenize([t for t, k in zip(ids, keep) if k])
+
     def score(self, rollout: RolloutBatch, answers: Sequence[str]) -> tuple[torch.Tensor, list[str]]:
         """Rewards [B] and the decoded texts of the counted response tokens."""
-        texts = []
-        for ids, keep in zip(rollout.response_ids.tolist(), rollout.response_mask.tolist()):
-            texts.append(self.detokenize([t for t, k in zip(ids, keep) if k]))
+        if len(answers) != rollout.batch_size:
+            raise ValueError(f"got {len(answers)} answers for a rollout of {rollout.batch_size} samples")
+        texts = [self._text(ids, keep) for ids, keep in
+                 zip(rollout.response_ids.tolist(), rollout.response_mask.tolist())]
         scores = torch.tensor([self.reward_fn(t, a) for t, a in zip(texts, answers)], dtype=torch.float32)
+        if rollout.step_x0 is not None:
+            rollout.extras["step_scores"] = self._step_scores(rollout, answers)
         return scores, texts
+
+    def _step_scores(self, rollout: RolloutBatch, answers: Sequence[str]) -> torch.Tensor:
+        assert rollout.step_x0 is not None and rollout.step_canvas is not None
+        b, s, _ = rollout.step_x0.shape
+        out = torch.full((b, s), float("nan"))
+        for i in range(b):
+            keep = rollout.response_mask[i].tolist()
+            for k in range(s):
+                # a step past the row's last one is padded with the all-mask canvas of step 0
+                if k > 0 and bool((rollout.step_canvas[i, k] == rollout.step_canvas[i, 0]).all()):
+                    continue
+                out[i, k] = self.reward_fn(self._text(rollout.step_x0[i, k].tolist(), keep), answers[i])
+        return out
 
 
 class ReferenceWorker:
-    """A frozen copy of the initial policy, for KL terms."""
+    """A frozen copy of the initial policy, for KL terms and reference likelihoods."""
 
     def __init__(self, model: Any) -> None:
         self.model = model.eval()
         for p in self.model.parameters():
             p.requires_grad_(False)
+        self.scorer = Scorer(self.model)
 
     @torch.no_grad()
     def log_probs(self, exp: Experience, objective: PolicyObjective) -> torch.Tensor:
-        assert exp.plan is not None
-        ids, attn, _, _ = sequence_inputs(exp.rollout)
-        return objective.reduce(noised_token_logp(self.model, ids, attn, exp.plan), exp.plan, exp.rollout)
+        """The objective's values under the reference model (stacked over update iterations)."""
+        return _per_iteration(objective, self.scorer, exp)
+
+
+def _per_iteration(objective: PolicyObjective, scorer: Scorer, exp: Experience) -> torch.Tensor:
+    if objective.num_iterations == 1:
+        return objective.score(scorer, exp)
+    values = []
+    for i in range(objective.num_iterations):
+        exp.iteration = i
+        values.append(objective.score(scorer, exp))
+    exp.iteration = 0
+    return torch.stack(values)
 
 
 def build_optimizer(model: Any, cfg: OptimConfig) -> torch.optim.Optimizer:
     params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        raise ValueError("the model has no trainable parameters (requires_grad=False everywhere)")
     return torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
 
 
 class ActorWorker:
-    """Holds the trainable policy and its optimizer; computes old log-probs and updates."""
+    """Holds the trainable policy and its optimizer; computes old values and updates."""
 
     def __init__(self, model: Any, objective: PolicyObjective, optim: OptimConfig) -> None:
         self.model = model
         self.objective = objective
         self.optim_cfg = optim
         self.optimizer = build_optimizer(model, optim)
+        self.scorer = Scorer(model)
         self.updates = 0
         self.skipped = 0
 
-    def _response_logp(self, exp: Experience) -> torch.Tensor:
-        assert exp.plan is not None
-        ids, attn, _, _ = sequence_inputs(exp.rollout)
-        return self.objective.reduce(noised_token_logp(self.model, ids, attn, exp.plan), exp.plan, exp.rollout)
-
     def prepare(self, exp: Experience, generator: torch.Generator) -> None:
-        """Sample the shared mask plan and the old-policy log-probs (no gradient)."""
-        exp.plan = self.objective.sample_plan(exp.rollout, generator)
-        with torch.no_grad():
-            exp.old_logp = self._response_logp(exp)
+        """Derive the objective's per-batch data, sample the shared plan, compute old values."""
+        obj = self.objective
+        exp.extras.update(updates=self.updates, mask_id=self.scorer.mask_id, eos_id=self.scorer.eos_id)
+        if obj.prepare is not None:
+            obj.prepare(exp, generator)
+        if obj.sample_plan is not None:
+            if obj.num_iterations == 1:
+                exp.plan = obj.sample_plan(exp.rollout, generator)
+            else:
+                exp.plan = [obj.sample_plan(exp.rollout, generator) for _ in range(obj.num_iterations)]
+        if obj.needs_old:
+            was_training = self.model.training
+            self.model.eval()
+            with torch.no_grad():
+                exp.old_logp = _per_iteration(obj, self.scorer, exp)
+            self.model.train(was_training)
 
     def _lr_scale(self) -> float:
         warm = self.optim_cfg.warmup_steps
         return min(1.0, (self.updates + 1) / warm) if warm else 1.0
 
     def update(self, exp: Experience) -> dict[str, float]:
-        """One optimizer step; a non-finite loss or gradient skips it and leaves state untouched."""
-        assert exp.old_logp is not None and exp.advantages is not None
+        """One optimizer step per objective iteration; a non-finite loss or gradient skips it."""
+        out: dict[str, float] = {}
+        for i in range(self.objective.num_iterations):
+            exp.iteration = i
+            out = self._step(exp)
+        exp.iteration = 0
+        return out
+
+    def _step(self, exp: Experience) -> dict[str, float]:
         self.model.train()
-        logp = self._response_logp(exp)
-        loss, metrics = self.objective.loss(
-            logp, exp.old_logp, exp.advantages, exp.rollout.response_mask, ref_logp=exp.ref_logp
-        )
         self.optimizer.zero_grad(set_to_none=True)
+        exp.extras["updates"] = self.updates
+        strategy = self.objective.update or default_update
+        loss, metrics = strategy(self.objective, self.scorer, exp)
         out = {k: float(v.detach()) for k, v in metrics.items()}
         out["loss"] = float(loss.detach())
         if not math.isfinite(out["loss"]):
             return self._skip(out, "loss")
-        torch.autograd.backward(loss)
         params = [p for p in self.model.parameters() if p.grad is not None]
         clip = self.optim_cfg.grad_clip if self.optim_cfg.grad_clip > 0 else float("inf")
-        norm = float(torch.nn.utils.clip_grad_norm_(params, clip))
+        norm = float(torch.nn.utils.clip_grad_norm_(params, clip)) if params else 0.0
         out["grad_norm"] = norm
         if not math.isfinite(norm):
             return self._skip(out, "gradient")
@@ -149,6 +239,11 @@ class ActorWorker:
         logger.warning("non-finite %s: step skipped, weights and optimizer state unchanged", what)
         out["skipped"] = 1.0
         return out
+
+    def adapter_state(self) -> dict[str, torch.Tensor]:
+        """Trainable weights only (LoRA adapters after `apply_lora`), for the rollout hand-off."""
+        names = {n for n, p in self.model.named_parameters() if p.requires_grad}
+        return {k: v.detach() for k, v in self.model.state_dict().items() if k in names}
 
     def state(self) -> dict[str, Any]:
         return {"optimizer": self.optimizer.state_dict(), "updates": self.updates, "skipped": self.skipped,

@@ -1,0 +1,59 @@
+"""Held-out validation during training, through the same evaluators as `dare eval`."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from dllm_eval import DecodingSettings, get_benchmark, get_preset, run_benchmark
+
+
+def benchmark_validator(
+    model: Any,
+    tokenizer: Any,
+    benchmarks: Sequence[str],
+    *,
+    preset: str = "dare_local",
+    limit: int | None = 64,
+    batch_size: int = 16,
+    seed: int = 0,
+    decoding: dict[str, Any] | None = None,
+) -> Callable[[], dict[str, float]]:
+    """An `eval_fn` for a training phase: held-out accuracy on dllm_eval benchmarks.
+
+    Scores come from `dllm_eval.run_benchmark` (the same prompts, decoding and verifiers as
+    `dare eval`), so the validation curve of a run and a later evaluation are comparable.
+
+    Args:
+        model, tokenizer: the policy being trained and its chat tokenizer.
+        benchmarks: benchmark names (see `dllm_eval.BENCHMARKS`).
+        preset: evaluation protocol preset.
+        limit: first N rows of each benchmark.
+        batch_size: prompts per generation call.
+        seed: base seed of the per-sample seeds.
+        decoding: DecodingSettings fields overriding the preset (e.g. max_new_tokens).
+
+    Returns:
+        A callable returning {"eval/<name>_accuracy": ..., "eval/<name>_score": ...}.
+    """
+    resolved = get_preset(preset)
+    benches = [get_benchmark(b) for b in benchmarks]
+
+    def settings(bench: Any) -> DecodingSettings:
+        base: DecodingSettings = bench.decoding(resolved)
+        return dataclasses.replace(base, **decoding) if decoding else base
+
+    def validate() -> dict[str, float]:
+        was_training = model.training
+        model.eval()
+        out: dict[str, float] = {}
+        for bench in benches:
+            result = run_benchmark(model, tokenizer, bench, preset=resolved, batch_size=batch_size,
+                                   limit=limit, seed=seed, decoding=settings(bench), hash_weights=False)
+            out[f"eval/{bench.name}_accuracy"] = result.accuracy
+            out[f"eval/{bench.name}_score"] = result.mean_score
+        model.train(was_training)
+        return out
+
+    return validate
