@@ -35,7 +35,7 @@ def tiny_workflow(cfg: RunConfig) -> tuple[RLWorkflow, Any]:
                            [task.answer(a, b) for a, b in pairs], cfg.rl.group_size)
 
     objective = build_objective(cfg.algorithm, cfg.rl)
-    wf = RLWorkflow(prompts=prompts, rollout=RolloutWorker(model, cfg.rollout),
+    wf = RLWorkflow(prompts=prompts, rollout=RolloutWorker(model, cfg.rollout, objective=objective),
                     reward=RewardWorker(exact_match_reward, tok.decode),
                     actor=ActorWorker(model, objective, cfg.rl_optim), objective=objective,
                     trainer=cfg.trainer, rl=cfg.rl)

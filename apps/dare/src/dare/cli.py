@@ -39,9 +39,24 @@ def _train(args: argparse.Namespace) -> int:
         cfg = get_recipe(args.recipe or "quickstart")
     cfg = apply_overrides(cfg, args.overrides)
     out = Path(args.output_dir) if args.output_dir else Path("runs") / f"{cfg.recipe}-{time.strftime('%Y%m%d-%H%M%S')}"
+    logging.getLogger(__name__).info("output folder: %s", out)
+    from dare.run_config_ext import RecipeRunConfig
+
+    if isinstance(cfg, RecipeRunConfig):
+        from dare.algorithms import ALGORITHMS
+        from dare.pipeline import run_rl_recipe
+
+        if cfg.algorithm not in ALGORITHMS:
+            raise ValueError(
+                f"recipe {cfg.recipe!r} ({cfg.algorithm}) is not runnable from `dare train` yet: only RL "
+                f"recipes are ({sorted(ALGORITHMS)}); SFT and preference training run through "
+                "dllm_train.SFTWorker / PreferenceWorker from Python"
+            )
+        summary = run_rl_recipe(cfg, out, progress=not args.no_progress)
+        print(f"finished {summary['steps']} steps; outputs in {out}")
+        return 0
     from dare.quickstart import run_quickstart
 
-    logging.getLogger(__name__).info("output folder: %s", out)
     summary = run_quickstart(cfg, out, progress=not args.no_progress)
     print(
         f"held-out accuracy: after SFT {summary['eval_accuracy_before_rl']:.3f} -> "

@@ -148,32 +148,45 @@ def _coerce(value: Any, hint: Any, name: str) -> Any:
 
 
 def apply_overrides(cfg: Any, overrides: list[str]) -> Any:
-    """Apply `a.b.c=value` overrides to a nested frozen dataclass, validating each level.
+    """Apply `a.b.c=value` overrides to a nested frozen dataclass.
+
+    Overrides of the same component are applied together, so fields validated against each
+    other (e.g. `rollout.max_new_tokens` and `rollout.block_length`) can change in one command.
 
     Raises:
         ValueError: naming the key and the valid keys when a path does not exist.
     """
+    tree: dict[str, Any] = {}
     for item in overrides:
         if "=" not in item:
             raise ValueError(f"override {item!r} must look like key=value, e.g. trainer.max_steps=10")
         key, raw = item.split("=", 1)
-        cfg = _set(cfg, key.strip().split("."), raw, key)
-    return cfg
+        node = tree
+        path = key.strip().split(".")
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ValueError(f"override {item!r} conflicts with an earlier override of {part!r}")
+        node[path[-1]] = raw
+    return _apply(cfg, tree, "")
 
 
-def _set(cfg: Any, path: list[str], raw: str, full: str) -> Any:
+def _apply(cfg: Any, tree: dict[str, Any], prefix: str) -> Any:
     names = [f.name for f in dataclasses.fields(cfg)]
-    if path[0] not in names:
-        raise ValueError(f"unknown config key {full!r}: {type(cfg).__name__} has {sorted(names)}")
     hints = typing.get_type_hints(type(cfg))
-    current = getattr(cfg, path[0])
-    if len(path) > 1:
-        if not dataclasses.is_dataclass(current):
-            raise ValueError(f"config key {full!r}: {path[0]} has no sub-fields")
-        value = _set(current, path[1:], raw, full)
-    else:
-        value = _coerce(raw, hints[path[0]], full)
-    return dataclasses.replace(cfg, **{path[0]: value})
+    changes: dict[str, Any] = {}
+    for name, sub in tree.items():
+        full = f"{prefix}{name}"
+        if name not in names:
+            raise ValueError(f"unknown config key {full!r}: {type(cfg).__name__} has {sorted(names)}")
+        current = getattr(cfg, name)
+        if isinstance(sub, dict):
+            if not dataclasses.is_dataclass(current):
+                raise ValueError(f"config key {full!r}: {name} has no sub-fields")
+            changes[name] = _apply(current, sub, f"{full}.")
+        else:
+            changes[name] = _coerce(sub, hints[name], full)
+    return dataclasses.replace(cfg, **changes) if changes else cfg
 
 
 def save_config(cfg: RunConfig, path: Path) -> None:
@@ -181,5 +194,12 @@ def save_config(cfg: RunConfig, path: Path) -> None:
 
 
 def load_config(path: Path) -> RunConfig:
-    result: RunConfig = from_dict(RunConfig, json.loads(path.read_text()))
+    """Read a resolved config.json (a recipe's extended config when it has a `checkpoint`)."""
+    data = json.loads(path.read_text())
+    cls: type[RunConfig] = RunConfig
+    if "checkpoint" in data:
+        from dare.run_config_ext import RecipeRunConfig
+
+        cls = RecipeRunConfig
+    result: RunConfig = from_dict(cls, data)
     return result

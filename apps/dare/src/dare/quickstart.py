@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
 import logging
@@ -20,6 +21,7 @@ from dllm_train import (
     ActorWorker,
     PhaseSpec,
     PromptBatch,
+    ReferenceWorker,
     RewardWorker,
     RLWorkflow,
     RolloutWorker,
@@ -145,9 +147,15 @@ def _rl_backend(cfg: RunConfig, model: Any, tokenizer: Any, prompts: Any, object
             dist=DistributedConfig(num_workers=cfg.trainer.num_workers, gpus_per_worker=cfg.trainer.gpus_per_worker),
         )
         return ray_wf.step, ray_wf, ray_wf.shutdown
+    frozen = None
+    if objective.needs_reference or objective.needs_rollout_reference:
+        frozen = copy.deepcopy(model).eval()
     workflow = RLWorkflow(
-        prompts=prompts, rollout=RolloutWorker(model, cfg.rollout),
+        prompts=prompts,
+        rollout=RolloutWorker(model, cfg.rollout, objective=objective,
+                              ref_model=frozen if objective.needs_rollout_reference else None),
         reward=RewardWorker(exact_match_reward, tokenizer.decode),
         actor=ActorWorker(model, objective, cfg.rl_optim), objective=objective, trainer=cfg.trainer, rl=cfg.rl,
+        reference=ReferenceWorker(frozen) if objective.needs_reference and frozen is not None else None,
     )
     return workflow.step, workflow.actor, lambda: None

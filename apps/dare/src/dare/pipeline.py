@@ -1,0 +1,148 @@
+"""RL recipes on released checkpoints: load the folder, read RL parquet data, train, validate.
+
+The same phases, workers and checkpoints as the quick start; the model comes from
+`checkpoint.checkpoint`, prompts and verifiers from `data.train_files` (RL parquet schema, spec
+§5.1, or the name of a test set shipped with dllm_eval), validation from `data.eval_files`
+through `dllm_train.benchmark_validator`.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq  # type: ignore[import-untyped,unused-ignore]
+import torch
+
+from dare.algorithms import build_objective, check_family, family_key, get_algorithm
+from dare.config import save_config
+from dare.run_config_ext import RecipeRunConfig, resolve_algorithm
+from dllm_eval import DATASETS, Row, load_rows, score
+from dllm_models import load_model, load_tokenizer, save_model
+from dllm_train import (
+    ActorWorker,
+    PhaseSpec,
+    PromptBatch,
+    ReferenceWorker,
+    RewardWorker,
+    RLWorkflow,
+    RolloutWorker,
+    Run,
+    benchmark_validator,
+    derive_seed,
+    plot_curves,
+    read_metrics,
+)
+
+logger = logging.getLogger(__name__)
+
+
+def read_rl_rows(source: str) -> list[Row]:
+    """Rows of an RL data source: a shipped dllm_eval test set name, or a parquet path.
+
+    Parquet files may use the original nested schema (`prompt` list of messages,
+    `reward_model.ground_truth`, `extra_info` struct) or the flattened one of dllm_eval's data.
+    """
+    if source in DATASETS:
+        return load_rows(source)
+    path = Path(source)
+    if not path.is_file():
+        raise ValueError(f"data.train_files entry {source!r} is neither a file nor one of {list(DATASETS)}")
+    cols = pq.read_table(path).to_pylist()
+    rows = []
+    for i, rec in enumerate(cols):
+        prompt = rec["prompt"]
+        prompt = json.loads(prompt) if isinstance(prompt, str) else prompt
+        gt = rec["ground_truth"] if "ground_truth" in rec else rec["reward_model"]["ground_truth"]
+        extra = rec.get("extra_info") or {}
+        extra = json.loads(extra) if isinstance(extra, str) else dict(extra)
+        rows.append(Row(index=i, data_source=str(rec["data_source"]), prompt=tuple(prompt),
+                        ground_truth=str(gt), extra_info=extra))
+    return rows
+
+
+def encode_prompts(rows: list[Row], tokenizer: Any, max_prompt_length: int) -> list[tuple[list[int], Row]]:
+    """Chat-templated prompt ids of each row; rows longer than `max_prompt_length` are dropped."""
+    kept = []
+    for row in rows:
+        ids = tokenizer.apply_chat_template(list(row.prompt), add_generation_prompt=True, tokenize=True)
+        ids = list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+        if len(ids) <= max_prompt_length:
+            kept.append((ids, row))
+    if not kept:
+        raise ValueError(f"no prompt fits data.max_prompt_length={max_prompt_length}; raise it")
+    if len(kept) < len(rows):
+        logger.info("dropped %d prompts longer than %d tokens", len(rows) - len(kept), max_prompt_length)
+    return kept
+
+
+def run_rl_recipe(cfg: RecipeRunConfig, output_dir: Path, *, progress: bool = True) -> dict[str, Any]:
+    """Run (or resume) an RL recipe; returns the summary it writes."""
+    if not cfg.checkpoint.checkpoint:
+        raise ValueError("checkpoint.checkpoint is empty: pass checkpoint.checkpoint=/path/to/model/folder")
+    if not cfg.data.train_files:
+        raise ValueError("data.train_files is empty: pass data.train_files=<parquet path or dataset name>[,...]")
+    t0 = time.perf_counter()
+    output_dir.mkdir(parents=True, exist_ok=True)
+    save_config(cfg, output_dir / "config.json")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = load_model(cfg.checkpoint.checkpoint, dtype=cfg.checkpoint.dtype, device=device)
+    tokenizer = load_tokenizer(cfg.checkpoint.checkpoint)
+    check_family(cfg.algorithm, get_algorithm(cfg.algorithm), family_key(model))
+    if cfg.checkpoint.lora_rank:
+        from dllm_models.lora import apply_lora
+
+        apply_lora(model, rank=cfg.checkpoint.lora_rank, alpha=cfg.checkpoint.lora_alpha)
+    rows = [r for src in cfg.data.train_files.split(",") for r in read_rl_rows(src.strip())]
+    data = encode_prompts(rows, tokenizer, cfg.data.max_prompt_length)
+    by_key = {str(i): row for i, (_, row) in enumerate(data)}
+    seed = cfg.trainer.seed
+
+    def prompts(step: int) -> PromptBatch:
+        g = torch.Generator().manual_seed(derive_seed(seed, "rl-data", step))
+        pick = torch.randint(len(data), (cfg.rl.prompts_per_step,), generator=g).tolist()
+        return PromptBatch([data[i][0] for i in pick], [str(i) for i in pick], cfg.rl.group_size)
+
+    def reward(text: str, key: str) -> float:
+        row = by_key[key]
+        return score(row.data_source, text, row.ground_truth, row.extra_info)
+
+    objective = build_objective(cfg.algorithm, cfg.rl, resolve_algorithm(cfg))
+    frozen = copy.deepcopy(model).eval() if (objective.needs_reference or objective.needs_rollout_reference) else None
+    workflow = RLWorkflow(
+        prompts=prompts,
+        rollout=RolloutWorker(model, cfg.rollout, objective=objective,
+                              ref_model=frozen if objective.needs_rollout_reference else None),
+        reward=RewardWorker(reward, lambda ids: str(tokenizer.decode(ids, skip_special_tokens=True))),
+        actor=ActorWorker(model, objective, cfg.rl_optim), objective=objective, trainer=cfg.trainer, rl=cfg.rl,
+        reference=ReferenceWorker(frozen) if objective.needs_reference and frozen is not None else None,
+    )
+    evals = [e.strip() for e in cfg.data.eval_files.split(",") if e.strip()]
+    validate = None
+    if evals:
+        r = cfg.rollout
+        validate = benchmark_validator(model, tokenizer, evals, decoding={
+            "max_new_tokens": r.max_new_tokens, "steps": r.steps, "block_length": r.block_length})
+    run = Run(output_dir, model, tokenizer=tokenizer, log_every=cfg.trainer.log_every, progress=progress)
+    run.run_phase(PhaseSpec(
+        order=0, name="rl", steps=cfg.trainer.max_steps, step_fn=workflow.step, owner=workflow.actor,
+        eval_fn=validate, eval_every=cfg.trainer.eval_every, save_every=cfg.trainer.save_every,
+        on_end=(lambda: {"final_eval": validate()}) if validate is not None else None,
+        log_keys=("reward_mean", "loss", "clip_frac", "response_length"),
+    ))
+    export = model
+    if cfg.checkpoint.lora_rank:
+        from dllm_models.lora import merge_lora
+
+        export = merge_lora(copy.deepcopy(model))
+    save_model(export, output_dir / "model", tokenizer=tokenizer)
+    records = read_metrics(output_dir / "metrics.jsonl")
+    plot_curves(records, ["reward_mean", "response_length", "loss", "clip_frac"], output_dir / "curves.png")
+    summary = {"recipe": cfg.recipe, "steps": cfg.trainer.max_steps, "results": run.results,
+               "wall_time_s_this_invocation": round(time.perf_counter() - t0, 1)}
+    (output_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
