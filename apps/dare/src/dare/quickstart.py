@@ -85,6 +85,8 @@ def evaluate_accuracy(model: Any, task: AdditionTask, cfg: RunConfig) -> float:
 def run_quickstart(cfg: RunConfig, output_dir: Path, *, progress: bool = True) -> dict[str, Any]:
     """Run (or resume) the quick start in `output_dir`; returns the summary it writes."""
     t0 = time.perf_counter()
+    if cfg.trainer.num_threads:
+        torch.set_num_threads(cfg.trainer.num_threads)
     output_dir.mkdir(parents=True, exist_ok=True)
     save_config(cfg, output_dir / "config.json")
     tokenizer = build_tokenizer()

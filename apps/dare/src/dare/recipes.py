@@ -31,7 +31,8 @@ def quickstart() -> RunConfig:
         rl_optim=OptimConfig(lr=3e-5, grad_clip=1.0),
         rollout=SamplingConfig(max_new_tokens=4, steps=4, block_length=4, temperature=1.0),
         eval=EvalConfig(batch_size=250),
-        trainer=TrainerConfig(max_steps=400, seed=0, eval_every=100, save_every=100, log_every=1),
+        trainer=TrainerConfig(max_steps=400, seed=0, eval_every=100, save_every=100, log_every=1,
+                              num_threads=1),
     )
 
 

@@ -48,6 +48,9 @@ class TrainerConfig:
         backend: "local" (in-process) or "ray" (Ray actors with FSDP2, same worker code).
         num_workers: ranks of the Ray backend (one actor each).
         gpus_per_worker: 0 (CPU, gloo) or 1 (one GPU per rank, nccl) for the Ray backend.
+        num_threads: torch CPU threads of this process (0 keeps torch's default). Tiny models run
+            fastest on one thread: OpenMP threads spin at every barrier, which costs more than the
+            small matrix products gain, and collapses when another process shares the cores.
     """
 
     max_steps: int = 100
@@ -58,6 +61,7 @@ class TrainerConfig:
     backend: str = "local"
     num_workers: int = 2
     gpus_per_worker: int = 0
+    num_threads: int = 0
 
     def __post_init__(self) -> None:
         if self.max_steps < 0:
@@ -71,6 +75,8 @@ class TrainerConfig:
             raise ValueError(f"trainer.backend {self.backend!r} unknown; choose one of {BACKENDS}")
         if self.num_workers < 1:
             raise ValueError(f"trainer.num_workers must be >= 1, got {self.num_workers}")
+        if self.num_threads < 0:
+            raise ValueError(f"trainer.num_threads must be >= 0 (0: torch's default), got {self.num_threads}")
         if self.gpus_per_worker not in (0, 1):
             raise ValueError(f"trainer.gpus_per_worker must be 0 or 1, got {self.gpus_per_worker}")
 
