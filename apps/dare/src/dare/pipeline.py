@@ -24,16 +24,12 @@ from dare.run_config_ext import RecipeRunConfig, resolve_algorithm
 from dllm_eval import DATASETS, Row, load_rows, score
 from dllm_models import load_model, load_tokenizer, save_model
 from dllm_train import (
-    ActorWorker,
     PhaseSpec,
     PromptBatch,
-    ReferenceWorker,
-    RewardWorker,
-    RLWorkflow,
-    RolloutWorker,
     Run,
     benchmark_validator,
     derive_seed,
+    local_rl_workflow,
     plot_curves,
     read_metrics,
 )
@@ -112,14 +108,10 @@ def run_rl_recipe(cfg: RecipeRunConfig, output_dir: Path, *, progress: bool = Tr
         return score(row.data_source, text, row.ground_truth, row.extra_info)
 
     objective = build_objective(cfg.algorithm, cfg.rl, resolve_algorithm(cfg))
-    frozen = copy.deepcopy(model).eval() if (objective.needs_reference or objective.needs_rollout_reference) else None
-    workflow = RLWorkflow(
-        prompts=prompts,
-        rollout=RolloutWorker(model, cfg.rollout, objective=objective,
-                              ref_model=frozen if objective.needs_rollout_reference else None),
-        reward=RewardWorker(reward, lambda ids: str(tokenizer.decode(ids, skip_special_tokens=True))),
-        actor=ActorWorker(model, objective, cfg.rl_optim), objective=objective, trainer=cfg.trainer, rl=cfg.rl,
-        reference=ReferenceWorker(frozen) if objective.needs_reference and frozen is not None else None,
+    workflow = local_rl_workflow(
+        model, prompts=prompts, sampling=cfg.rollout, reward_fn=reward,
+        detokenize=lambda ids: str(tokenizer.decode(ids, skip_special_tokens=True)), objective=objective,
+        optim=cfg.rl_optim, trainer=cfg.trainer, rl=cfg.rl,
     )
     evals = [e.strip() for e in cfg.data.eval_files.split(",") if e.strip()]
     validate = None

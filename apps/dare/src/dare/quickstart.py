@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import functools
 import json
 import logging
@@ -18,16 +17,12 @@ from dare.tasks.addition import AdditionTask, build_tokenizer, exact_match_rewar
 from dllm_models import build_model, save_model
 from dllm_rollout import SamplingConfig, decode, left_pad
 from dllm_train import (
-    ActorWorker,
     PhaseSpec,
     PromptBatch,
-    ReferenceWorker,
-    RewardWorker,
-    RLWorkflow,
-    RolloutWorker,
     Run,
     SFTWorker,
     derive_seed,
+    local_rl_workflow,
     generator,
     plot_curves,
     read_metrics,
@@ -149,15 +144,8 @@ def _rl_backend(cfg: RunConfig, model: Any, tokenizer: Any, prompts: Any, object
             dist=DistributedConfig(num_workers=cfg.trainer.num_workers, gpus_per_worker=cfg.trainer.gpus_per_worker),
         )
         return ray_wf.step, ray_wf, ray_wf.shutdown
-    frozen = None
-    if objective.needs_reference or objective.needs_rollout_reference:
-        frozen = copy.deepcopy(model).eval()
-    workflow = RLWorkflow(
-        prompts=prompts,
-        rollout=RolloutWorker(model, cfg.rollout, objective=objective,
-                              ref_model=frozen if objective.needs_rollout_reference else None),
-        reward=RewardWorker(exact_match_reward, tokenizer.decode),
-        actor=ActorWorker(model, objective, cfg.rl_optim), objective=objective, trainer=cfg.trainer, rl=cfg.rl,
-        reference=ReferenceWorker(frozen) if objective.needs_reference and frozen is not None else None,
+    workflow = local_rl_workflow(
+        model, prompts=prompts, sampling=cfg.rollout, reward_fn=exact_match_reward, detokenize=tokenizer.decode,
+        objective=objective, optim=cfg.rl_optim, trainer=cfg.trainer, rl=cfg.rl,
     )
     return workflow.step, workflow.actor, lambda: None

@@ -24,7 +24,7 @@ from dllm_train.workers import (
     sampling_for,
     sequence_inputs,
 )
-from dllm_train.workflow import PhaseSpec, RLWorkflow, Run
+from dllm_train.workflow import PhaseSpec, RLWorkflow, Run, local_rl_workflow
 
 __all__ = [
     "ActorWorker",
@@ -56,6 +56,7 @@ __all__ = [
     "generator",
     "latest_checkpoint",
     "list_checkpoints",
+    "local_rl_workflow",
     "load_checkpoint",
     "noised_token_logp",
     "plan_token_logp",

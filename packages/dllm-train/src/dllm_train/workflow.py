@@ -7,6 +7,7 @@ run resumed from its latest checkpoint continues exactly as the uninterrupted ru
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -17,7 +18,8 @@ import torch
 from tqdm import tqdm
 
 from dllm_train.checkpointing import latest_checkpoint, load_checkpoint, save_checkpoint
-from dllm_train.config import RLConfig, TrainerConfig
+from dllm_rollout import SamplingConfig
+from dllm_train.config import OptimConfig, RLConfig, TrainerConfig
 from dllm_train.dataflow import Experience, PromptBatch
 from dllm_train.metrics import MetricsWriter, format_line, read_metrics
 from dllm_train.objective import PolicyObjective
@@ -172,3 +174,26 @@ def _all_equal_groups(scores: torch.Tensor, groups: torch.Tensor) -> float:
     """Fraction of groups whose rewards are all equal (they carry no GRPO signal)."""
     equal = [bool((scores[groups == g] == scores[groups == g][0]).all()) for g in torch.unique(groups)]
     return sum(equal) / max(1, len(equal))
+
+
+def local_rl_workflow(
+    model: Any, *, prompts: PromptSampler, sampling: SamplingConfig, reward_fn: Callable[[str, str], float],
+    detokenize: Callable[[list[int]], str], objective: PolicyObjective, optim: OptimConfig,
+    trainer: TrainerConfig, rl: RLConfig,
+) -> RLWorkflow:
+    """An in-process RLWorkflow whose rollout and actor share `model` (colocated, no hand-off).
+
+    A frozen copy of the initial policy is made only when the objective needs one, for the
+    reference pass and/or for reference log-probs recorded during the rollout.
+    """
+    frozen = None
+    if objective.needs_reference or objective.needs_rollout_reference:
+        frozen = copy.deepcopy(model).eval()
+    return RLWorkflow(
+        prompts=prompts,
+        rollout=RolloutWorker(model, sampling, objective=objective,
+                              ref_model=frozen if objective.needs_rollout_reference else None),
+        reward=RewardWorker(reward_fn, detokenize),
+        actor=ActorWorker(model, objective, optim), objective=objective, trainer=trainer, rl=rl,
+        reference=ReferenceWorker(frozen) if objective.needs_reference and frozen is not None else None,
+    )

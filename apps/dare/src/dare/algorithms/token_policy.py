@@ -23,7 +23,7 @@ from dllm_objectives import (
 from dllm_rollout import RolloutBatch
 from dllm_train import Experience, PolicyObjective, RLConfig, Scorer, at_iteration, sequence_inputs
 
-from dare.algorithms.common import MASKED, Clip, grpo, inputs, plan_logp, response_part, slice_plan
+from dare.algorithms.common import MASKED, Clip, grpo, plan_logp, response_part, slice_plan
 
 
 def _token_loss(clip: Clip) -> object:

@@ -34,6 +34,7 @@ __all__ = [
     "sequence_parallel",
     "shard_model",
     "shard_rows",
+    "shard_sequence",
     "sp_forward",
     "ulysses_attention",
 ]
