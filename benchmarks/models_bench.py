@@ -36,14 +36,12 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT.parent / "packages" / "dllm-models" / "src"))
 
 from dllm_models import build_model  # noqa: E402
 from dllm_models.attention import AttentionMask, bd3lm_mask  # noqa: E402
-from dllm_models.layers import rope_cos_sin  # noqa: E402
 from dllm_models.logprob import final_hidden, naive_token_logprobs, output_head, token_logprobs  # noqa: E402
 from dllm_models.packing import pack, pack_like  # noqa: E402
 
@@ -113,31 +111,10 @@ def build(name: str, tiny: bool, device: torch.device, dtype: torch.dtype) -> nn
 
 
 def hidden_with_mask(model: nn.Module, ids: torch.Tensor, pos: torch.Tensor, mask: AttentionMask) -> torch.Tensor:
-    """Final hidden states [1, T, H] of a packed row with an explicit AttentionMask.
-
-    Uses `model.final_hidden(ids, position_ids=, attention=)` when a family offers it; otherwise
-    drives the family's layers directly (LLaDA and Qwen layouts share the layer signature).
-    """
-    method = getattr(model, "final_hidden", None)
-    if callable(method):
-        out: torch.Tensor = method(ids, position_ids=pos, attention=mask)
-        return out
-    backend: str = getattr(model, "attention_backend", "sdpa")
-    if model.traits.family == "llada":  # type: ignore[union-attr]
-        t = model.model.transformer  # type: ignore[union-attr]
-        cos, sin = rope_cos_sin(pos, model.config.head_dim, model.config.rope_theta)  # type: ignore[union-attr]
-        x, layers, norm = t.wte(ids), t.blocks, t.ln_f
-    else:
-        body = model.model  # type: ignore[union-attr]
-        cos, sin = rope_cos_sin(pos, model.rotary_dim, model.rope_theta)  # type: ignore[union-attr,arg-type]
-        x, layers, norm = body.embed_tokens(ids), body.layers, body.norm
-    for layer in layers:  # type: ignore[union-attr]
-        if getattr(model, "gradient_checkpointing", False):
-            x, _ = checkpoint(layer, x, cos, sin, mask, backend, None, use_reentrant=False)
-        else:
-            x, _ = layer(x, cos, sin, mask, backend, None)
-    result: torch.Tensor = norm(x)  # type: ignore[operator]
-    return result
+    """Final hidden states [1, T, H] of a packed row with an explicit AttentionMask (packed
+    `cu_seqlens` rows or the BD3LM layout), through the family's `final_hidden(..., attention=)`."""
+    out: torch.Tensor = model.final_hidden(ids, position_ids=pos, attention=mask)  # type: ignore[operator]
+    return out
 
 
 def make_batch(lengths: list[int], pad_to: int, vocab: int, device: torch.device) -> dict[str, torch.Tensor]:
@@ -169,11 +146,8 @@ def step_fns(model: nn.Module, batch: dict[str, torch.Tensor], device: torch.dev
     ids, mask, targets = batch["ids"], batch["mask"], batch["targets"]
     packed = pack(ids, mask)
     p_targets = pack_like(targets, packed)[0]
-    pmask = packed.attention_mask()
+    pmask = packed.attention_mask()  # block families add per-sequence block ids themselves
     block = getattr(model, "block_length", None)
-    if block is not None:  # block-causal family (SDAR): packed segments + per-sequence blocks
-        pmask = AttentionMask(cu_seqlens=packed.cu_seqlens, max_seqlen=packed.max_seqlen,
-                              block_ids=(packed.position_ids // block))
     head = output_head(model)
     plain_pairs = float(sum(n * n for n in lengths))
 

@@ -80,7 +80,11 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=256)
     ap.add_argument("--new-tokens", type=int, default=256)
     ap.add_argument("--max-blocks", type=int, default=None, help="blocks decoded per config before extrapolating")
+    ap.add_argument("--cached-full", action="store_true",
+                    help="decode every block (no extrapolation) in the block-diffusion KV-cache configs")
+    ap.add_argument("--skip", default="", help="comma-separated substrings of config names to skip")
     args = ap.parse_args()
+    skip = [x for x in args.skip.split(",") if x]
     device = "cpu" if args.tiny or not torch.cuda.is_available() else "cuda"
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
     batch = args.batch or (4 if args.tiny else 64)
@@ -98,6 +102,8 @@ def main() -> None:
         ("llada threshold0.9 (128 steps cap)", {"steps": r // 2, "threshold": 0.9}),
         ("llada prefix+threshold0.9", {"steps": r // 2, "cache": "prefix", "threshold": 0.9}),
     ]:
+        if any(x in name for x in skip):
+            continue
         cfg = SamplingConfig(max_new_tokens=r, block_length=bl, **kw)  # type: ignore[arg-type]
         rows.append({"config": name, **_run(llada, cfg, batch, p, device, nb, max_blocks)})
     del llada
@@ -110,9 +116,13 @@ def main() -> None:
         mb = max_blocks * (32 // sdar_bl if not args.tiny else 2)
         for name, kw in [("recompute", {"cache": None}), ("kv-cache", {"cache": "prefix"}),
                          ("kv-cache dyn0.9", {"cache": "prefix", "threshold": 0.9})]:
+            label = f"sdar block{sdar_bl} {name}"
+            if any(x in label for x in skip):
+                continue
             cfg = SamplingConfig(max_new_tokens=r, block_length=sdar_bl, steps=sdar_bl, block_diffusion=True,
                                  **kw)  # type: ignore[arg-type]
-            rows.append({"config": f"sdar block{sdar_bl} {name}", **_run(sdar, cfg, batch, p, device, nb, mb)})
+            full = args.cached_full and kw["cache"] is not None
+            rows.append({"config": label, **_run(sdar, cfg, batch, p, device, nb, nb if full else mb)})
         del sdar
         if device == "cuda":
             torch.cuda.empty_cache()

@@ -100,6 +100,33 @@ def test_flex_tiles_are_exact_and_sparse(name: str) -> None:
         assert (~any_).float().mean() > 0.4 and full.any()
 
 
+def test_flex_bd3lm_matches_sdpa_on_random_shapes() -> None:
+    """The sparse BlockMask + mask_mod of random BD3LM packs (tiles 16-128, key padding on top)
+    equal the dense mask, through the CPU flex forward."""
+    from dllm_models.flex import _eager_flex, build_block_mask
+
+    g = torch.Generator().manual_seed(0)
+    for i in range(12):
+        n = int(torch.randint(1, 4, (), generator=g))
+        lengths = torch.randint(1, 24, (n,), generator=g).tolist()
+        block = [1, 2, 3, 4, 8, 32][i % 6]
+        tile = [16, 32, 128][i % 3]
+        mask = bd3lm_mask(lengths, block_size=block)
+        total = 2 * sum(lengths)
+        if i % 4 == 3:
+            kp = torch.rand(1, total, generator=g) > 0.1
+            mask = AttentionMask(key_padding=kp, block_ids=mask.block_ids, cu_seqlens=mask.cu_seqlens,
+                                 max_seqlen=mask.max_seqlen, is_clean=mask.is_clean)
+        q, k, v = _qkv(1, 4, 2, total, total, seed=i)
+        ref = attend(q, k, v, mask, backend="eager")
+        out = _eager_flex(q, k, v, build_block_mask(mask, 1, total, total, CPU, tile=tile), True)
+        dense = mask.dense(total, total, CPU)
+        assert dense is not None
+        seen = dense.any(-1, keepdim=True)  # rows with no visible key: eager and flex give 0
+        torch.testing.assert_close(out * seen, ref * seen, rtol=1e-5, atol=1e-5, msg=f"{lengths} {block} {tile}")
+        torch.testing.assert_close(attend(q, k, v, mask, backend="flex"), ref, rtol=1e-5, atol=1e-5)
+
+
 def test_flex_block_mask_is_built_once_per_mask() -> None:
     mask, b, lq, lk = _cases()["bd3lm"]
     q, k, v = _qkv(b, 2, 2, lq, lk)
@@ -156,6 +183,10 @@ def _to_cuda(mask: AttentionMask) -> AttentionMask:
     )
 
 
+def _rel_err(a: torch.Tensor, truth: torch.Tensor) -> float:
+    return float((a.float() - truth).norm() / truth.norm().clamp_min(1e-6))
+
+
 @pytest.mark.gpu
 @needs_cuda
 @pytest.mark.parametrize("name", list(_cases()))
@@ -170,8 +201,16 @@ def test_compiled_flex_matches_sdpa_on_gpu(name: str) -> None:
     torch.testing.assert_close(out, ref, rtol=2e-2, atol=2e-2)
     g_ref = torch.autograd.grad(ref.float().square().sum(), (q, k, v))
     g_out = torch.autograd.grad(out.float().square().sum(), (q, k, v))
-    for a, r in zip(g_out, g_ref):
-        torch.testing.assert_close(a, r, rtol=5e-2, atol=5e-2)
+    # Gradients: two bf16 kernels may each be off by ~half the old elementwise tolerance on the
+    # BD3LM dK (its early clean keys collect ~160 query terms, |dK| up to ~25), so both are
+    # measured against float32 math on the same bf16 inputs: flex must be as close as sdpa.
+    q32, k32, v32 = (x.detach().float().requires_grad_(True) for x in (q, k, v))
+    truth = attend(q32, k32, v32, mask, backend="eager")
+    g_truth = torch.autograd.grad(truth.square().sum(), (q32, k32, v32))
+    for what, a, r, t in zip("qkv", g_out, g_ref, g_truth):
+        err_flex, err_sdpa = _rel_err(a, t), _rel_err(r, t)
+        assert err_flex < max(2e-2, 2 * err_sdpa), f"d{what}: flex {err_flex:.2e}, sdpa {err_sdpa:.2e}"
+        torch.testing.assert_close(a.float(), t, rtol=0.1, atol=0.25, msg=f"d{what} of flex vs float32")
 
 
 @pytest.mark.gpu

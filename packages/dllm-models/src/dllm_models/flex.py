@@ -56,19 +56,28 @@ def _positions(mask: AttentionMask, batch: int, k_len: int, pad: int, device: to
 
 
 def mask_mod_for(mask: AttentionMask, pos: _Positions, offset: int) -> Callable[..., torch.Tensor]:
-    """Exact mask_mod(b, h, q_idx, kv_idx) of `mask`; queries sit at key position q_idx + offset."""
+    """Exact mask_mod(b, h, q_idx, kv_idx) of `mask`; queries sit at key position q_idx + offset.
+
+    The captured tensors are int32 only and the rule is integer comparisons joined by `&` / `|`
+    (no bool buffers, no `~`): key padding is folded into the key-side segment id (-1 on padded
+    keys and on positions past Lk), and the BD3LM rule reads
+    `(k clean & kb < qb + q clean) | (k noisy & q noisy & kb == qb)`.
+    """
     real, seg, blk, clean = pos
+    kseg = torch.where(real, seg, torch.full_like(seg, -1)).to(torch.int32).contiguous()
+    qseg = seg.to(torch.int32).contiguous()
+    blk = blk.to(torch.int32).contiguous()
+    cl = clean.to(torch.int32).contiguous()
     rule = mask.rule
 
     def mask_mod(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> torch.Tensor:
         qi = q_idx + offset
-        ok = real[b, kv_idx] & (seg[b, qi] == seg[b, kv_idx])
+        ok = kseg[b, kv_idx] == qseg[b, qi]
         if rule == "block_causal":
             ok = ok & (blk[b, kv_idx] <= blk[b, qi])
         elif rule == "bd3lm":
-            qb, kb, qc, kc = blk[b, qi], blk[b, kv_idx], clean[b, qi], clean[b, kv_idx]
-            see_clean = kc & ((qc & (kb <= qb)) | (~qc & (kb < qb)))
-            ok = ok & (see_clean | (~kc & ~qc & (kb == qb)))
+            qb, kb, qc, kc = blk[b, qi], blk[b, kv_idx], cl[b, qi], cl[b, kv_idx]
+            ok = ok & (((kc == 1) & (kb < qb + qc)) | ((kc + qc == 0) & (kb == qb)))
         result: torch.Tensor = ok
         return result
 

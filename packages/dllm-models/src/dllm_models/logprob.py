@@ -6,9 +6,10 @@ O(chunk_size x V) instead of O(N x V) (the idea of Liger's fused linear cross-en
 arXiv 2410.10989). On CUDA the per-chunk log-sum-exp and gradient are Triton kernels
 (`dllm_models.kernels`); elsewhere plain torch.
 
-Models give their final hidden states through `final_hidden` (a `model.final_hidden(...)` method
-when the family has one, else a pre-forward hook on the output head that stops the forward before
-the head runs).
+Models give their final hidden states through `final_hidden`: every family's own
+`model.final_hidden(...)` method (so packed rows and the BD3LM layout go through `attention=`),
+else, for wrapped modules without it, a pre-forward hook on the output head that stops the forward
+before the head runs.
 """
 
 from __future__ import annotations
@@ -198,6 +199,22 @@ def final_hidden(model: nn.Module, input_ids: torch.Tensor, **forward_kwargs: An
     return captured[0]
 
 
+def shift_hidden(hidden: torch.Tensor, attention: Any = None) -> torch.Tensor:
+    """Hidden states read with a shift of one: position j gets state j - 1, the first position of
+    every row keeps its own (`cat(h[:, :1], h[:, :-1])`). On a packed row (`attention` with
+    `cu_seqlens`) the shift restarts at every sequence, so it never crosses sequences."""
+    cu = getattr(attention, "cu_seqlens", None)
+    n = hidden.shape[1]
+    if cu is None:
+        return torch.cat([hidden[:, :1], hidden[:, :-1]], dim=1)
+    src = torch.arange(n, device=hidden.device) - 1
+    starts = cu[:-1].to(device=hidden.device, dtype=torch.long) - (int(cu[-1]) - n)
+    starts = starts[(starts >= 0) & (starts < n)]
+    src[starts] = starts
+    src[0] = 0
+    return hidden[:, src]
+
+
 def lm_head_and_hidden(
     model: nn.Module, input_ids: torch.Tensor, **forward_kwargs: Any
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -205,12 +222,13 @@ def lm_head_and_hidden(
 
     With `traits.logit_shift == 1` (Dream) the prediction for position j is read from hidden
     state j - 1, so hidden is shifted right by one (position 0 keeps its own state), matching
-    `cat(logits[:, :1], logits[:, :-1])`.
+    `cat(logits[:, :1], logits[:, :-1])`; on a packed row (`attention=` with `cu_seqlens`) the
+    shift restarts at every sequence (`shift_hidden`).
     """
     hidden = final_hidden(model, input_ids, **forward_kwargs)
     traits = getattr(model, "traits", None)
     if traits is not None and traits.logit_shift == 1:
-        hidden = torch.cat([hidden[:, :1], hidden[:, :-1]], dim=1)
+        hidden = shift_hidden(hidden, forward_kwargs.get("attention"))
     weight = getattr(output_head(model), "weight", None)
     if not isinstance(weight, torch.Tensor):
         raise ValueError(f"output head of {type(model).__name__} has no weight tensor")
@@ -234,7 +252,8 @@ def model_token_logprobs(
         targets: long [B, L] target ids; negative ids (-100) are skipped (0, no gradient, and
             no head matmul): pass -100 wherever no log-prob is needed (prompt, padding).
         chunk_size, temperature: see `token_logprobs`.
-        forward_kwargs: passed to the forward (attention_mask, position_ids, ...).
+        forward_kwargs: passed to `final_hidden` (attention_mask, position_ids, attention=
+            for packed rows [1, T] or the BD3LM layout, ...).
 
     Returns:
         float32 [B, L] log-probabilities (0 where targets < 0).

@@ -24,6 +24,7 @@ import torch
 
 from dllm_rollout.batch import RolloutBatch
 from dllm_rollout.config import SamplingConfig
+from dllm_rollout.fast import GraphedStep, StaticBlockCache, block_forward
 from dllm_rollout.masked import transfer_quota
 from dllm_rollout.record import Recorder
 from dllm_rollout.sampling import confidence, propose, select
@@ -100,10 +101,7 @@ def decode_blocks(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
     quota = transfer_quota(bl, cfg.steps)
     t = cfg.temperature if cfg.temperature > 0 else 1.0
     live = torch.ones(b, dtype=torch.bool, device=device)
-    cache: Any = None
-    if cfg.cache == "prefix" and r0 > 0:
-        cache = model(canvas[:, :r0], attention_mask=attn[:, :r0], position_ids=pos[:, :r0],
-                      use_cache=True).past_key_values
+    cached = _CachedBlocks(model, canvas, attn, pos, r0) if cfg.cache == "prefix" else None
     for start in range(r0, width, bl):
         end = start + bl
         step = 0
@@ -112,8 +110,10 @@ def decode_blocks(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
             active = still.any(-1)
             if not bool(active.any()):
                 break
-            logits = _block_logits(model, canvas, attn, pos, start, end, cache if cfg.cache else None,
-                                   cached=cfg.cache == "prefix")
+            if cached is not None:
+                logits = cached.logits(start, end)
+            else:
+                logits = _recompute_logits(model, canvas, attn, pos, start, end)
             x0, probs, logp = propose(logits, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
                                       generators=gens, active=active, mask_id=mask_id)
             conf = confidence("maskgit_plus", logits, probs, x0, gens, active)
@@ -121,16 +121,14 @@ def decode_blocks(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
             commit = select(conf, still, k, cfg.threshold) & active[:, None]
             ref_logp = None
             if ref_model is not None:
-                ref = _block_logits(ref_model, canvas, attn, pos, start, end, None, cached=False).float()
+                ref = _recompute_logits(ref_model, canvas, attn, pos, start, end).float()
                 ref_logp = torch.log_softmax(ref / t, dim=-1).gather(-1, x0[..., None]).squeeze(-1)
             before = canvas[:, r0:].clone() if cfg.record_steps else canvas[:, :0]
             canvas[:, start:end] = torch.where(commit, x0, canvas[:, start:end])
             rec.record(active, start - r0, commit, x0, logp, conf, before, ref_logp)
             step += 1
-        if cfg.cache == "prefix" and end < width:
-            new = model(canvas[:, start:end], attention_mask=attn[:, start:end], position_ids=pos[:, start:end],
-                        past_key_values=cache, use_cache=True).past_key_values
-            cache = new if cache is None else cache.cat(new)
+        if cached is not None and end < width:
+            cached.store(start, end)
         if cfg.stop_at_eos:
             region = canvas[:, r0:end]
             col = torch.arange(end - r0, device=device)[None]
@@ -142,17 +140,57 @@ def decode_blocks(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
     return _batch(prompt_ids, prompt_mask, region, offsets, seeds, cfg, rec, traits)
 
 
-def _block_logits(model: Any, canvas: torch.Tensor, attn: torch.Tensor, pos: torch.Tensor, start: int, end: int,
-                  cache: Any, *, cached: bool) -> torch.Tensor:
-    """[B, bl, V] logits of block [start, end): block against cache, or recompute [0, end)."""
-    if cached:
-        out = model(canvas[:, start:end], attention_mask=attn[:, start:end], position_ids=pos[:, start:end],
-                    past_key_values=cache)
-        block: torch.Tensor = out.logits
-        return block
-    out = model(canvas[:, :end], attention_mask=attn[:, :end], position_ids=pos[:, :end])
-    full: torch.Tensor = out.logits
-    return full[:, start:end]
+def _recompute_logits(model: Any, canvas: torch.Tensor, attn: torch.Tensor, pos: torch.Tensor, start: int,
+                      end: int) -> torch.Tensor:
+    """[B, bl, V] logits of block [start, end) by recomputing [0, end) (head on the block only)."""
+    out = block_forward(model, canvas[:, :end], start, end, attention_mask=attn[:, :end], position_ids=pos[:, :end])
+    logits: torch.Tensor = out.logits
+    return logits
+
+
+class _CachedBlocks:
+    """Block steps against an exact KV cache of the finished blocks (`cache="prefix"`).
+
+    The cache is a `StaticBlockCache` over the canvas, so every step has the same shapes and runs
+    as one CUDA graph (`GraphedStep`). Decode-region columns are always real tokens (rows are
+    padded by whole blocks before the region), so a step passes no attention mask of its own;
+    padding lives in the cache's key padding.
+    """
+
+    def __init__(self, model: Any, canvas: torch.Tensor, attn: torch.Tensor, pos: torch.Tensor, r0: int) -> None:
+        self.model, self.canvas, self.attn, self.pos = model, canvas, attn, pos
+        self.static: StaticBlockCache | None = None
+        self.step = GraphedStep(self._forward)
+        if r0 > 0:
+            # prompt blocks: keys/values only, the head runs on no column
+            out = block_forward(model, canvas[:, :r0], 0, 0, attention_mask=attn[:, :r0],
+                                position_ids=pos[:, :r0], use_cache=True)
+            self.static = StaticBlockCache(out.past_key_values, canvas.shape[0], canvas.shape[1])
+            self.static.store(0, out.past_key_values, attn[:, :r0])
+
+    def _forward(self, ids: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        assert self.static is not None
+        out = self.model(ids, position_ids=pos, past_key_values=self.static.cache, use_cache=True)
+        return out.logits, out.past_key_values
+
+    def _run(self, start: int, end: int) -> tuple[torch.Tensor, Any]:
+        ids, pos = self.canvas[:, start:end], self.pos[:, start:end]
+        if self.static is None:  # no finished block yet: nothing to attend to but the block
+            out = self.model(ids, attention_mask=self.attn[:, start:end], position_ids=pos, use_cache=True)
+            return out.logits, out.past_key_values
+        result: tuple[torch.Tensor, Any] = self.step(ids, pos)
+        return result
+
+    def logits(self, start: int, end: int) -> torch.Tensor:
+        """[B, bl, V] logits of block [start, end) (a graph buffer: read before the next call)."""
+        return self._run(start, end)[0]
+
+    def store(self, start: int, end: int) -> None:
+        """Cache the final keys/values of the finished block [start, end) (SDAR's "store" pass)."""
+        _, kv = self._run(start, end)
+        if self.static is None:
+            self.static = StaticBlockCache(kv, self.canvas.shape[0], self.canvas.shape[1])
+        self.static.store(start, kv, self.attn[:, start:end])
 
 
 def _batch(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, region: torch.Tensor, offsets: torch.Tensor,

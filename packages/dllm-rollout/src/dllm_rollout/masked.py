@@ -17,6 +17,7 @@ import torch
 
 from dllm_rollout.batch import RolloutBatch
 from dllm_rollout.config import LLADA_REMASKING, SamplingConfig
+from dllm_rollout.fast import block_forward, head_columns
 from dllm_rollout.record import Recorder
 from dllm_rollout.sampling import confidence, propose, row_uniform, sample_positions, select
 
@@ -61,18 +62,21 @@ class _BlockLogits:
         lo = start - self.shift
         if self.cfg.cache is None or step == 0 or self.past is None:
             use_cache = self.cfg.cache is not None
-            out = m(c, attention_mask=self.attn, position_ids=self.pos, use_cache=use_cache)
+            # the head runs on the block's columns only
+            out = block_forward(m, c, start, end, shift=self.shift, attention_mask=self.attn, position_ids=self.pos,
+                                use_cache=use_cache)
             if self.cfg.cache == "prefix":
                 self.past = out.past_key_values.slice(0, lo)
             elif self.cfg.cache == "dual":
                 self.past = out.past_key_values.slice(0, lo).cat(out.past_key_values.slice(end))
-            logits: torch.Tensor = shifted(out.logits, self.shift)
-            return logits[:, start:end]
+            logits: torch.Tensor = out.logits
+            return logits
         hi = c.shape[1] if self.cfg.cache == "prefix" else end
-        out = m(c[:, lo:hi], attention_mask=self.attn[:, lo:hi], position_ids=self.pos[:, lo:hi],
-                past_key_values=self.past)
+        with head_columns(m, torch.arange(end - start, device=c.device)):
+            out = m(c[:, lo:hi], attention_mask=self.attn[:, lo:hi], position_ids=self.pos[:, lo:hi],
+                    past_key_values=self.past)
         window: torch.Tensor = out.logits
-        return window[:, : end - start]
+        return window
 
 
 def _quota(cfg: SamplingConfig, still: torch.Tensor, step: int, spb: int, quota: list[int]) -> torch.Tensor:
@@ -151,7 +155,8 @@ def decode_masked(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
             commit &= active[:, None]
             ref_logp = None
             if ref_model is not None:
-                ref = full_logits(ref_model, canvas, attn, pos)[:, start:end].float()
+                ref = block_forward(ref_model, canvas, start, end, shift=int(ref_model.traits.logit_shift),
+                                    attention_mask=attn, position_ids=pos).logits.float()
                 ref_logp = torch.log_softmax(ref / t, dim=-1).gather(-1, x0[..., None]).squeeze(-1)
             before = canvas[:, p:].clone() if cfg.record_steps else canvas[:, :0]
             canvas[:, start:end] = torch.where(commit, x0, canvas[:, start:end])

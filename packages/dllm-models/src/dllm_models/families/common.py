@@ -48,12 +48,38 @@ def config_to_hf(cfg: Any, defaults: dict[str, Any], renames: dict[str, str] | N
     return out
 
 
+def positions_from_attention(attention: AttentionMask, batch: int, length: int, device: torch.device) -> torch.Tensor:
+    """Default position ids [B, L] of an explicit attention mask over L positions.
+
+    Packed rows (`cu_seqlens`) count from 0 in every sequence; in the BD3LM layout (`is_clean`)
+    the noisy and the clean copy of a sample each count from 0 (duplicated positions). Without
+    either, positions are 0..L-1 (key padding, when present, is only a visibility rule here).
+    """
+    idx = torch.arange(length, device=device)
+    seg = attention.segment_ids(device)
+    if seg is None and attention.is_clean is None:
+        return idx[None].expand(batch, -1)
+    # runs of constant (sequence, clean copy): a position counts from the start of its run
+    run = torch.zeros((batch, length), dtype=torch.long, device=device)
+    if seg is not None:
+        if seg.numel() < length:
+            raise ValueError(f"cu_seqlens cover {seg.numel()} positions, the input has {length}")
+        run = run + seg[-length:][None] * 2
+    if attention.is_clean is not None:
+        run = run + attention.is_clean[:, -length:].to(device=device, dtype=torch.long)
+    start = torch.ones((batch, length), dtype=torch.bool, device=device)
+    start[:, 1:] = run[:, 1:] != run[:, :-1]
+    first = torch.where(start, idx[None].expand(batch, -1), torch.zeros_like(run))
+    return idx[None] - first.cummax(dim=1).values
+
+
 def attention_inputs(
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor | None,
     position_ids: torch.Tensor | None,
     past_key_values: KVCache | None,
     block_length: int | None,
+    attention: AttentionMask | None = None,
 ) -> tuple[AttentionMask, torch.Tensor]:
     """The attention mask spec and position ids of a forward call.
 
@@ -61,16 +87,25 @@ def attention_inputs(
     position 0: block id = position_ids // block_length. Cached keys precede the current call, so
     they get the smallest block id of the row's queries: every query sees all cached keys.
 
+    An explicit `attention` replaces the mask built from `attention_mask`: packed rows
+    (`cu_seqlens`, B = 1), the BD3LM layout (`attention.bd3lm_mask`) or any other spec. When it
+    carries no `block_ids` and the family is block-causal, block ids are added from the
+    per-sequence positions (global grid of each packed sequence; sequences never see each other).
+
     Args:
         input_ids: [B, L].
         attention_mask: [B, L] 1/True on real tokens, or None.
-        position_ids: [B, L] or None (then counted from each row's first real token).
+        position_ids: [B, L] or None (then counted from each row's first real token, or from
+            each packed sequence's start with an explicit packed `attention`).
         past_key_values: cache of Lc earlier positions, or None.
         block_length: block size of block-causal attention; None for bidirectional.
+        attention: explicit mask over Lc + L keys, or None.
 
     Returns:
         (AttentionMask over Lc + L keys, position_ids [B, L]).
     """
+    if attention is not None:
+        return _explicit_inputs(input_ids, position_ids, past_key_values, block_length, attention)
     b, n = input_ids.shape
     device = input_ids.device
     key_padding = None
@@ -101,6 +136,42 @@ def attention_inputs(
             first = block_ids.min(dim=1, keepdim=True).values
             block_ids = torch.cat([first.expand(b, past_key_values.length), block_ids], dim=1)
     return AttentionMask(key_padding=key_padding, block_ids=block_ids), position_ids
+
+
+def _explicit_inputs(
+    input_ids: torch.Tensor,
+    position_ids: torch.Tensor | None,
+    past_key_values: KVCache | None,
+    block_length: int | None,
+    attention: AttentionMask,
+) -> tuple[AttentionMask, torch.Tensor]:
+    b, n = input_ids.shape
+    cached = past_key_values.length if past_key_values is not None else 0
+    if attention.cu_seqlens is not None:
+        if b != 1:
+            raise ValueError(f"packed input (attention.cu_seqlens) must have batch size 1, got {b}")
+        total = int(attention.cu_seqlens[-1])
+        if total != cached + n:
+            raise ValueError(
+                f"attention.cu_seqlens cover {total} positions, the call has {cached} cached + {n}"
+            )
+    if position_ids is None:
+        if cached:
+            raise ValueError("position_ids are required when past_key_values is given")
+        position_ids = positions_from_attention(attention, b, n, input_ids.device)
+    if block_length is None or attention.block_ids is not None:
+        return attention, position_ids
+    if cached:
+        raise ValueError(
+            "an explicit attention mask with a KV cache must carry block_ids for a block-causal "
+            "family (the cached keys' blocks are unknown)"
+        )
+    blocks = torch.div(position_ids, block_length, rounding_mode="floor")
+    mask = AttentionMask(
+        key_padding=attention.key_padding, block_ids=blocks,
+        cu_seqlens=attention.cu_seqlens, max_seqlen=attention.max_seqlen,
+    )
+    return mask, position_ids
 
 
 def run_layers(

@@ -12,17 +12,10 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 from dllm_models.attention import AttentionMask, attend
-from dllm_models.layers import (
-    FastEmbedding,
-    RMSNorm,
-    apply_rope,
-    positions_from_mask,
-    rope_cos_sin,
-    swiglu,
-)
+from dllm_models.families.common import attention_inputs, run_layers
+from dllm_models.layers import FastEmbedding, RMSNorm, apply_rope, rope_cos_sin, swiglu
 from dllm_models.protocol import DiffusionTraits, KVCache, ModelOutput
 
 MASK_TOKEN_ID = 126336
@@ -172,6 +165,48 @@ class LLaDAModel(nn.Module):
                     dev = generator.device if generator is not None else p.device
                     p.copy_(torch.randn(p.shape, generator=generator, dtype=torch.float32, device=dev) * std)
 
+    def get_output_embeddings(self) -> nn.Linear:
+        """The LM head `model.transformer.ff_out` ([V, H] weight)."""
+        return self.model.transformer.ff_out
+
+    def hidden_states(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        *,
+        past_key_values: KVCache | None = None,
+        use_cache: bool = False,
+        attention: AttentionMask | None = None,
+    ) -> tuple[torch.Tensor, KVCache | None]:
+        """(final hidden states [B, L, H] after `ln_f`, KVCache of this call or None)."""
+        t = self.model.transformer
+        mask, position_ids = attention_inputs(
+            input_ids, attention_mask, position_ids, past_key_values, None, attention
+        )
+        cos, sin = rope_cos_sin(position_ids, self.config.head_dim, self.config.rope_theta)
+        x = t.wte(input_ids)
+        x, cache = run_layers(
+            self, t.blocks, x, cos, sin, mask, past_key_values, use_cache, attention_mask
+        )
+        hidden: torch.Tensor = t.ln_f(x)
+        return hidden, cache
+
+    def final_hidden(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        *,
+        attention: AttentionMask | None = None,
+        past_key_values: KVCache | None = None,
+    ) -> torch.Tensor:
+        """Hidden states [B, L, H] after the final norm, before the LM head (see `forward`)."""
+        hidden, _ = self.hidden_states(
+            input_ids, attention_mask, position_ids, past_key_values=past_key_values, attention=attention
+        )
+        return hidden
+
     def forward(
         self,
         input_ids: torch.Tensor,
@@ -180,59 +215,27 @@ class LLaDAModel(nn.Module):
         *,
         past_key_values: KVCache | None = None,
         use_cache: bool = False,
+        attention: AttentionMask | None = None,
     ) -> ModelOutput:
-        """Bidirectional forward over a padded batch, optionally attending to a KV cache.
+        """Bidirectional forward over a padded or packed batch, optionally attending to a KV cache.
 
         Args:
             input_ids: [B, L] token ids.
             attention_mask: [B, L], 1/True for real tokens (keys with 0 are never attended).
                 With a cache, the cache's own `key_padding` covers the cached keys.
             position_ids: [B, L]; defaults to positions counted from each row's first real token
-                (required when a cache is given).
+                (from each sequence's start with a packed `attention`; required with a cache).
             past_key_values: cached keys/values the queries attend to in addition to their own.
             use_cache: return this call's keys/values as `past_key_values`.
+            attention: explicit mask replacing the one built from `attention_mask`, e.g. packed
+                rows `AttentionMask(cu_seqlens=..., max_seqlen=...)` on a [1, T] input.
 
         Returns:
             ModelOutput with logits [B, L, V] (model dtype) and, with use_cache, the KVCache of
             this call's positions (not including `past_key_values`).
         """
-        t = self.model.transformer
-        key_padding = None
-        if attention_mask is not None and not bool(attention_mask.bool().all()):
-            key_padding = attention_mask.bool()
-        if past_key_values is not None:
-            if position_ids is None:
-                raise ValueError("position_ids are required when past_key_values is given")
-            if key_padding is not None or past_key_values.key_padding is not None:
-                own = attention_mask.bool() if attention_mask is not None else torch.ones_like(input_ids, dtype=torch.bool)
-                cached = past_key_values.key_padding
-                if cached is None:
-                    cached = torch.ones((input_ids.shape[0], past_key_values.length), dtype=torch.bool, device=input_ids.device)
-                key_padding = torch.cat([cached, own], dim=1)
-        if position_ids is None:
-            if attention_mask is None:
-                position_ids = torch.arange(input_ids.shape[1], device=input_ids.device)[None]
-                position_ids = position_ids.expand(input_ids.shape[0], -1)
-            else:
-                position_ids = positions_from_mask(attention_mask)
-        cos, sin = rope_cos_sin(position_ids, self.config.head_dim, self.config.rope_theta)
-        mask = AttentionMask(key_padding=key_padding)
-        x = t.wte(input_ids)
-        keys: list[torch.Tensor] = []
-        values: list[torch.Tensor] = []
-        for i, block in enumerate(t.blocks):
-            past = None
-            if past_key_values is not None:
-                past = (past_key_values.keys[i], past_key_values.values[i])
-            if self.gradient_checkpointing and self.training:
-                x, kv = checkpoint(block, x, cos, sin, mask, self.attention_backend, past, use_reentrant=False)
-            else:
-                x, kv = block(x, cos, sin, mask, self.attention_backend, past)
-            if use_cache:
-                keys.append(kv[0])
-                values.append(kv[1])
-        cache = None
-        if use_cache:
-            own_padding = attention_mask.bool() if attention_mask is not None else None
-            cache = KVCache(keys, values, own_padding)
-        return ModelOutput(logits=t.ff_out(t.ln_f(x)), past_key_values=cache)
+        hidden, cache = self.hidden_states(
+            input_ids, attention_mask, position_ids,
+            past_key_values=past_key_values, use_cache=use_cache, attention=attention,
+        )
+        return ModelOutput(logits=self.model.transformer.ff_out(hidden), past_key_values=cache)

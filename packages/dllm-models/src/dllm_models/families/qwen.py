@@ -150,6 +150,47 @@ class QwenStyleLM(nn.Module):
         """Fresh normal(0, std) weights and unit norms (for random-weight builds and tests)."""
         reset_parameters(self, generator, std)
 
+    def get_output_embeddings(self) -> nn.Linear:
+        """The LM head ([V, H] weight)."""
+        return self.lm_head
+
+    def hidden_states(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        *,
+        past_key_values: KVCache | None = None,
+        use_cache: bool = False,
+        attention: AttentionMask | None = None,
+    ) -> tuple[torch.Tensor, KVCache | None]:
+        """(final hidden states [B, L, H] after the final norm, KVCache of this call or None)."""
+        mask, position_ids = attention_inputs(
+            input_ids, attention_mask, position_ids, past_key_values, self.block_length, attention
+        )
+        cos, sin = rope_cos_sin(position_ids, self.rotary_dim, self.rope_theta)
+        x = self.model.embed_tokens(input_ids)
+        x, cache = run_layers(
+            self, self.model.layers, x, cos, sin, mask, past_key_values, use_cache, attention_mask
+        )
+        hidden: torch.Tensor = self.model.norm(x)
+        return hidden, cache
+
+    def final_hidden(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        *,
+        attention: AttentionMask | None = None,
+        past_key_values: KVCache | None = None,
+    ) -> torch.Tensor:
+        """Hidden states [B, L, H] after the final norm, before the LM head (see `forward`)."""
+        hidden, _ = self.hidden_states(
+            input_ids, attention_mask, position_ids, past_key_values=past_key_values, attention=attention
+        )
+        return hidden
+
     def forward(
         self,
         input_ids: torch.Tensor,
@@ -158,8 +199,9 @@ class QwenStyleLM(nn.Module):
         *,
         past_key_values: KVCache | None = None,
         use_cache: bool = False,
+        attention: AttentionMask | None = None,
     ) -> ModelOutput:
-        """Forward over a padded batch, optionally attending to a KV cache.
+        """Forward over a padded or a packed batch, optionally attending to a KV cache.
 
         Attention is bidirectional, or block-causal on the grid position_ids // block_length
         when the family has a block length (cached keys always precede the current call).
@@ -169,20 +211,20 @@ class QwenStyleLM(nn.Module):
             attention_mask: [B, L], 1/True for real tokens (keys with 0 are never attended).
                 With a cache, the cache's own `key_padding` covers the cached keys.
             position_ids: [B, L]; defaults to positions counted from each row's first real token
-                (required when a cache is given).
+                (from each sequence's start with a packed `attention`; required with a cache).
             past_key_values: cached (post-RoPE) keys/values the queries attend to as well.
             use_cache: return this call's keys/values as `past_key_values`.
+            attention: explicit mask replacing the one built from `attention_mask`: packed rows
+                `AttentionMask(cu_seqlens=..., max_seqlen=...)` on a [1, T] input (block ids
+                added from the per-sequence positions for block families), the BD3LM layout
+                (`attention.bd3lm_mask`), or any other `AttentionMask` spec.
 
         Returns:
             ModelOutput with logits [B, L, V] (model dtype, unshifted) and, with use_cache, the
             KVCache of this call's positions (not including `past_key_values`).
         """
-        mask, position_ids = attention_inputs(
-            input_ids, attention_mask, position_ids, past_key_values, self.block_length
+        hidden, cache = self.hidden_states(
+            input_ids, attention_mask, position_ids,
+            past_key_values=past_key_values, use_cache=use_cache, attention=attention,
         )
-        cos, sin = rope_cos_sin(position_ids, self.rotary_dim, self.rope_theta)
-        x = self.model.embed_tokens(input_ids)
-        x, cache = run_layers(
-            self, self.model.layers, x, cos, sin, mask, past_key_values, use_cache, attention_mask
-        )
-        return ModelOutput(logits=self.lm_head(self.model.norm(x)), past_key_values=cache)
+        return ModelOutput(logits=self.lm_head(hidden), past_key_values=cache)
