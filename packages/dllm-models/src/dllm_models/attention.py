@@ -143,9 +143,12 @@ def _repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
 
 
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask) -> torch.Tensor:
+    dense = mask.dense(q.shape[2], k.shape[2], q.device)
+    if q.is_cuda and q.shape[1] != k.shape[1]:
+        # grouped heads natively: no [B, Hq, Lk, D] copies of the keys and values per call
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=dense, is_causal=False, enable_gqa=True)
     n_rep = q.shape[1] // k.shape[1]
     k, v = _repeat_kv(k, n_rep), _repeat_kv(v, n_rep)
-    dense = mask.dense(q.shape[2], k.shape[2], q.device)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=dense, is_causal=False)
 
 
