@@ -222,3 +222,15 @@ def test_flex_bd3lm_at_real_length_on_gpu() -> None:
     out = attend(q, k, v, mask, backend="flex")
     ref = attend(q, k, v, mask, backend="sdpa")
     torch.testing.assert_close(out, ref, rtol=2e-2, atol=2e-2)
+
+
+def test_attention_mask_survives_fsdp_input_casting() -> None:
+    # FSDP2's MixedPrecisionPolicy casts forward inputs with torch.distributed.utils._apply_to_tensors,
+    # which rebuilds dataclasses through dataclasses.replace: every field must be an init field
+    from torch.distributed.utils import _apply_to_tensors
+
+    mask = AttentionMask(key_padding=torch.ones(2, 5, dtype=torch.bool), block_ids=torch.zeros(2, 5, dtype=torch.long))
+    mask.cache["k"] = 1
+    cast = _apply_to_tensors(lambda t: t.clone(), mask)
+    assert isinstance(cast, AttentionMask) and torch.equal(cast.block_ids, mask.block_ids)
+    assert cast.cache == {"k": 1}

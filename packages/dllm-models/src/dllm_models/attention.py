@@ -51,10 +51,9 @@ class AttentionMask:
     cu_seqlens: torch.Tensor | None = None
     max_seqlen: int | None = None
     is_clean: torch.Tensor | None = None
-    # per-mask memo of derived structures (flex BlockMask, segment ids); shared by all layers
-    cache: dict[Any, Any] = field(
-        default_factory=dict, init=False, repr=False, compare=False, hash=False
-    )
+    # per-mask memo of derived structures (flex BlockMask, segment ids); shared by all layers.
+    # An init field, so FSDP2's input casting (dataclasses.replace over forward args) can copy it.
+    cache: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False, hash=False)
 
     def __post_init__(self) -> None:
         if self.is_clean is not None and self.block_ids is None:
