@@ -137,6 +137,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--attention", default="sdpa", help="attention backend (sdpa, flex, varlen)")
     parser.add_argument("--json", default=None)
+    parser.add_argument("--cpu-bf16", action="store_true", help="bf16 compute on CPU too (checks the mixed-precision path without a GPU)")
     args = parser.parse_args()
     cuda = torch.cuda.is_available() and not args.tiny
     dist.init_process_group("nccl" if cuda else "gloo")
@@ -156,7 +157,7 @@ def main() -> None:
     with torch.device("meta"):
         model = build_model(raw)
     model.attention_backend = args.attention
-    shard_model(model, param_dtype=torch.bfloat16 if cuda else None)
+    shard_model(model, param_dtype=torch.bfloat16 if (cuda or args.cpu_bf16) else None)
     model.to_empty(device=device)
     init_weights(model, seed=rank if cuda else 0)
     n_params = sum(p.numel() for p in model.parameters())

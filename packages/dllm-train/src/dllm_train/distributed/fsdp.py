@@ -79,7 +79,8 @@ def shard_model(model: nn.Module, *, param_dtype: torch.dtype | None = None,
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
     for block in transformer_blocks(model):
         fully_shard(block, mp_policy=mp, reshard_after_forward=reshard_after_forward)
-    fully_shard(model, mp_policy=mp, reshard_after_forward=reshard_after_forward)
+    # the root (embeddings, final norm, head) stays gathered: backward starts with the head
+    fully_shard(model, mp_policy=mp, reshard_after_forward=False)
     return model
 
 
