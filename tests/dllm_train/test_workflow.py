@@ -76,3 +76,18 @@ def test_resume_continues_exactly_like_an_uninterrupted_run(tmp_path: Path) -> N
     assert [r["step"] for r in resumed] == [1, 2, 3, 4, 5, 6]
     for x, y in zip(straight, resumed):
         assert x == y
+
+
+def test_consistency_metric_is_reported_and_exact_without_cache() -> None:
+    cfg = tiny_config("rollout.record_trajectory=true", "trainer.consistency_every=1")
+    wf, _ = tiny_workflow(cfg)
+    metrics = wf.step(0)
+    assert metrics["consistency_num_tokens"] > 0
+    assert metrics["consistency_max_abs_gap"] < 1e-4  # no cache: the replay is the same computation
+
+
+def test_consistency_without_trajectories_is_a_config_error() -> None:
+    import pytest
+
+    with pytest.raises(ValueError, match="rollout.record_trajectory=true"):
+        tiny_workflow(tiny_config("rollout.record_trajectory=false", "trainer.consistency_every=5"))

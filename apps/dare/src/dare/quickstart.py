@@ -118,7 +118,8 @@ def run_quickstart(cfg: RunConfig, output_dir: Path, *, progress: bool = True) -
     shutdown()
     save_model(model, output_dir / "model", tokenizer=tokenizer)
     records = read_metrics(output_dir / "metrics.jsonl")
-    plot_curves(records, ["reward_mean", "eval_accuracy", "loss", "response_length"], output_dir / "reward.png")
+    plot_curves(records, ["reward_mean", "eval_accuracy", "loss", "clip_frac", "ppo_kl", "consistency_max_abs_gap"],
+                output_dir / "reward.png")
     summary = {
         "eval_accuracy_before_rl": run.results["eval_accuracy_before_rl"],
         "eval_accuracy_after_rl": run.results["eval_accuracy_after_rl"],

@@ -29,10 +29,11 @@ def quickstart() -> RunConfig:
         sft_optim=OptimConfig(lr=1e-3, warmup_steps=50, grad_clip=1.0),
         rl=RLConfig(prompts_per_step=16, group_size=8),
         rl_optim=OptimConfig(lr=3e-5, grad_clip=1.0),
-        rollout=SamplingConfig(max_new_tokens=4, steps=4, block_length=4, temperature=1.0),
+        rollout=SamplingConfig(max_new_tokens=4, steps=4, block_length=4, temperature=1.0,
+                               record_trajectory=True),
         eval=EvalConfig(batch_size=250),
         trainer=TrainerConfig(max_steps=400, seed=0, eval_every=100, save_every=100, log_every=1,
-                              num_threads=1),
+                              num_threads=1, consistency_every=10),
     )
 
 

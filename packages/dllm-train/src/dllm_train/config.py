@@ -48,6 +48,9 @@ class TrainerConfig:
         backend: "local" (in-process) or "ray" (Ray actors with FSDP2, same worker code).
         num_workers: ranks of the Ray backend (one actor each).
         gpus_per_worker: 0 (CPU, gloo) or 1 (one GPU per rank, nccl) for the Ray backend.
+        consistency_every: every N RL steps, replay the rollout's trajectory without cache and
+            report the gap between rollout-side and recomputed log-probs (0: never; the rollout
+            must record trajectories, `rollout.record_trajectory=true`).
         num_threads: torch CPU threads of this process (0 keeps torch's default). Tiny models run
             fastest on one thread: OpenMP threads spin at every barrier, which costs more than the
             small matrix products gain, and collapses when another process shares the cores.
@@ -62,6 +65,7 @@ class TrainerConfig:
     num_workers: int = 2
     gpus_per_worker: int = 0
     num_threads: int = 0
+    consistency_every: int = 0
 
     def __post_init__(self) -> None:
         if self.max_steps < 0:
@@ -75,6 +79,8 @@ class TrainerConfig:
             raise ValueError(f"trainer.backend {self.backend!r} unknown; choose one of {BACKENDS}")
         if self.num_workers < 1:
             raise ValueError(f"trainer.num_workers must be >= 1, got {self.num_workers}")
+        if self.consistency_every < 0:
+            raise ValueError(f"trainer.consistency_every must be >= 0 (0: never), got {self.consistency_every}")
         if self.num_threads < 0:
             raise ValueError(f"trainer.num_threads must be >= 0 (0: torch's default), got {self.num_threads}")
         if self.gpus_per_worker not in (0, 1):

@@ -18,7 +18,7 @@ import torch
 from tqdm import tqdm
 
 from dllm_train.checkpointing import latest_checkpoint, load_checkpoint, save_checkpoint
-from dllm_rollout import SamplingConfig
+from dllm_rollout import SamplingConfig, consistency_gap
 from dllm_train.config import OptimConfig, RLConfig, TrainerConfig
 from dllm_train.dataflow import Experience, PromptBatch
 from dllm_train.metrics import MetricsWriter, format_line, read_metrics
@@ -139,6 +139,11 @@ class RLWorkflow:
                  reference: ReferenceWorker | None = None) -> None:
         if objective.needs_reference and reference is None:
             raise ValueError(f"algorithm {objective.name!r} needs a reference model; pass reference=")
+        if trainer.consistency_every and not rollout.sampling.record_trajectory:
+            raise ValueError(
+                f"trainer.consistency_every={trainer.consistency_every} needs recorded trajectories; "
+                "set rollout.record_trajectory=true (or trainer.consistency_every=0)"
+            )
         self.prompts = prompts
         self.rollout = rollout
         self.reward = reward
@@ -160,6 +165,10 @@ class RLWorkflow:
             exp.ref_logp = self.reference.log_probs(exp, self.objective)
         exp.advantages = self.objective.advantages(scores, groups)
         metrics = self.actor.update(exp)
+        every = self.trainer.consistency_every
+        if every and (step + 1) % every == 0:
+            gap = consistency_gap(self.rollout.model, rollout)
+            metrics.update({f"consistency_{k}": float(v) for k, v in gap.items()})
         lengths = rollout.response_mask.float().sum(-1)
         metrics.update({
             "reward_mean": float(scores.mean()),
