@@ -125,10 +125,25 @@ def _read_inputs(host_dir: str) -> dict[str, bytes]:
     return files
 
 
+def _under_tmp(dirs: list[str]) -> list[tuple[str, int]]:
+    """O_PATH handles on the outermost of `dirs` that live under /tmp (e.g. a venv in a clone
+    there), taken before the private tmpfs hides them."""
+    real = sorted({os.path.realpath(d) for d in dirs if os.path.realpath(d).startswith("/tmp/")})
+    outer = [d for d in real if not any(d.startswith(o + "/") for o in real if o != d)]
+    return [(d, os.open(d, os.O_PATH | os.O_DIRECTORY)) for d in outer if os.path.isdir(d)]
+
+
 def _private_tmp(cfg: dict[str, Any], files: dict[str, bytes], uid: int, gid: int) -> str:
     size = int(cfg["disk_mb"])
+    keep = _under_tmp(list(cfg.get("expose", [])))
     _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV,
            f"size={size}m,mode=0700,uid={uid},gid={gid}")
+    for path, fd in keep:
+        # the interpreter's own folders stay visible, read-only, at the same path
+        os.makedirs(path, 0o755, exist_ok=True)
+        _mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC, None)
+        _mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV, None)
+        os.close(fd)
     for extra in ("/dev/shm", "/var/tmp"):
         if os.path.isdir(extra):
             _mount("tmpfs", extra, "tmpfs", MS_NOSUID | MS_NODEV, "size=4k,mode=0755")
