@@ -98,6 +98,8 @@ def _expose(dirs: list[str], stage_root: str) -> None:
     """Re-expose ``dirs`` (the interpreter) hidden under untraversable ancestors (e.g. /root)."""
     plan: dict[str, list[str]] = {}
     for d in sorted({os.path.realpath(d) for d in dirs}):
+        if d.startswith("/tmp/"):
+            continue  # already bound into the private /tmp by _private_tmp
         blocked = _blocked_ancestor(d)
         if blocked is not None and not any(d.startswith(k + "/") for k in plan.get(blocked, [])):
             plan.setdefault(blocked, []).append(d)
