@@ -11,7 +11,7 @@ from torch.utils.checkpoint import checkpoint
 
 from dllm_models.attention import AttentionMask
 from dllm_models.layers import positions_from_mask
-from dllm_models.protocol import KVCache
+from dllm_models.protocol import KVCache, ModelOutput
 
 C = TypeVar("C")
 
@@ -224,3 +224,82 @@ def reset_parameters(module: nn.Module, generator: torch.Generator | None, std: 
         for _, buf in module.named_buffers():
             if buf.is_floating_point():
                 buf.zero_()
+
+
+class HeadedDiffusionLM(nn.Module):
+    """What every family shares on top of its own `hidden_states`: the output head.
+
+    Subclasses implement `hidden_states(...) -> (hidden [B, L, H], cache)` and
+    `get_output_embeddings()`; `final_hidden` and `forward` are defined once here, so the fused
+    log-prob path (`final_hidden` + the head's weight) and the logits path cannot drift apart.
+
+    Attributes:
+        logits_fp32: upcast logits to float32 (LLaDA2's release does).
+    """
+
+    logits_fp32: bool = False
+
+    def hidden_states(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        *,
+        past_key_values: KVCache | None = None,
+        use_cache: bool = False,
+        attention: AttentionMask | None = None,
+    ) -> tuple[torch.Tensor, KVCache | None]:
+        raise NotImplementedError
+
+    def get_output_embeddings(self) -> nn.Linear:
+        raise NotImplementedError
+
+    def final_hidden(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        *,
+        attention: AttentionMask | None = None,
+        past_key_values: KVCache | None = None,
+    ) -> torch.Tensor:
+        """Hidden states [B, L, H] after the final norm, before the LM head (see `forward`)."""
+        hidden, _ = self.hidden_states(
+            input_ids, attention_mask, position_ids, past_key_values=past_key_values, attention=attention
+        )
+        return hidden
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        *,
+        past_key_values: KVCache | None = None,
+        use_cache: bool = False,
+        attention: AttentionMask | None = None,
+    ) -> ModelOutput:
+        """Forward over a padded or packed batch, optionally attending to a KV cache.
+
+        Args:
+            input_ids: [B, L] token ids.
+            attention_mask: [B, L], 1/True for real tokens (keys with 0 are never attended).
+                With a cache, the cache's own `key_padding` covers the cached keys.
+            position_ids: [B, L]; defaults to positions counted from each row's first real token
+                (from each sequence's start with a packed `attention`; required with a cache).
+            past_key_values: cached keys/values the queries attend to in addition to their own.
+            use_cache: return this call's keys/values as `past_key_values`.
+            attention: explicit mask replacing the one built from `attention_mask`, e.g. packed
+                rows `AttentionMask(cu_seqlens=..., max_seqlen=...)` on a [1, T] input, or the
+                BD3LM [x_t ; x_0] layout of block families.
+
+        Returns:
+            ModelOutput with raw logits [B, L, V] (before any family-specific shift) and, with
+            use_cache, the KVCache of this call's positions (not including `past_key_values`).
+        """
+        hidden, cache = self.hidden_states(
+            input_ids, attention_mask, position_ids,
+            past_key_values=past_key_values, use_cache=use_cache, attention=attention,
+        )
+        logits = self.get_output_embeddings()(hidden)
+        return ModelOutput(logits=logits.float() if self.logits_fp32 else logits, past_key_values=cache)

@@ -14,9 +14,9 @@ import torch
 from torch import nn
 
 from dllm_models.attention import AttentionMask, attend
-from dllm_models.families.common import attention_inputs, run_layers
+from dllm_models.families.common import HeadedDiffusionLM, attention_inputs, run_layers
 from dllm_models.layers import FastEmbedding, RMSNorm, apply_rope, rope_cos_sin, swiglu
-from dllm_models.protocol import DiffusionTraits, KVCache, ModelOutput
+from dllm_models.protocol import DiffusionTraits, KVCache
 
 MASK_TOKEN_ID = 126336
 EOS_TOKEN_ID = 126081
@@ -139,7 +139,7 @@ class _Inner(nn.Module):
         self.transformer = _Transformer(cfg)
 
 
-class LLaDAModel(nn.Module):
+class LLaDAModel(HeadedDiffusionLM):
     """LLaDA masked-diffusion LM; `forward` returns raw logits [B, L, V]."""
 
     def __init__(self, cfg: LLaDAConfig) -> None:
@@ -191,51 +191,3 @@ class LLaDAModel(nn.Module):
         )
         hidden: torch.Tensor = t.ln_f(x)
         return hidden, cache
-
-    def final_hidden(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        position_ids: torch.Tensor | None = None,
-        *,
-        attention: AttentionMask | None = None,
-        past_key_values: KVCache | None = None,
-    ) -> torch.Tensor:
-        """Hidden states [B, L, H] after the final norm, before the LM head (see `forward`)."""
-        hidden, _ = self.hidden_states(
-            input_ids, attention_mask, position_ids, past_key_values=past_key_values, attention=attention
-        )
-        return hidden
-
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        position_ids: torch.Tensor | None = None,
-        *,
-        past_key_values: KVCache | None = None,
-        use_cache: bool = False,
-        attention: AttentionMask | None = None,
-    ) -> ModelOutput:
-        """Bidirectional forward over a padded or packed batch, optionally attending to a KV cache.
-
-        Args:
-            input_ids: [B, L] token ids.
-            attention_mask: [B, L], 1/True for real tokens (keys with 0 are never attended).
-                With a cache, the cache's own `key_padding` covers the cached keys.
-            position_ids: [B, L]; defaults to positions counted from each row's first real token
-                (from each sequence's start with a packed `attention`; required with a cache).
-            past_key_values: cached keys/values the queries attend to in addition to their own.
-            use_cache: return this call's keys/values as `past_key_values`.
-            attention: explicit mask replacing the one built from `attention_mask`, e.g. packed
-                rows `AttentionMask(cu_seqlens=..., max_seqlen=...)` on a [1, T] input.
-
-        Returns:
-            ModelOutput with logits [B, L, V] (model dtype) and, with use_cache, the KVCache of
-            this call's positions (not including `past_key_values`).
-        """
-        hidden, cache = self.hidden_states(
-            input_ids, attention_mask, position_ids,
-            past_key_values=past_key_values, use_cache=use_cache, attention=attention,
-        )
-        return ModelOutput(logits=self.model.transformer.ff_out(hidden), past_key_values=cache)

@@ -18,6 +18,7 @@ from torch import nn
 
 from dllm_models.attention import AttentionMask, attend
 from dllm_models.families.common import (
+    HeadedDiffusionLM,
     attention_inputs,
     config_from_hf,
     config_to_hf,
@@ -26,7 +27,7 @@ from dllm_models.families.common import (
 )
 from dllm_models.families.moe import MLP, GroupLimitedSigmoidRouter, SparseMoE
 from dllm_models.layers import FastEmbedding, RMSNorm, apply_rope, rope_cos_sin
-from dllm_models.protocol import DiffusionTraits, KVCache, ModelOutput
+from dllm_models.protocol import DiffusionTraits, KVCache
 
 MASK_TOKEN_ID = 156895
 EOS_TOKEN_ID = 156892
@@ -192,8 +193,10 @@ class _Body(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
-class LLaDA2Model(nn.Module):
+class LLaDA2Model(HeadedDiffusionLM):
     """LLaDA2.x block-diffusion LM; `forward` returns fp32 logits [B, L, V] (no shift)."""
+
+    logits_fp32 = True
 
     def __init__(self, cfg: LLaDA2Config) -> None:
         super().__init__()
@@ -240,52 +243,3 @@ class LLaDA2Model(nn.Module):
         )
         hidden: torch.Tensor = self.model.norm(x)
         return hidden, cache
-
-    def final_hidden(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        position_ids: torch.Tensor | None = None,
-        *,
-        attention: AttentionMask | None = None,
-        past_key_values: KVCache | None = None,
-    ) -> torch.Tensor:
-        """Hidden states [B, L, H] after the final norm, before the LM head (see `forward`)."""
-        hidden, _ = self.hidden_states(
-            input_ids, attention_mask, position_ids, past_key_values=past_key_values, attention=attention
-        )
-        return hidden
-
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        position_ids: torch.Tensor | None = None,
-        *,
-        past_key_values: KVCache | None = None,
-        use_cache: bool = False,
-        attention: AttentionMask | None = None,
-    ) -> ModelOutput:
-        """Block-causal forward (grid position_ids // block_length) over a padded or packed batch.
-
-        Args:
-            input_ids: [B, L] token ids.
-            attention_mask: [B, L], 1/True for real tokens (keys with 0 are never attended).
-                With a cache, the cache's own `key_padding` covers the cached keys.
-            position_ids: [B, L]; defaults to positions counted from each row's first real token
-                (from each sequence's start with a packed `attention`; required with a cache).
-            past_key_values: cached (post-RoPE) keys/values of earlier blocks.
-            use_cache: return this call's keys/values as `past_key_values`.
-            attention: explicit mask replacing the one built from `attention_mask`: packed rows
-                `AttentionMask(cu_seqlens=..., max_seqlen=...)` on a [1, T] input (block ids from
-                the per-sequence positions), the BD3LM layout (`attention.bd3lm_mask`), ...
-
-        Returns:
-            ModelOutput with float32 logits [B, L, V] and, with use_cache, the KVCache of this
-            call's positions (not including `past_key_values`).
-        """
-        hidden, cache = self.hidden_states(
-            input_ids, attention_mask, position_ids,
-            past_key_values=past_key_values, use_cache=use_cache, attention=attention,
-        )
-        return ModelOutput(logits=self.lm_head(hidden).float(), past_key_values=cache)

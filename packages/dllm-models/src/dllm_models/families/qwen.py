@@ -14,9 +14,9 @@ import torch
 from torch import nn
 
 from dllm_models.attention import AttentionMask, attend
-from dllm_models.families.common import attention_inputs, reset_parameters, run_layers
+from dllm_models.families.common import HeadedDiffusionLM, attention_inputs, reset_parameters, run_layers
 from dllm_models.layers import FastEmbedding, RMSNorm, apply_rope, rope_cos_sin
-from dllm_models.protocol import DiffusionTraits, KVCache, ModelOutput
+from dllm_models.protocol import DiffusionTraits, KVCache
 
 
 class QwenAttention(nn.Module):
@@ -111,7 +111,7 @@ class QwenBody(nn.Module):
         self.norm = RMSNorm(hidden, eps, scale_in_fp32=scale_in_fp32)
 
 
-class QwenStyleLM(nn.Module):
+class QwenStyleLM(HeadedDiffusionLM):
     """Qwen-layout diffusion LM; subclasses build `self.model`, `self.lm_head` and `self.traits`.
 
     Attributes:
@@ -175,56 +175,3 @@ class QwenStyleLM(nn.Module):
         )
         hidden: torch.Tensor = self.model.norm(x)
         return hidden, cache
-
-    def final_hidden(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        position_ids: torch.Tensor | None = None,
-        *,
-        attention: AttentionMask | None = None,
-        past_key_values: KVCache | None = None,
-    ) -> torch.Tensor:
-        """Hidden states [B, L, H] after the final norm, before the LM head (see `forward`)."""
-        hidden, _ = self.hidden_states(
-            input_ids, attention_mask, position_ids, past_key_values=past_key_values, attention=attention
-        )
-        return hidden
-
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        position_ids: torch.Tensor | None = None,
-        *,
-        past_key_values: KVCache | None = None,
-        use_cache: bool = False,
-        attention: AttentionMask | None = None,
-    ) -> ModelOutput:
-        """Forward over a padded or a packed batch, optionally attending to a KV cache.
-
-        Attention is bidirectional, or block-causal on the grid position_ids // block_length
-        when the family has a block length (cached keys always precede the current call).
-
-        Args:
-            input_ids: [B, L] token ids.
-            attention_mask: [B, L], 1/True for real tokens (keys with 0 are never attended).
-                With a cache, the cache's own `key_padding` covers the cached keys.
-            position_ids: [B, L]; defaults to positions counted from each row's first real token
-                (from each sequence's start with a packed `attention`; required with a cache).
-            past_key_values: cached (post-RoPE) keys/values the queries attend to as well.
-            use_cache: return this call's keys/values as `past_key_values`.
-            attention: explicit mask replacing the one built from `attention_mask`: packed rows
-                `AttentionMask(cu_seqlens=..., max_seqlen=...)` on a [1, T] input (block ids
-                added from the per-sequence positions for block families), the BD3LM layout
-                (`attention.bd3lm_mask`), or any other `AttentionMask` spec.
-
-        Returns:
-            ModelOutput with logits [B, L, V] (model dtype, unshifted) and, with use_cache, the
-            KVCache of this call's positions (not including `past_key_values`).
-        """
-        hidden, cache = self.hidden_states(
-            input_ids, attention_mask, position_ids,
-            past_key_values=past_key_values, use_cache=use_cache, attention=attention,
-        )
-        return ModelOutput(logits=self.lm_head(hidden), past_key_values=cache)
