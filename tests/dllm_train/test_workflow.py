@@ -80,10 +80,15 @@ def test_resume_continues_exactly_like_an_uninterrupted_run(tmp_path: Path) -> N
 
 def test_consistency_metric_is_reported_and_exact_without_cache() -> None:
     cfg = tiny_config("rollout.record_trajectory=true", "trainer.consistency_every=1")
-    wf, _ = tiny_workflow(cfg)
-    metrics = wf.step(0)
-    assert metrics["consistency_num_tokens"] > 0
-    assert metrics["consistency_max_abs_gap"] < 1e-4  # no cache: the replay is the same computation
+    wf, model = tiny_workflow(cfg)
+    wf.reward.reward_fn = lambda text, answer: sum(a == b for a, b in zip(text, answer)) / len(answer)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    for step in range(3):
+        metrics = wf.step(step)
+        assert metrics["consistency_num_tokens"] > 0
+        # no cache: the replay is the same computation as the rollout, with the same weights
+        assert metrics["consistency_max_abs_gap"] < 1e-4
+    assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())  # updates happened
 
 
 def test_consistency_without_trajectories_is_a_config_error() -> None:

@@ -164,11 +164,13 @@ class RLWorkflow:
         if self.reference is not None:
             exp.ref_logp = self.reference.log_probs(exp, self.objective)
         exp.advantages = self.objective.advantages(scores, groups)
-        metrics = self.actor.update(exp)
+        gap: dict[str, float] = {}
         every = self.trainer.consistency_every
         if every and (step + 1) % every == 0:
-            gap = consistency_gap(self.rollout.model, rollout)
-            metrics.update({f"consistency_{k}": float(v) for k, v in gap.items()})
+            # the trainer's replay of the rollout, with the weights that generated it (before the update)
+            gap = {f"consistency_{k}": float(v) for k, v in consistency_gap(self.actor.model, rollout).items()}
+        metrics = self.actor.update(exp)
+        metrics.update(gap)
         lengths = rollout.response_mask.float().sum(-1)
         metrics.update({
             "reward_mean": float(scores.mean()),
