@@ -96,3 +96,11 @@ def test_consistency_without_trajectories_is_a_config_error() -> None:
 
     with pytest.raises(ValueError, match="rollout.record_trajectory=true"):
         tiny_workflow(tiny_config("rollout.record_trajectory=false", "trainer.consistency_every=5"))
+
+
+def test_tensorboard_events_are_written(tmp_path: Path) -> None:
+    wf, model = tiny_workflow(tiny_config())
+    run = Run(tmp_path, model, progress=False, tensorboard=True)
+    run.run_phase(PhaseSpec(order=0, name="rl", steps=2, step_fn=wf.step, owner=wf.actor))
+    events = list((tmp_path / "tensorboard" / "rl").glob("events.out.tfevents.*"))
+    assert events and events[0].stat().st_size > 0

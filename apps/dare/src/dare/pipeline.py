@@ -119,7 +119,8 @@ def run_rl_recipe(cfg: RecipeRunConfig, output_dir: Path, *, progress: bool = Tr
         r = cfg.rollout
         validate = benchmark_validator(model, tokenizer, evals, decoding={
             "max_new_tokens": r.max_new_tokens, "steps": r.steps, "block_length": r.block_length})
-    run = Run(output_dir, model, tokenizer=tokenizer, log_every=cfg.trainer.log_every, progress=progress)
+    run = Run(output_dir, model, tokenizer=tokenizer, log_every=cfg.trainer.log_every, progress=progress,
+              tensorboard=cfg.trainer.tensorboard)
     run.run_phase(PhaseSpec(
         order=0, name="rl", steps=cfg.trainer.max_steps, step_fn=workflow.step, owner=workflow.actor,
         eval_fn=validate, eval_every=cfg.trainer.eval_every, save_every=cfg.trainer.save_every,

@@ -88,7 +88,8 @@ def run_quickstart(cfg: RunConfig, output_dir: Path, *, progress: bool = True) -
     task = AdditionTask(cfg.task, tokenizer)
     model = build_tiny_model(cfg, tokenizer)
     seed = cfg.trainer.seed
-    run = Run(output_dir, model, tokenizer=tokenizer, log_every=cfg.trainer.log_every, progress=progress)
+    run = Run(output_dir, model, tokenizer=tokenizer, log_every=cfg.trainer.log_every, progress=progress,
+              tensorboard=cfg.trainer.tensorboard)
 
     def evaluate() -> dict[str, float]:
         return {"eval_accuracy": evaluate_accuracy(model, task, cfg)}

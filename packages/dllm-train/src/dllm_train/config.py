@@ -51,6 +51,7 @@ class TrainerConfig:
         consistency_every: every N RL steps, replay the rollout's trajectory without cache and
             report the gap between rollout-side and recomputed log-probs (0: never; the rollout
             must record trajectories, `rollout.record_trajectory=true`).
+        tensorboard: also write every metric to TensorBoard under `<output>/tensorboard/<phase>`.
         num_threads: torch CPU threads of this process (0 keeps torch's default). Tiny models run
             fastest on one thread: OpenMP threads spin at every barrier, which costs more than the
             small matrix products gain, and collapses when another process shares the cores.
@@ -66,6 +67,7 @@ class TrainerConfig:
     gpus_per_worker: int = 0
     num_threads: int = 0
     consistency_every: int = 0
+    tensorboard: bool = False
 
     def __post_init__(self) -> None:
         if self.max_steps < 0:

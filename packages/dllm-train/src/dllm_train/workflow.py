@@ -70,8 +70,9 @@ class Run:
     """Drives phases with checkpoints; resumes from the latest checkpoint in `output_dir`."""
 
     def __init__(self, output_dir: Path, model: Any, *, tokenizer: Any = None, log_every: int = 1,
-                 progress: bool = True) -> None:
+                 progress: bool = True, tensorboard: bool = False) -> None:
         self.output_dir = output_dir
+        self.tensorboard = tensorboard
         self.model = model
         self.tokenizer = tokenizer
         self.log_every = log_every
@@ -101,7 +102,8 @@ class Run:
         if start is None:
             logger.info("phase %s already complete; skipping", spec.name)
             return
-        writer = MetricsWriter(self.output_dir / spec.metrics_file, resume_step=start)
+        tb_dir = self.output_dir / "tensorboard" / spec.name if self.tensorboard else None
+        writer = MetricsWriter(self.output_dir / spec.metrics_file, resume_step=start, tensorboard_dir=tb_dir)
         bar = tqdm(total=spec.steps, initial=start, desc=spec.name, disable=not self.progress,
                    dynamic_ncols=True, leave=False)
         try:
