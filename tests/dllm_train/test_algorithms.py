@@ -77,32 +77,37 @@ def test_on_policy_values_equal_old_values(name: str, family: str) -> None:
     assert torch.allclose(now, old, atol=1e-5)
 
 
-def _held_out_reward(model: torch.nn.Module, steps: int = 2) -> float:
-    from tests.dllm_train.algo_helpers import TASK, partial_reward
-    from dllm_rollout import generate
+@pytest.fixture(scope="module")
+def learning_bench() -> object:
+    """benchmarks/algorithm_learning.py as a module (the warm start and the RL runs live there)."""
+    import importlib.util
+    from pathlib import Path
 
-    pairs = TASK.eval_pairs[:20]
-    out = generate(model, [TASK.encode(TASK.prompt(a, b)) for a, b in pairs], max_new_tokens=4, steps=4,
-                   block_length=4, temperature=0.0, seed=0)
-    texts = [TASK.tokenizer.decode(r) for r in out.response_ids.tolist()]
-    return sum(partial_reward(t, TASK.answer(a, b)) for t, (a, b) in zip(texts, pairs)) / len(pairs)
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "algorithm_learning.py"
+    spec = importlib.util.spec_from_file_location("algorithm_learning", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def warm_start(learning_bench: object) -> tuple[object, ...]:
+    return learning_bench.warm_start()  # type: ignore[attr-defined,no-any-return]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(n for n in ALGORITHMS if "llada" in ALGORITHMS[n].families))
-def test_rl_raises_held_out_reward_after_brief_sft(name: str) -> None:
-    from dare.algorithms import SFT
-    from dllm_train import OptimConfig, derive_seed
-    from tests.dllm_train.algo_helpers import TASK
+def test_rl_raises_held_out_accuracy_from_the_quick_start_warm_start(
+    name: str, learning_bench: object, warm_start: tuple[object, ...]
+) -> None:
+    # measured 2026-11-29: every algorithm goes from 41.0 % to 79-86 % in 60 steps
+    before, after, _, _ = learning_bench.learning_run(name, warm_start, steps=60)  # type: ignore[attr-defined]
+    assert after >= before + 0.2
 
-    torch.manual_seed(0)
-    model = tiny_model("llada")
-    sft = SFT().worker(model, lambda s: TASK.sft_batch(32, derive_seed(0, "sft", s)), OptimConfig(lr=3e-3),
-                       steps=60, batch_size=32, seed=0)
-    for s in range(60):
-        sft.step(s)
-    start = _held_out_reward(model)
-    wf = workflow(model, name, algorithm=fast(name), sampling=SAMPLING.get(name), lr=3e-4, prompts_per_step=4)
-    for step in range(30):
-        wf.step(step)
-    assert _held_out_reward(model) > start
+
+@pytest.mark.slow
+def test_a_reward_without_signal_does_not_raise_accuracy(learning_bench: object, warm_start: tuple[object, ...]) -> None:
+    # the control: the same updates with a coin-flip reward (measured: 41.0 % -> 14.8 %)
+    before, after, _, _ = learning_bench.learning_run("d1", warm_start, steps=60, control=True)  # type: ignore[attr-defined]
+    assert after < before
