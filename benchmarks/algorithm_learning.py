@@ -37,8 +37,13 @@ def _coin_flip(text: str, answer: str) -> float:
 
 
 def warm_start(lr: float = 3e-5) -> tuple[Any, ...]:
-    """(cfg, tokenizer, task, model after the quick start's SFT phase, its held-out accuracy)."""
+    """(cfg, tokenizer, task, model after the quick start's SFT phase, its held-out accuracy).
+
+    Runs on one torch thread, like the quick start (`trainer.num_threads=1`): the SFT trajectory,
+    hence the warm start's accuracy, depends on the reduction order of the thread count.
+    """
     cfg = apply_overrides(quickstart(), [f"rl_optim.lr={lr}"])
+    torch.set_num_threads(cfg.trainer.num_threads)
     tok = build_tokenizer()
     task = AdditionTask(cfg.task, tok)
     model = build_tiny_model(cfg, tok)

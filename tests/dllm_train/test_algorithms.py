@@ -4,6 +4,7 @@ zero gradient, the ratio is exactly 1 on-policy; slow learning tests on the addi
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -92,8 +93,10 @@ def learning_bench() -> object:
 
 
 @pytest.fixture(scope="module")
-def warm_start(learning_bench: object) -> tuple[object, ...]:
-    return learning_bench.warm_start()  # type: ignore[attr-defined,no-any-return]
+def warm_start(learning_bench: object) -> Iterator[tuple[object, ...]]:
+    threads = torch.get_num_threads()  # the benchmark pins one thread, like the quick start
+    yield learning_bench.warm_start()  # type: ignore[attr-defined]
+    torch.set_num_threads(threads)
 
 
 @pytest.mark.slow
