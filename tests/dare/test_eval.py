@@ -46,3 +46,19 @@ def test_eval_writes_table_manifest_and_is_batch_invariant(tiny_checkpoint: Path
         rows_a = [json.loads(x) for x in (tmp_path / "a" / bench / "samples.jsonl").read_text().splitlines()]
         rows_b = [json.loads(x) for x in (tmp_path / "b" / bench / "samples.jsonl").read_text().splitlines()]
         assert [r["response"] for r in rows_a] == [r["response"] for r in rows_b]
+
+
+def test_presets_side_by_side(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "apps" / "dare"), "eval", str(tiny_checkpoint), "--benchmarks", "gsm8k",
+         "--preset", "dare_local,d1", "--limit", "2", "--max-new-tokens", "8", "--steps", "8",
+         "--block-length", "8", "--output-dir", str(tmp_path)],
+        capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert out.returncode == 0, out.stderr
+    table = (tmp_path / "results.md").read_text()
+    assert "dare_local" in table and "d1" in table
+    prompts = {}
+    for preset in ("dare_local", "d1"):
+        manifest = json.loads((tmp_path / preset / "gsm8k" / "manifest.json").read_text())
+        prompts[preset] = json.dumps(manifest, sort_keys=True)
+    assert prompts["dare_local"] != prompts["d1"]  # different protocols, recorded as such

@@ -17,7 +17,8 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p = sub.add_parser("eval", help="evaluate a checkpoint on benchmarks")
     p.add_argument("checkpoint", help="checkpoint folder (config.json, safetensors, tokenizer files)")
     p.add_argument("--benchmarks", default="gsm8k", help="comma-separated names (see dllm_eval.BENCHMARKS)")
-    p.add_argument("--preset", default="dare_local", help="protocol preset (see dllm_eval.PRESETS)")
+    p.add_argument("--preset", default="dare_local",
+                   help="protocol preset(s), comma-separated to compare protocols side by side (see dllm_eval.PRESETS)")
     p.add_argument("--harness", default="native", choices=("native", "opencompass"))
     p.add_argument("--limit", type=int, default=None, help="first N rows of each benchmark")
     p.add_argument("--batch-size", type=int, default=8)
@@ -34,18 +35,21 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[ty
 def run_eval(args: argparse.Namespace) -> int:
     out = Path(args.output_dir) if args.output_dir else Path("runs") / f"eval-{time.strftime('%Y%m%d-%H%M%S')}"
     names = [b.strip() for b in args.benchmarks.split(",") if b.strip()]
+    presets = [p.strip() for p in args.preset.split(",") if p.strip()]
     if args.harness == "opencompass":
         from dllm_eval.opencompass.driver import run_opencompass
 
-        return run_opencompass(args.checkpoint, names, preset=args.preset, limit=args.limit, output_dir=out)
+        return max(run_opencompass(args.checkpoint, names, preset=p, limit=args.limit,
+                                   output_dir=out if len(presets) == 1 else out / p)
+                   for p in presets)
     from dllm_eval import get_benchmark, get_preset, render_table, run_benchmark
     from dllm_models import load_model, load_tokenizer
 
     model = load_model(args.checkpoint, dtype=args.dtype, device=args.device)
     tokenizer = load_tokenizer(args.checkpoint)
-    preset = get_preset(args.preset)
     results = []
-    for name in names:
+    for preset_name, name in [(p, n) for p in presets for n in names]:
+        preset = get_preset(preset_name)
         bench = get_benchmark(name)
         decoding = bench.decoding(preset)
         overrides = {k: v for k, v in (("max_new_tokens", args.max_new_tokens), ("steps", args.steps),
@@ -53,8 +57,9 @@ def run_eval(args: argparse.Namespace) -> int:
         if overrides:
             decoding = dataclasses.replace(decoding, **overrides)
         t0 = time.perf_counter()
+        sub = out / name if len(presets) == 1 else out / preset_name / name
         result = run_benchmark(model, tokenizer, bench, preset=preset, batch_size=args.batch_size,
-                               limit=args.limit, seed=args.seed, output_dir=out / name, decoding=decoding)
+                               limit=args.limit, seed=args.seed, output_dir=sub, decoding=decoding)
         logger.info("%s: %d samples in %.1f s", name, len(result.samples), time.perf_counter() - t0)
         results.append(result)
     table = render_table(results)
