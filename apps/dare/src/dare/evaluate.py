@@ -39,9 +39,7 @@ def run_eval(args: argparse.Namespace) -> int:
     if args.harness == "opencompass":
         from dllm_eval.opencompass.driver import run_opencompass
 
-        return max(run_opencompass(args.checkpoint, names, preset=p, limit=args.limit,
-                                   output_dir=out if len(presets) == 1 else out / p)
-                   for p in presets)
+        return run_opencompass(args.checkpoint, names, preset=presets, limit=args.limit, output_dir=out)
     from dllm_eval import get_benchmark, get_preset, render_table, run_benchmark
     from dllm_models import load_model, load_tokenizer
 
