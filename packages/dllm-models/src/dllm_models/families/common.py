@@ -216,7 +216,7 @@ def reset_parameters(module: nn.Module, generator: torch.Generator | None, std: 
     """Normal(0, std) weights and biases, unit norm scales, zero buffers (e.g. `expert_bias`)."""
     with torch.no_grad():
         for name, p in module.named_parameters():
-            if name.endswith("norm.weight"):
+            if name.endswith(("norm.weight", "ln_f.weight")):
                 p.fill_(1.0)
             else:
                 dev = generator.device if generator is not None else p.device
@@ -253,6 +253,10 @@ class HeadedDiffusionLM(nn.Module):
 
     def get_output_embeddings(self) -> nn.Linear:
         raise NotImplementedError
+
+    def reset_parameters(self, generator: torch.Generator | None = None, std: float = 0.02) -> None:
+        """Fresh normal(0, std) weights, unit norms, zero float buffers (random-weight builds, tests)."""
+        reset_parameters(self, generator, std)
 
     def final_hidden(
         self,

@@ -155,16 +155,6 @@ class LLaDAModel(HeadedDiffusionLM):
         self.attention_backend = "sdpa"
         self.gradient_checkpointing = False
 
-    def reset_parameters(self, generator: torch.Generator | None = None, std: float = 0.02) -> None:
-        """Fresh normal(0, std) weights and unit norms (for random-weight builds and tests)."""
-        for name, p in self.named_parameters():
-            with torch.no_grad():
-                if name.endswith("norm.weight") or name.endswith("ln_f.weight"):
-                    p.fill_(1.0)
-                else:
-                    dev = generator.device if generator is not None else p.device
-                    p.copy_(torch.randn(p.shape, generator=generator, dtype=torch.float32, device=dev) * std)
-
     def get_output_embeddings(self) -> nn.Linear:
         """The LM head `model.transformer.ff_out` ([V, H] weight)."""
         return self.model.transformer.ff_out

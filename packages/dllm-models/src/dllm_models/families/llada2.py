@@ -22,7 +22,6 @@ from dllm_models.families.common import (
     attention_inputs,
     config_from_hf,
     config_to_hf,
-    reset_parameters,
     run_layers,
 )
 from dllm_models.families.moe import MLP, GroupLimitedSigmoidRouter, SparseMoE
@@ -212,10 +211,6 @@ class LLaDA2Model(HeadedDiffusionLM):
         )
         self.attention_backend = "sdpa"
         self.gradient_checkpointing = False
-
-    def reset_parameters(self, generator: torch.Generator | None = None, std: float = 0.02) -> None:
-        """Fresh normal(0, std) weights, unit norms and zero `expert_bias`."""
-        reset_parameters(self, generator, std)
 
     def get_output_embeddings(self) -> nn.Linear:
         """The LM head ([V, H] weight)."""

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from dllm_models.attention import AttentionMask, attend
-from dllm_models.families.common import HeadedDiffusionLM, attention_inputs, reset_parameters, run_layers
+from dllm_models.families.common import HeadedDiffusionLM, attention_inputs, run_layers
 from dllm_models.layers import FastEmbedding, RMSNorm, apply_rope, rope_cos_sin
 from dllm_models.protocol import DiffusionTraits, KVCache
 
@@ -145,10 +145,6 @@ class QwenStyleLM(HeadedDiffusionLM):
         layers = [make_layer(i) for i in range(n_layers)]
         self.model = QwenBody(vocab, hidden, layers, eps, scale_in_fp32)
         self.lm_head = nn.Linear(hidden, vocab, bias=False)
-
-    def reset_parameters(self, generator: torch.Generator | None = None, std: float = 0.02) -> None:
-        """Fresh normal(0, std) weights and unit norms (for random-weight builds and tests)."""
-        reset_parameters(self, generator, std)
 
     def get_output_embeddings(self) -> nn.Linear:
         """The LM head ([V, H] weight)."""
