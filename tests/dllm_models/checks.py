@@ -89,6 +89,49 @@ def check_kv_cache_block_causal(model: nn.Module, block: int) -> None:
     torch.testing.assert_close(cur, full_p[:, cut:], rtol=1e-5, atol=1e-5)
 
 
+def check_in_place_cache(model: nn.Module, block: int | None) -> None:
+    """A canvas-wide cache written in place (`KVCache.write_columns`) == the full forward.
+
+    Block-causal (`block` set): the finished blocks' keys sit in the cache, later columns hold
+    garbage and are hidden by the key padding; the call for block 2 sees blocks 0-2 only and
+    writes its own keys/values into its columns. Bidirectional (`block` None, Fast-dLLM's dual
+    cache): every column is visible and the call refreshes its own.
+    """
+    b_len = block or 4
+    n = 4 * b_len
+    ids = _ids(2, n, 7) % 40  # every tiny vocab has 40 ordinary ids
+    pos = torch.arange(n)[None].expand(2, -1)
+    full = model(ids, position_ids=pos, use_cache=True)
+    ref_kv = full.past_key_values
+    assert isinstance(ref_kv, KVCache)
+    g = torch.Generator().manual_seed(0)
+    keys = [torch.randn(k.shape, generator=g) * 50 for k in ref_kv.keys]  # garbage where not written
+    values = [torch.randn(v.shape, generator=g) * 50 for v in ref_kv.values]
+    lo, hi = 2 * b_len, 3 * b_len
+    visible = torch.zeros((2, n), dtype=torch.bool)
+    if block is not None:
+        for dst, src in zip(keys + values, ref_kv.keys + ref_kv.values):
+            dst[:, :, :lo] = src[:, :, :lo]
+        visible[:, :hi] = True
+    else:
+        for dst, src in zip(keys + values, ref_kv.keys + ref_kv.values):
+            dst[:, :, hi:] = src[:, :, hi:]
+            dst[:, :, :lo] = src[:, :, :lo]
+        visible[:] = True
+    cache = KVCache(keys, values, visible, write_columns=torch.arange(lo, hi))
+    out = model(ids[:, lo:hi], position_ids=pos[:, lo:hi], past_key_values=cache).logits
+    torch.testing.assert_close(out, full.logits[:, lo:hi], rtol=1e-5, atol=1e-5)
+    for mine, ref in zip(cache.keys + cache.values, ref_kv.keys + ref_kv.values):
+        torch.testing.assert_close(mine[:, :, lo:hi], ref[:, :, lo:hi], rtol=1e-5, atol=1e-5)
+    bad = KVCache(keys, values, visible, write_columns=torch.arange(lo, hi + 1))
+    try:
+        model(ids[:, lo:hi], position_ids=pos[:, lo:hi], past_key_values=bad)
+    except ValueError as err:
+        assert "write_columns" in str(err)
+    else:
+        raise AssertionError("a write_columns/input length mismatch must raise")
+
+
 def check_block_causality(model: nn.Module, block: int) -> None:
     """Changing a token in block 2 never changes logits of blocks 0-1, and does change block 2."""
     ids = _ids(1, 4 * block, 5)

@@ -78,3 +78,7 @@ def test_kv_cache_equals_full_forward(tiny_dream: torch.nn.Module) -> None:
 def test_bad_config_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="hidden_size"):
         build_model(tiny_dream_config(hidden_size=66))
+
+
+def test_in_place_cache_equals_full_forward(tiny_dream: torch.nn.Module) -> None:
+    checks.check_in_place_cache(tiny_dream, None)

@@ -10,6 +10,7 @@ import torch
 
 from dllm_models import KVCache, load_model, save_model
 from tests.conftest import tiny_llada_config
+from tests.dllm_models import checks
 
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "checkpoints" / "LLaDA-8B-Instruct"
 
@@ -71,3 +72,7 @@ def test_unknown_family_is_a_clear_error(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
     with pytest.raises(ValueError, match="model_type 'gpt2' is not a known family"):
         load_model(tmp_path, load_weights=False)
+
+
+def test_in_place_cache_equals_full_forward(tiny_llada: torch.nn.Module) -> None:
+    checks.check_in_place_cache(tiny_llada, None)

@@ -197,3 +197,7 @@ def test_logits_match_transformers_glm4_moe_block_causal(tiny_llada2: torch.nn.M
         ref = hf(input_ids=ids, attention_mask=add).logits
         ours = tiny_llada2(ids).logits
     torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_in_place_cache_equals_full_forward(tiny_llada2: torch.nn.Module) -> None:
+    checks.check_in_place_cache(tiny_llada2, BLOCK)

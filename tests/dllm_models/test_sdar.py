@@ -117,3 +117,7 @@ def test_left_padding_does_not_change_real_positions(tiny: torch.nn.Module) -> N
 
 def test_save_load_round_trip(tmp_path: Path, tiny: torch.nn.Module) -> None:
     checks.check_save_load_round_trip(tiny, tmp_path)
+
+
+def test_in_place_cache_equals_full_forward(tiny: torch.nn.Module) -> None:
+    checks.check_in_place_cache(tiny, BLOCK)

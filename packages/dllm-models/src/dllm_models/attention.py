@@ -142,6 +142,8 @@ def _repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
 
 
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask) -> torch.Tensor:
+    if q.shape[1] != k.shape[1] and mask.block_ids is None and mask.cu_seqlens is None:
+        return _sdpa_grouped(q, k, v, mask)
     dense = mask.dense(q.shape[2], k.shape[2], q.device)
     if q.is_cuda and q.shape[1] != k.shape[1]:
         # grouped heads natively: no [B, Hq, Lk, D] copies of the keys and values per call
@@ -149,6 +151,21 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask
     n_rep = q.shape[1] // k.shape[1]
     k, v = _repeat_kv(k, n_rep), _repeat_kv(v, n_rep)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=dense, is_causal=False)
+
+
+def _sdpa_grouped(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask) -> torch.Tensor:
+    """Grouped-query attention when every query of a row sees the same keys (key padding at most).
+
+    The n_rep query heads of each KV head are folded into the query axis ([B, Hkv, n_rep * Lq, D]),
+    so one plain attention call serves the group: no K/V copies and no GQA-specific kernel (at a
+    few queries per row, e.g. a cached decoding step, this is what keeps the step memory-bound).
+    """
+    b, hq, lq, d = q.shape
+    hkv = k.shape[1]
+    folded = q.reshape(b, hkv, (hq // hkv) * lq, d)
+    dense = mask.dense(1, k.shape[2], q.device)  # [B, 1, 1, Lk] or None: the same for every query
+    out = F.scaled_dot_product_attention(folded, k, v, attn_mask=dense, is_causal=False)
+    return out.reshape(b, hq, lq, d)
 
 
 def _eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask) -> torch.Tensor:

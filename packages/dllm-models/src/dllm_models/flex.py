@@ -11,7 +11,9 @@ every pair may attend are "full" (no mask_mod call), the rest evaluate the exact
 from __future__ import annotations
 
 import functools
+import json
 import math
+import os
 import sys
 import warnings
 from collections.abc import Callable
@@ -180,6 +182,14 @@ def build_block_mask(
     )
 
 
+# Triton tile options handed to the compiled kernel (`flex_attention(kernel_options=...)`), e.g.
+# {"BLOCK_M": 64, "BLOCK_N": 64}; None lets Inductor choose. Set from the environment as JSON:
+# DLLM_FLEX_KERNEL_OPTIONS='{"BLOCK_M": 64, "BLOCK_N": 64}'.
+KERNEL_OPTIONS: dict[str, Any] | None = (
+    json.loads(os.environ["DLLM_FLEX_KERNEL_OPTIONS"]) if os.environ.get("DLLM_FLEX_KERNEL_OPTIONS") else None
+)
+
+
 @functools.cache
 def _compiled_flex() -> Callable[..., Any]:
     return torch.compile(flex_attention, dynamic=None)
@@ -196,10 +206,35 @@ def flex_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Attenti
     block_mask = mask.cache[key]
     gqa = k.shape[1] != hq
     if q.device.type == "cuda":
-        out = _compiled_flex()(q, k, v, block_mask=block_mask, enable_gqa=gqa)
+        out = _cuda_flex(q, k, v, block_mask, gqa)
     else:
         out = _eager_flex(q, k, v, block_mask, gqa)
     assert isinstance(out, torch.Tensor)
+    return out
+
+
+# Tiles that compile where Inductor's default choice has none: on torch 2.11 the backward of
+# short BD3LM rows (e.g. 78 positions, head dim 64) fails with NoValidChoicesError by default and
+# compiles with these (measured on an H200: same speed as the default at SDAR-8B's shape).
+FALLBACK_KERNEL_OPTIONS: dict[str, Any] = {"BLOCK_M": 64, "BLOCK_N": 64}
+_needs_fallback: set[tuple[Any, ...]] = set()
+
+
+def _cuda_flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_mask: BlockMask | None,
+               gqa: bool) -> torch.Tensor:
+    """Compiled flex; a shape whose compilation finds no kernel is compiled again with fallback tiles."""
+    key = (q.shape[1:], k.shape[1:], q.dtype, torch.is_grad_enabled() and q.requires_grad)
+    options = KERNEL_OPTIONS
+    if KERNEL_OPTIONS is None and key in _needs_fallback:
+        options = FALLBACK_KERNEL_OPTIONS
+    try:
+        out: torch.Tensor = _compiled_flex()(q, k, v, block_mask=block_mask, enable_gqa=gqa, kernel_options=options)
+    except Exception as err:  # noqa: BLE001 - only compilation failures are retried, see below
+        if options is not None or "NoValidChoicesError" not in f"{type(err).__name__}: {err}":
+            raise
+        _needs_fallback.add(key)
+        out = _compiled_flex()(q, k, v, block_mask=block_mask, enable_gqa=gqa,
+                               kernel_options=FALLBACK_KERNEL_OPTIONS)
     return out
 
 

@@ -39,14 +39,31 @@ class DiffusionTraits:
 class KVCache:
     """Per-layer keys and values of cached positions (keys already rotated by RoPE).
 
+    Two ways to use it:
+
+    - appended (default): a forward's queries attend to the cached positions followed by their own
+      keys (one `torch.cat` per layer); for block-causal models every query sees every cached key.
+    - written in place (`write_columns` set): the tensors span a whole canvas of W columns; a
+      forward writes its own keys/values into columns `write_columns` of every layer (in place,
+      no allocation) and its queries attend over all W columns, seeing exactly the columns marked
+      in `key_padding` (the caller marks them: for block diffusion the finished blocks and the
+      call's own block). Every call then has the same shapes, which CUDA graphs need.
+
     Attributes:
         keys, values: one [B, Hkv, Lc, D] tensor per layer.
-        key_padding: bool [B, Lc], True on real cached positions (None: all real).
+        key_padding: bool [B, Lc], True on real cached positions (None: all real). With
+            `write_columns`, the visibility of every column to every query of the call.
+        write_columns: long [n] canvas columns of the call's n positions (in-place mode), or None.
     """
 
     keys: list[torch.Tensor]
     values: list[torch.Tensor]
     key_padding: torch.Tensor | None = None
+    write_columns: torch.Tensor | None = None
+
+    def layer(self, i: int) -> LayerPast:
+        """What layer `i` attends to in addition to its own keys."""
+        return LayerPast(self.keys[i], self.values[i], self.write_columns)
 
     @property
     def length(self) -> int:
@@ -71,6 +88,28 @@ class KVCache:
             [torch.cat([a, b], dim=2) for a, b in zip(self.values, other.values)],
             kp,
         )
+
+
+@dataclass(frozen=True)
+class LayerPast:
+    """One layer's share of a `KVCache` (see there for the two modes)."""
+
+    keys: torch.Tensor
+    values: torch.Tensor
+    write_columns: torch.Tensor | None = None
+
+    def join(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The keys/values a call with own keys `k`, values `v` [B, Hkv, n, D] attends over."""
+        if self.write_columns is None:
+            return torch.cat([self.keys, k], dim=2), torch.cat([self.values, v], dim=2)
+        if self.write_columns.numel() != k.shape[2]:
+            raise ValueError(
+                f"KVCache.write_columns has {self.write_columns.numel()} columns, the call has {k.shape[2]} "
+                "positions: write_columns must list one canvas column per input position"
+            )
+        self.keys.index_copy_(2, self.write_columns, k.to(self.keys.dtype))
+        self.values.index_copy_(2, self.write_columns, v.to(self.values.dtype))
+        return self.keys, self.values
 
 
 def _ones(cache: KVCache) -> torch.Tensor:

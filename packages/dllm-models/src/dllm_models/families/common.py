@@ -104,6 +104,8 @@ def attention_inputs(
     Returns:
         (AttentionMask over Lc + L keys, position_ids [B, L]).
     """
+    if past_key_values is not None and past_key_values.write_columns is not None:
+        return _in_place_inputs(input_ids, attention_mask, position_ids, past_key_values, attention)
     if attention is not None:
         return _explicit_inputs(input_ids, position_ids, past_key_values, block_length, attention)
     b, n = input_ids.shape
@@ -136,6 +138,29 @@ def attention_inputs(
             first = block_ids.min(dim=1, keepdim=True).values
             block_ids = torch.cat([first.expand(b, past_key_values.length), block_ids], dim=1)
     return AttentionMask(key_padding=key_padding, block_ids=block_ids), position_ids
+
+
+def _in_place_inputs(
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    position_ids: torch.Tensor | None,
+    past_key_values: KVCache,
+    attention: AttentionMask | None,
+) -> tuple[AttentionMask, torch.Tensor]:
+    """A call that writes into a canvas-wide cache: visibility is the cache's key padding alone."""
+    if position_ids is None:
+        raise ValueError("position_ids are required when past_key_values is given")
+    if attention is not None or attention_mask is not None:
+        raise ValueError(
+            "a KVCache with write_columns defines visibility through its key_padding alone: pass no "
+            "attention_mask/attention, mark the visible columns in past_key_values.key_padding instead"
+        )
+    if past_key_values.write_columns is not None and past_key_values.write_columns.numel() != input_ids.shape[1]:
+        raise ValueError(
+            f"KVCache.write_columns has {past_key_values.write_columns.numel()} columns, input_ids has "
+            f"{input_ids.shape[1]} positions: list one canvas column per input position"
+        )
+    return AttentionMask(key_padding=past_key_values.key_padding), position_ids
 
 
 def _explicit_inputs(
@@ -196,9 +221,7 @@ def run_layers(
     keys: list[torch.Tensor] = []
     values: list[torch.Tensor] = []
     for i, layer in enumerate(layers):
-        past = None
-        if past_key_values is not None:
-            past = (past_key_values.keys[i], past_key_values.values[i])
+        past = past_key_values.layer(i) if past_key_values is not None else None
         if ckpt:
             x, kv = checkpoint(layer, x, cos, sin, mask, backend, past, use_reentrant=False)
         else:

@@ -16,7 +16,7 @@ from torch import nn
 from dllm_models.attention import AttentionMask, attend
 from dllm_models.families.common import HeadedDiffusionLM, attention_inputs, run_layers
 from dllm_models.layers import FastEmbedding, RMSNorm, apply_rope, rope_cos_sin, swiglu
-from dllm_models.protocol import DiffusionTraits, KVCache
+from dllm_models.protocol import DiffusionTraits, KVCache, LayerPast
 
 MASK_TOKEN_ID = 126336
 EOS_TOKEN_ID = 126081
@@ -104,7 +104,7 @@ class LLaDABlock(nn.Module):
         sin: torch.Tensor,
         mask: AttentionMask,
         backend: str,
-        past: tuple[torch.Tensor, torch.Tensor] | None = None,
+        past: LayerPast | None = None,
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         b, n, _ = x.shape
         hd = self.cfg.head_dim
@@ -116,7 +116,7 @@ class LLaDABlock(nn.Module):
         q, k = apply_rope(q, cos, sin, full_precision=fp), apply_rope(k, cos, sin, full_precision=fp)
         new_kv = (k, v)
         if past is not None:
-            k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
+            k, v = past.join(k, v)
         att = attend(q, k, v, mask, backend=backend).transpose(1, 2).reshape(b, n, -1)
         x = x + self.attn_out(att)
         h = self.ff_norm(x)

@@ -26,7 +26,7 @@ from dllm_models.families.common import (
 )
 from dllm_models.families.moe import MLP, GroupLimitedSigmoidRouter, SparseMoE
 from dllm_models.layers import FastEmbedding, RMSNorm, apply_rope, rope_cos_sin
-from dllm_models.protocol import DiffusionTraits, KVCache
+from dllm_models.protocol import DiffusionTraits, KVCache, LayerPast
 
 MASK_TOKEN_ID = 156895
 EOS_TOKEN_ID = 156892
@@ -123,7 +123,7 @@ class LLaDA2Attention(nn.Module):
         sin: torch.Tensor,
         mask: AttentionMask,
         backend: str,
-        past: tuple[torch.Tensor, torch.Tensor] | None = None,
+        past: LayerPast | None = None,
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         b, n, _ = x.shape
         qkv = self.query_key_value(x).view(b, n, self.n_heads + 2 * self.n_kv, self.head_dim)
@@ -133,7 +133,7 @@ class LLaDA2Attention(nn.Module):
         v = v.transpose(1, 2)
         new_kv = (k, v)
         if past is not None:
-            k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
+            k, v = past.join(k, v)
         att = attend(q, k, v, mask, backend=backend).transpose(1, 2).reshape(b, n, -1)
         out: torch.Tensor = self.dense(att)
         return out, new_kv
@@ -176,7 +176,7 @@ class LLaDA2DecoderLayer(nn.Module):
         sin: torch.Tensor,
         mask: AttentionMask,
         backend: str,
-        past: tuple[torch.Tensor, torch.Tensor] | None = None,
+        past: LayerPast | None = None,
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         att, kv = self.attention(self.input_layernorm(x), cos, sin, mask, backend, past)
         x = x + att

@@ -16,7 +16,7 @@ from torch import nn
 from dllm_models.attention import AttentionMask, attend
 from dllm_models.families.common import HeadedDiffusionLM, attention_inputs, run_layers
 from dllm_models.layers import FastEmbedding, RMSNorm, apply_rope, rope_cos_sin
-from dllm_models.protocol import DiffusionTraits, KVCache
+from dllm_models.protocol import DiffusionTraits, KVCache, LayerPast
 
 
 class QwenAttention(nn.Module):
@@ -57,7 +57,7 @@ class QwenAttention(nn.Module):
         sin: torch.Tensor,
         mask: AttentionMask,
         backend: str,
-        past: tuple[torch.Tensor, torch.Tensor] | None = None,
+        past: LayerPast | None = None,
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         b, n, _ = x.shape
         hd = self.head_dim
@@ -70,7 +70,7 @@ class QwenAttention(nn.Module):
         k = apply_rope(k.transpose(1, 2), cos, sin, full_precision=False)
         new_kv = (k, v)
         if past is not None:
-            k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
+            k, v = past.join(k, v)
         att = attend(q, k, v, mask, backend=backend).transpose(1, 2).reshape(b, n, -1)
         out: torch.Tensor = self.o_proj(att)
         return out, new_kv
@@ -93,7 +93,7 @@ class QwenDecoderLayer(nn.Module):
         sin: torch.Tensor,
         mask: AttentionMask,
         backend: str,
-        past: tuple[torch.Tensor, torch.Tensor] | None = None,
+        past: LayerPast | None = None,
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         att, kv = self.self_attn(self.input_layernorm(x), cos, sin, mask, backend, past)
         x = x + att
