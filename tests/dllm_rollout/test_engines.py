@@ -34,6 +34,16 @@ def test_sglang_arguments() -> None:
         sglang_algorithm(SamplingConfig(max_new_tokens=4, steps=4, block_length=4))
 
 
+def test_sglang_joint_threshold_for_token_editing() -> None:
+    editing = SamplingConfig(max_new_tokens=6, steps=4, block_length=4, threshold=0.7, editing_threshold=0.5,
+                             max_post_steps=8, block_diffusion=True)
+    assert sglang_algorithm(editing) == ("JointThreshold", {
+        "block_size": 4, "threshold": 0.7, "edit_threshold": 0.5, "max_post_edit_steps": 8,
+    })
+    with pytest.raises(ValueError, match="no token editing"):
+        lmdeploy_engine_config(editing)
+
+
 def test_sglang_outputs_to_batch() -> None:
     outputs = [
         {"text": "", "output_ids": [7, 8, 62], "meta_info": {"finish_reason": {"type": "stop"},

@@ -36,7 +36,10 @@ class RolloutBatch:
         config: the SamplingConfig that produced the batch (None for engine outputs without one).
         extras: further per-sample tensors (block diffusion with trajectories: `tail_ids`,
             `tail_unmask_step` [B, T], the decoded rest of the terminal block after the response,
-            padded with the mask id / -1, needed to replay the last block exactly).
+            padded with the mask id / -1, needed to replay the last block exactly; with token
+            editing: `num_edits` [B] long, the row's token-to-token edits. An edited token records
+            the step of its last write and the log-prob of the token kept, so rows with edits
+            cannot be replayed step by step from `unmask_step`).
     """
 
     prompt_ids: torch.Tensor

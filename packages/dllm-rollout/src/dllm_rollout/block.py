@@ -24,6 +24,7 @@ import torch
 
 from dllm_rollout.batch import RolloutBatch
 from dllm_rollout.config import SamplingConfig
+from dllm_rollout.editing import EDITS, rows_to_step, step_edits, still_open
 from dllm_rollout.fast import GraphedStep, StaticBlockCache, block_forward
 from dllm_rollout.masked import transfer_quota
 from dllm_rollout.record import Recorder
@@ -84,9 +85,21 @@ def decode_blocks(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
     with `threshold` every mask with confidence >= threshold is committed, or the quota if fewer
     pass. A row stops after a block whose response part contains EOS (`stop_at_eos`).
 
+    With `editing_threshold` (LLaDA2.1 joint-threshold decoding, spec 2.5; `editing.py`) each step
+    also overwrites filled, non-prompt tokens of the block whose proposal changed with confidence
+    > editing_threshold, and a row leaves the block after a step that starts without masks and
+    edits nothing, or after `max_post_steps` steps past its last mask; at most
+    block_length + max_post_steps steps per block. Only the current block changes, so the KV
+    cache of finished blocks stays exact. Unlike LLaDA2.1's HF `generate`, which adds its 0/1
+    block mask to the attention scores (so earlier blocks still see later ones), the models here
+    use a boolean block-causal mask: the additive-mask quirk is not reproduced.
+
     Args:
         prompt_ids, prompt_mask: [B, P] left-padded prompts; seeds: [B].
         ref_model: optional second block-diffusion model scored on the same canvases.
+
+    Returns:
+        RolloutBatch; with editing, `extras["num_edits"]` [B] counts each row's token edits.
     """
     traits = model.traits
     if traits.logit_shift:
@@ -101,13 +114,16 @@ def decode_blocks(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
     quota = transfer_quota(bl, cfg.steps)
     t = cfg.temperature if cfg.temperature > 0 else 1.0
     live = torch.ones(b, dtype=torch.bool, device=device)
-    cached = _CachedBlocks(model, canvas, attn, pos, r0) if cfg.cache == "prefix" else None
+    num_edits = torch.zeros(b, dtype=torch.long, device=device)
+    post_budget = cfg.max_post_steps if cfg.editing_threshold is not None else 0
+    own = (offsets, (offsets + r + bl - 1) // bl * bl)  # each row's response and terminal-block tail
+    cached = _CachedBlocks(model, canvas, attn, pos, r0, bl) if cfg.cache == "prefix" else None
     for start in range(r0, width, bl):
         end = start + bl
-        step = 0
+        step, post, open_rows = 0, torch.zeros_like(num_edits), live.clone()
         while True:
-            still = (canvas[:, start:end] == mask_id) & live[:, None]
-            active = still.any(-1)
+            still = (canvas[:, start:end] == mask_id) & open_rows[:, None]
+            active, post = rows_to_step(open_rows, still.any(-1), post, post_budget)
             if not bool(active.any()):
                 break
             if cached is not None:
@@ -119,13 +135,17 @@ def decode_blocks(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
             conf = confidence("maskgit_plus", logits, probs, x0, gens, active)
             k = torch.full((b,), quota[step] if step < len(quota) else bl, dtype=torch.long, device=device)
             commit = select(conf, still, k, cfg.threshold) & active[:, None]
+            edits = step_edits(x0, conf, canvas[:, start:end], active, mask_id=mask_id, lo=start - r0,
+                               span=own, editing_threshold=cfg.editing_threshold)
             ref_logp = None
             if ref_model is not None:
                 ref = _recompute_logits(ref_model, canvas, attn, pos, start, end).float()
                 ref_logp = torch.log_softmax(ref / t, dim=-1).gather(-1, x0[..., None]).squeeze(-1)
             before = canvas[:, r0:].clone() if cfg.record_steps else canvas[:, :0]
-            canvas[:, start:end] = torch.where(commit, x0, canvas[:, start:end])
-            rec.record(active, start - r0, commit, x0, logp, conf, before, ref_logp)
+            canvas[:, start:end] = torch.where(commit | edits, x0, canvas[:, start:end])
+            rec.record(active, start - r0, commit | edits, x0, logp, conf, before, ref_logp)
+            num_edits += edits.sum(-1)
+            open_rows = still_open(active, still.any(-1), edits)
             step += 1
         if cached is not None and end < width:
             cached.store(start, end)
@@ -137,7 +157,7 @@ def decode_blocks(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
                 break
     region = canvas[:, r0:]
     region = torch.where(region == mask_id, torch.full_like(region, eos_id), region)
-    return _batch(prompt_ids, prompt_mask, region, offsets, seeds, cfg, rec, traits)
+    return _batch(prompt_ids, prompt_mask, region, offsets, seeds, cfg, rec, traits, num_edits)
 
 
 def _recompute_logits(model: Any, canvas: torch.Tensor, attn: torch.Tensor, pos: torch.Tensor, start: int,
@@ -151,35 +171,42 @@ def _recompute_logits(model: Any, canvas: torch.Tensor, attn: torch.Tensor, pos:
 class _CachedBlocks:
     """Block steps against an exact KV cache of the finished blocks (`cache="prefix"`).
 
-    The cache is a `StaticBlockCache` over the canvas, so every step has the same shapes and runs
-    as one CUDA graph (`GraphedStep`). Decode-region columns are always real tokens (rows are
-    padded by whole blocks before the region), so a step passes no attention mask of its own;
-    padding lives in the cache's key padding.
+    The cache is a `StaticBlockCache` over the canvas into which every step writes its block's
+    keys/values in place, so every step has the same shapes and runs as one CUDA graph
+    (`GraphedStep`). Decode-region columns are always real tokens (rows are padded by whole blocks
+    before the region), so a step passes no attention mask of its own; padding lives in the
+    cache's key padding.
     """
 
-    def __init__(self, model: Any, canvas: torch.Tensor, attn: torch.Tensor, pos: torch.Tensor, r0: int) -> None:
-        self.model, self.canvas, self.attn, self.pos = model, canvas, attn, pos
+    def __init__(self, model: Any, canvas: torch.Tensor, attn: torch.Tensor, pos: torch.Tensor, r0: int,
+                 block: int) -> None:
+        self.model, self.canvas, self.attn, self.pos, self.block = model, canvas, attn, pos, block
         self.static: StaticBlockCache | None = None
+        self.shown = -1  # start column of the block the cache currently writes
         self.step = GraphedStep(self._forward)
         if r0 > 0:
             # prompt blocks: keys/values only, the head runs on no column
             out = block_forward(model, canvas[:, :r0], 0, 0, attention_mask=attn[:, :r0],
                                 position_ids=pos[:, :r0], use_cache=True)
-            self.static = StaticBlockCache(out.past_key_values, canvas.shape[0], canvas.shape[1])
+            self.static = StaticBlockCache(out.past_key_values, canvas.shape[0], canvas.shape[1], block)
             self.static.store(0, out.past_key_values, attn[:, :r0])
 
-    def _forward(self, ids: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, Any]:
+    def _forward(self, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         assert self.static is not None
-        out = self.model(ids, position_ids=pos, past_key_values=self.static.cache, use_cache=True)
-        return out.logits, out.past_key_values
+        logits: torch.Tensor = self.model(ids, position_ids=pos, past_key_values=self.static.cache).logits
+        return logits
 
-    def _run(self, start: int, end: int) -> tuple[torch.Tensor, Any]:
+    def _run(self, start: int, end: int, *, keep: bool = False) -> tuple[torch.Tensor, Any]:
+        """Logits of block [start, end); with `keep` and no cache yet also the block's own KVCache."""
         ids, pos = self.canvas[:, start:end], self.pos[:, start:end]
         if self.static is None:  # no finished block yet: nothing to attend to but the block
-            out = self.model(ids, attention_mask=self.attn[:, start:end], position_ids=pos, use_cache=True)
+            out = self.model(ids, attention_mask=self.attn[:, start:end], position_ids=pos, use_cache=keep)
             return out.logits, out.past_key_values
-        result: tuple[torch.Tensor, Any] = self.step(ids, pos)
-        return result
+        if self.shown != start:
+            self.static.show(start, end, self.attn[:, start:end])
+            self.shown = start
+        logits: torch.Tensor = self.step(ids, pos)
+        return logits, None
 
     def logits(self, start: int, end: int) -> torch.Tensor:
         """[B, bl, V] logits of block [start, end) (a graph buffer: read before the next call)."""
@@ -187,14 +214,15 @@ class _CachedBlocks:
 
     def store(self, start: int, end: int) -> None:
         """Cache the final keys/values of the finished block [start, end) (SDAR's "store" pass)."""
-        _, kv = self._run(start, end)
+        _, kv = self._run(start, end, keep=True)
         if self.static is None:
-            self.static = StaticBlockCache(kv, self.canvas.shape[0], self.canvas.shape[1])
-        self.static.store(start, kv, self.attn[:, start:end])
+            self.static = StaticBlockCache(kv, self.canvas.shape[0], self.canvas.shape[1], self.block)
+            self.static.store(start, kv, self.attn[:, start:end])
 
 
 def _batch(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, region: torch.Tensor, offsets: torch.Tensor,
-           seeds: torch.Tensor, cfg: SamplingConfig, rec: Recorder, traits: Any) -> RolloutBatch:
+           seeds: torch.Tensor, cfg: SamplingConfig, rec: Recorder, traits: Any,
+           num_edits: torch.Tensor) -> RolloutBatch:
     from dllm_rollout.generate import response_mask
 
     r = cfg.max_new_tokens
@@ -202,6 +230,8 @@ def _batch(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, region: torch.Te
     response = region.gather(1, idx)
     recs = rec.take(offsets, r, traits.mask_token_id)
     extras: dict[str, torch.Tensor] = {}
+    if cfg.editing_threshold is not None:
+        extras[EDITS] = num_edits
     keep = cfg.record_trajectory
     if keep:
         tail_w = region.shape[1] - r - int(offsets.min().item())

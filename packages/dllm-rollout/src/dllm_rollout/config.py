@@ -46,6 +46,14 @@ class SamplingConfig:
             "truncate" counts tokens through the first EOS only.
         stop_at_eos: block diffusion: a row stops after a block whose response part holds EOS
             (remaining positions are filled with EOS).
+        editing_threshold: block diffusion: LLaDA2.1 token editing (joint-threshold decoding,
+            spec 2.5). Each step also overwrites already-filled, non-prompt tokens of the current
+            block whose new proposal differs with confidence > editing_threshold; a block ends
+            when a step starts without masks and edits nothing. Needs `threshold` (the
+            mask-to-token rule; `steps=block_length` gives LLaDA2.1's one-token minimum). None:
+            no editing (tokens are never revised).
+        max_post_steps: with editing, at most this many steps per block after its last mask was
+            filled (LLaDA2.1's `max_post_steps`); ignored without editing.
         record_trajectory: record per token the step it was committed at and its log-prob.
         record_steps: record per step the canvas, the proposals and their confidences.
         block_diffusion: set by `generate` from `model.traits.block_length`.
@@ -63,6 +71,8 @@ class SamplingConfig:
     threshold: float | None = None
     eos_handling: str = "keep"
     stop_at_eos: bool = True
+    editing_threshold: float | None = None
+    max_post_steps: int = 16
     record_trajectory: bool = False
     record_steps: bool = False
     block_diffusion: bool = False
@@ -111,6 +121,25 @@ class SamplingConfig:
             raise ValueError(f"threshold must be in [0, 1] or None, got {self.threshold}")
         if self.eos_handling not in EOS_HANDLING:
             raise ValueError(f"eos_handling {self.eos_handling!r} unknown; choose one of {EOS_HANDLING}")
+        if self.max_post_steps < 0:
+            raise ValueError(f"max_post_steps must be >= 0, got {self.max_post_steps}")
+        if self.editing_threshold is not None:
+            self._check_editing(self.editing_threshold)
+
+    def _check_editing(self, editing_threshold: float) -> None:
+        if not 0.0 <= editing_threshold <= 1.0:
+            raise ValueError(f"editing_threshold must be in [0, 1] or None, got {editing_threshold}")
+        if not self.block_diffusion:
+            raise ValueError(
+                f"editing_threshold={editing_threshold} (token editing) is a block-diffusion decoder "
+                "(LLaDA2.1); masked diffusion never revises tokens: set editing_threshold=None"
+            )
+        if self.threshold is None:
+            raise ValueError(
+                f"editing_threshold={editing_threshold} needs threshold, the mask-to-token rule of "
+                "joint-threshold decoding; got threshold=None. LLaDA2.1's card suggests threshold=0.7 "
+                "with editing_threshold=0.5 (quality) or 0.5 with 0.0 (speed)"
+            )
 
     @property
     def num_blocks(self) -> int:

@@ -8,6 +8,7 @@ import torch
 
 from dllm_rollout.batch import RolloutBatch
 from dllm_rollout.block import grid_canvas
+from dllm_rollout.editing import EDITS
 from dllm_rollout.masked import full_logits
 
 
@@ -22,6 +23,7 @@ def consistency_gap(model: Any, batch: RolloutBatch) -> dict[str, float]:
 
     Exact decoders (masked diffusion without cache, block diffusion with or without its KV cache)
     agree to floating-point rounding; Fast-dLLM prefix/dual caches report their approximation gap.
+    Rows with token edits (`extras["num_edits"] > 0`) cannot be replayed and raise ValueError.
 
     Args:
         model: the policy that produced the batch (or the trainer's copy of it).
@@ -35,6 +37,14 @@ def consistency_gap(model: Any, batch: RolloutBatch) -> dict[str, float]:
         raise ValueError(
             "consistency_gap needs batch.config, unmask_step and step_logp: "
             "generate with record_trajectory=True"
+        )
+    edits = batch.extras.get(EDITS)
+    if edits is not None and bool((edits > 0).any()):
+        rows = torch.nonzero(edits > 0).flatten().tolist()
+        raise ValueError(
+            f"rows {rows} of the batch were decoded with token edits (extras['{EDITS}']): a step "
+            "replay from unmask_step cannot rebuild their canvases; select the rows without edits "
+            f"(batch.select(batch.extras['{EDITS}'] == 0)) or decode with editing_threshold=None"
         )
     traits = model.traits
     t = cfg.temperature if cfg.temperature > 0 else 1.0

@@ -5,9 +5,10 @@
   output (5 GB at B=64, L=256, V=152k in bf16) are skipped. The hidden states are those of the
   full forward, so the block's logits are the same function.
 - `StaticBlockCache`: the KV cache of block diffusion as fixed-size [B, Hkv, W, D] tensors over
-  the whole canvas, filled in place as blocks finish. Columns not yet finished are hidden by the
-  cache's key padding, so attention sees exactly the finished blocks (masked keys get weight 0),
-  and every cached step has the same shapes: one CUDA graph serves the whole decode.
+  the whole canvas; every forward writes its block's keys/values into it in place
+  (`KVCache.write_columns`). Columns of later blocks are hidden by the cache's key padding, so
+  attention sees exactly the finished blocks and the current one (masked keys get weight 0), and
+  every cached step has the same shapes: one CUDA graph serves the whole decode.
 - `GraphedStep`: replays a forward as a CUDA graph. A cached block step at batch 64 launches
   ~1,600 small kernels; without a graph the host's launch time, not the GPU, sets the step time.
 
@@ -67,15 +68,24 @@ def block_forward(model: Any, ids: torch.Tensor, start: int, end: int, *, shift:
 
 
 class StaticBlockCache:
-    """KV cache of finished blocks as fixed [B, Hkv, W, D] tensors over the canvas (see module doc).
+    """KV cache of block diffusion as fixed [B, Hkv, W, D] tensors over the canvas (see module doc).
+
+    The model writes each forward's keys/values in place (`KVCache.write_columns`, dllm_models)
+    into the columns of the current block, and its queries see the columns marked in the key
+    padding: the finished blocks and the current one. Nothing is allocated or concatenated per
+    step, and every step has the same shapes.
 
     Attributes:
-        cache: the KVCache handed to the model; `cache.key_padding` [B, W] is True on finished,
-            real columns only.
+        cache: the KVCache handed to the model; `cache.key_padding` [B, W] is True on visible,
+            real columns; `cache.write_columns` [n] the columns the next forward writes.
     """
 
-    def __init__(self, like: Any, batch: int, width: int) -> None:
-        """Allocate from the layout of `like` (a KVCache with at least one position)."""
+    def __init__(self, like: Any, batch: int, width: int, block: int) -> None:
+        """Allocate from the layout of `like` (a KVCache with at least one position).
+
+        Args:
+            block: positions per forward (the block length): the size of `write_columns`.
+        """
         from dllm_models.protocol import KVCache
 
         def empty(t: torch.Tensor) -> torch.Tensor:
@@ -84,10 +94,11 @@ class StaticBlockCache:
         keys = [empty(k) for k in like.keys]
         values = [empty(v) for v in like.values]
         padding = torch.zeros((batch, width), dtype=torch.bool, device=keys[0].device)
-        self.cache = KVCache(keys, values, padding)
+        columns = torch.zeros(block, dtype=torch.long, device=keys[0].device)
+        self.cache = KVCache(keys, values, padding, write_columns=columns)
 
     def store(self, start: int, kv: Any, real: torch.Tensor | None = None) -> None:
-        """Write the keys/values of columns [start, start + n) and mark them attendable.
+        """Copy the keys/values of columns [start, start + n) from `kv` and mark them visible.
 
         Args:
             kv: KVCache of n positions; real: [B, n] bool, False on padding columns (default all real).
@@ -97,11 +108,17 @@ class StaticBlockCache:
             dst[:, :, start:start + n].copy_(src)
         for dst, src in zip(self.cache.values, kv.values):
             dst[:, :, start:start + n].copy_(src)
-        assert self.cache.key_padding is not None
+        self.show(start, start + n, real)
+
+    def show(self, start: int, end: int, real: torch.Tensor | None = None) -> None:
+        """Mark columns [start, end) visible (where `real`) and make them the next forwards' columns."""
+        assert self.cache.key_padding is not None and self.cache.write_columns is not None
         if real is None:
-            self.cache.key_padding[:, start:start + n] = True
+            self.cache.key_padding[:, start:end] = True
         else:
-            self.cache.key_padding[:, start:start + n] = real
+            self.cache.key_padding[:, start:end] = real
+        if end - start == self.cache.write_columns.numel():
+            torch.arange(start, end, out=self.cache.write_columns)
 
 
 class GraphedStep:

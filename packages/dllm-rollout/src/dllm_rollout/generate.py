@@ -58,6 +58,8 @@ def generate(
     stop_at_eos: bool = True,
     record_steps: bool = False,
     ref_model: Any = None,
+    editing_threshold: float | None = None,
+    max_post_steps: int = 16,
 ) -> RolloutBatch:
     """Generate responses for prompts of any lengths with a diffusion LM.
 
@@ -86,6 +88,8 @@ def generate(
         stop_at_eos: block diffusion: stop a row after a block that produced EOS.
         record_steps: record canvases, proposals and confidences of every step.
         ref_model: a second model scored on the same canvases (`ref_step_logp`).
+        editing_threshold: block diffusion: LLaDA2.1 token editing (needs `threshold`); None: off.
+        max_post_steps: with editing, at most this many steps per block after its last mask.
 
     Returns:
         RolloutBatch with `response_ids` [B, max_new_tokens].
@@ -101,6 +105,7 @@ def generate(
         max_new_tokens=max_new_tokens, steps=steps, block_length=block_length,
         temperature=temperature, top_k=top_k, top_p=top_p, remasking=remasking, alg_temp=alg_temp,
         cache=cache, threshold=threshold, eos_handling=eos_handling, stop_at_eos=stop_at_eos,
+        editing_threshold=editing_threshold, max_post_steps=max_post_steps,
         record_trajectory=record_trajectory or ref_model is not None, record_steps=record_steps,
         block_diffusion=native is not None,
     )

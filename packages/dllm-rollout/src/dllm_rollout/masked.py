@@ -19,7 +19,7 @@ from dllm_rollout.batch import RolloutBatch
 from dllm_rollout.config import LLADA_REMASKING, SamplingConfig
 from dllm_rollout.fast import block_forward, head_columns
 from dllm_rollout.record import Recorder
-from dllm_rollout.sampling import confidence, propose, row_uniform, sample_positions, select
+from dllm_rollout.sampling import RAW_CONFIDENCES, confidence, propose_tokens, row_uniform, sample_positions, select
 
 DREAM_EPS = 1e-3
 
@@ -56,6 +56,7 @@ class _BlockLogits:
         self.model, self.cfg, self.canvas, self.attn, self.pos = model, cfg, canvas, attn, pos
         self.shift = int(model.traits.logit_shift)
         self.past: Any = None
+        self.padding: tuple[torch.Tensor | None] | None = None
 
     def __call__(self, start: int, end: int, step: int) -> torch.Tensor:
         m, c = self.model, self.canvas
@@ -65,18 +66,32 @@ class _BlockLogits:
             # the head runs on the block's columns only
             out = block_forward(m, c, start, end, shift=self.shift, attention_mask=self.attn, position_ids=self.pos,
                                 use_cache=use_cache)
-            if self.cfg.cache == "prefix":
-                self.past = out.past_key_values.slice(0, lo)
-            elif self.cfg.cache == "dual":
-                self.past = out.past_key_values.slice(0, lo).cat(out.past_key_values.slice(end))
+            if use_cache:
+                self.past = self._canvas_cache(out.past_key_values, lo, end)
             logits: torch.Tensor = out.logits
             return logits
         hi = c.shape[1] if self.cfg.cache == "prefix" else end
         with head_columns(m, torch.arange(end - start, device=c.device)):
-            out = m(c[:, lo:hi], attention_mask=self.attn[:, lo:hi], position_ids=self.pos[:, lo:hi],
-                    past_key_values=self.past)
+            out = m(c[:, lo:hi], position_ids=self.pos[:, lo:hi], past_key_values=self.past)
         window: torch.Tensor = out.logits
         return window
+
+    def _canvas_cache(self, full: Any, lo: int, end: int) -> Any:
+        """The full forward's keys/values as a canvas-wide cache that later steps write in place.
+
+        "dual": the step forwards the block [lo, end) and sees every real column: the (stale)
+        prefix and suffix and its own fresh keys. "prefix": the step forwards [lo, L) and sees the
+        stale prefix and its own fresh columns. Written in place (`KVCache.write_columns`), no
+        cache is sliced or concatenated per step.
+        """
+        from dllm_models.protocol import KVCache
+
+        hi = self.canvas.shape[1] if self.cfg.cache == "prefix" else end
+        if self.padding is None:  # None for the cache when every column is real: no mask, flash kernels
+            real = self.attn.bool()
+            self.padding = (real.clone(),) if not bool(real.all()) else (None,)
+        return KVCache(full.keys, full.values, self.padding[0],
+                       write_columns=torch.arange(lo, hi, device=self.canvas.device))
 
 
 def _quota(cfg: SamplingConfig, still: torch.Tensor, step: int, spb: int, quota: list[int]) -> torch.Tensor:
@@ -141,8 +156,10 @@ def decode_masked(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
             if not bool(active.any()):
                 break
             logits = block_logits(start, end, step)
-            x0, probs, logp = propose(logits, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
-                                      generators=gens, active=active, mask_id=mask_id)
+            x0, logp, filtered = propose_tokens(logits, temperature=cfg.temperature, top_k=cfg.top_k,
+                                                top_p=cfg.top_p, generators=gens, active=active, mask_id=mask_id)
+            # LLaDA's confidences read the raw logits; Dream's read softmax(filtered)
+            probs = None if cfg.remasking in RAW_CONFIDENCES else torch.softmax(filtered, dim=-1)
             conf = confidence(cfg.remasking, logits, probs, x0, gens, active)
             k = _quota(cfg, still, step, spb, quota)
             if cfg.remasking == "origin" and cfg.threshold is None:

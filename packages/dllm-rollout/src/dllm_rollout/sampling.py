@@ -42,7 +42,7 @@ def row_uniform(
     """U(0,1) noise [B, *shape]; row b comes from generators[b], drawn only where active[b]."""
     out = torch.full((len(generators), *shape), 0.5, device=device)
     for b in torch.nonzero(active).flatten().tolist():
-        out[b] = torch.rand(shape, generator=generators[b], device=device)
+        torch.rand(shape, generator=generators[b], device=device, out=out[b])  # straight into row b
     return out
 
 
@@ -70,30 +70,60 @@ def propose(
 
     Returns:
         x0: [B, N] proposals; probs: [B, N, V] float32 softmax(filter(logits / T)) (T=1 at T=0), the
-        distribution every Dream confidence reads; logp: [B, N] float32 log-prob of x0 under the
-        unfiltered softmax(logits / T) (T=1 at T=0): the policy log-prob a trainer recomputes.
+        distribution every Dream confidence reads (computed on first use: a lazy tensor view is not
+        possible, so callers that never read it should call `propose_tokens`); logp: [B, N] float32
+        log-prob of x0 under the unfiltered softmax(logits / T) (T=1 at T=0): the policy log-prob a
+        trainer recomputes.
+    """
+    x0, logp, filtered = propose_tokens(logits, temperature=temperature, top_k=top_k, top_p=top_p,
+                                        generators=generators, active=active, mask_id=mask_id)
+    return x0, torch.softmax(filtered, dim=-1), logp
+
+
+def propose_tokens(
+    logits: torch.Tensor,
+    *,
+    temperature: float,
+    top_k: int | None,
+    top_p: float | None,
+    generators: list[torch.Generator],
+    active: torch.Tensor,
+    mask_id: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`propose` without the [B, N, V] probabilities: (x0, logp, filtered scaled logits).
+
+    Same draws and tokens as `propose`. The log-prob is read as (logits / T)[x0] - logsumexp(logits / T):
+    one reduction instead of a [B, N, V] log-softmax.
     """
     t = temperature if temperature > 0 else 1.0
-    logits32 = logits.float()
-    scaled = logits32 / t
+    scaled = logits.float() / t  # a fresh float32 tensor: the edits below are in place
+    lse = torch.logsumexp(scaled, dim=-1)
     if mask_id is not None:
-        scaled = scaled.index_fill(-1, torch.tensor([mask_id], device=scaled.device), NEG_INF)
+        kept = scaled[..., mask_id].clone()
+        scaled[..., mask_id] = NEG_INF  # no host-to-device index copy (a sync)
     filtered = filter_logits(scaled, top_k, top_p)
     if temperature == 0.0:
         x0 = filtered.argmax(dim=-1)
     else:
-        u = row_uniform(tuple(filtered.shape[1:]), generators, active, filtered.device)
-        gumbel = -torch.log(-torch.log(u.clamp(1e-20, 1.0 - 1e-7)))
-        x0 = (filtered + gumbel).argmax(dim=-1)
-    probs = torch.softmax(filtered, dim=-1)
-    logp = torch.log_softmax(logits32 / t, dim=-1).gather(-1, x0[..., None]).squeeze(-1)
-    return x0, probs, logp
+        noise = row_uniform(tuple(filtered.shape[1:]), generators, active, filtered.device)
+        # Gumbel(0, 1) = -log(-log u), in place on the noise buffer
+        noise.clamp_(1e-20, 1.0 - 1e-7).log_().neg_().log_().neg_()
+        x0 = noise.add_(filtered).argmax(dim=-1)
+    if mask_id is not None:
+        scaled[..., mask_id] = kept  # the log-prob below reads the unfiltered logits
+    logp = scaled.gather(-1, x0[..., None]).squeeze(-1) - lse
+    if mask_id is not None:
+        scaled[..., mask_id] = NEG_INF
+    return x0, logp, filtered
+
+
+RAW_CONFIDENCES = ("low_confidence", "random")  # confidences that never read `probs`
 
 
 def confidence(
     remasking: str,
     logits: torch.Tensor,
-    probs: torch.Tensor,
+    probs: torch.Tensor | None,
     x0: torch.Tensor,
     generators: list[torch.Generator],
     active: torch.Tensor,
@@ -105,9 +135,12 @@ def confidence(
     "topk_margin" p(top1) - p(top2), "entropy" sum p log p (negative entropy).
     """
     if remasking == "low_confidence":
-        return torch.softmax(logits.float(), dim=-1).gather(-1, x0[..., None]).squeeze(-1)
+        raw = logits.float()
+        return torch.exp(raw.gather(-1, x0[..., None]).squeeze(-1) - torch.logsumexp(raw, dim=-1))
     if remasking == "random":
         return row_uniform(tuple(x0.shape[1:]), generators, active, x0.device)
+    if probs is None:
+        raise ValueError(f"remasking {remasking!r} reads the proposal probabilities: pass `probs`")
     if remasking in ("maskgit_plus", "origin"):
         return probs.gather(-1, x0[..., None]).squeeze(-1)
     if remasking == "topk_margin":

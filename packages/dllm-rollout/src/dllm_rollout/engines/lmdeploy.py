@@ -22,6 +22,11 @@ def lmdeploy_engine_config(cfg: SamplingConfig) -> dict[str, Any]:
     """`PytorchEngineConfig` dLLM fields for `cfg` (static unmasking, or dynamic with a threshold)."""
     if not cfg.block_diffusion:
         raise ValueError("lmdeploy's dLLM path serves block-diffusion models (SDAR); use generate()")
+    if cfg.editing_threshold is not None:
+        raise ValueError(
+            f"editing_threshold={cfg.editing_threshold}: lmdeploy's dLLM strategies have no token "
+            "editing; use the SGLang engine (JointThreshold) or generate(), or set editing_threshold=None"
+        )
     out: dict[str, Any] = {
         "dllm_block_length": cfg.block_length,
         "dllm_denoising_steps": cfg.steps,

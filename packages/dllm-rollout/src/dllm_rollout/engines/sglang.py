@@ -35,11 +35,25 @@ def sglang_sampling_params(cfg: SamplingConfig, seed: int | None = None) -> dict
 
 
 def sglang_algorithm(cfg: SamplingConfig) -> tuple[str, dict[str, Any]]:
-    """(`dllm_algorithm`, `dllm_algorithm_config` dict) for `cfg`: LowConfidence on `block_size`."""
+    """(`dllm_algorithm`, `dllm_algorithm_config` dict) for `cfg` (spec 2.6).
+
+    Without editing: `LowConfidence` on `block_size` with `threshold`. With `editing_threshold`
+    (LLaDA2.1 token editing): `JointThreshold` with `threshold` (mask-to-token),
+    `edit_threshold` (token-to-token) and `max_post_edit_steps` (= `max_post_steps`).
+    SGLang commits masks above the threshold (strictly) or the single best one, whatever `steps`
+    says; `generate` matches it with `steps=block_length` (up to ties at the threshold).
+    """
     if not cfg.block_diffusion:
         raise ValueError("SGLang's dLLM decoders serve block-diffusion models (SDAR, LLaDA2); use generate()")
     threshold = cfg.threshold if cfg.threshold is not None else DEFAULT_THRESHOLD
-    return "LowConfidence", {"block_size": cfg.block_length, "threshold": threshold}
+    if cfg.editing_threshold is None:
+        return "LowConfidence", {"block_size": cfg.block_length, "threshold": threshold}
+    return "JointThreshold", {
+        "block_size": cfg.block_length,
+        "threshold": threshold,
+        "edit_threshold": cfg.editing_threshold,
+        "max_post_edit_steps": cfg.max_post_steps,
+    }
 
 
 def batch_from_sglang(
