@@ -51,3 +51,45 @@ def tiny_rank_setup() -> Any:
     return RankSetup(model=build_tiny_model(cfg, tok), sampling=cfg.rollout, reward_fn=partial_credit,
                      detokenize=tok.decode, objective=build_objective(cfg.algorithm, cfg.rl),
                      optim=cfg.rl_optim, seed=cfg.trainer.seed)
+
+
+def algorithm_rank_setup(family: str, name: str, fields: dict[str, Any], lora_rank: int = 0) -> Any:
+    """`RankSetup` of algorithm `name` (registry entry with `fields` replaced) on a tiny `family`
+    model, optionally with LoRA adapters (runs inside each Ray actor)."""
+    from dllm_train import OptimConfig
+    from dllm_train.distributed import RankSetup
+    from tests.dllm_train.algo_helpers import TOK, partial_reward, tiny_model
+
+    model = tiny_model(family)
+    if lora_rank:
+        from dllm_models import apply_lora
+
+        apply_lora(model, rank=lora_rank, alpha=2.0 * lora_rank)
+        # peft starts from B = 0 (then only B moves at first): a non-zero start moves A and B
+        g = torch.Generator().manual_seed(0)
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                if "lora_B" in n:
+                    p.copy_(torch.randn(p.shape, generator=g) * 0.02)
+    return RankSetup(model=model, sampling=TINY_SAMPLING, reward_fn=partial_reward, detokenize=TOK.decode,
+                     objective=algorithm_objective(name, fields), optim=OptimConfig(lr=1e-3), seed=0)
+
+
+def algorithm_objective(name: str, fields: dict[str, Any]) -> Any:
+    """The PolicyObjective of registry entry `name` with `fields` replaced, for the tiny RL batch."""
+    import dataclasses
+
+    from dare.algorithms import build_objective, get_algorithm
+
+    return build_objective(name, TINY_RL, dataclasses.replace(get_algorithm(name), **fields))  # type: ignore[type-var]
+
+
+def _tiny_constants() -> tuple[Any, Any]:
+    from dllm_rollout import SamplingConfig
+    from dllm_train import RLConfig
+
+    return (SamplingConfig(max_new_tokens=4, steps=4, block_length=4, temperature=1.0),
+            RLConfig(prompts_per_step=2, group_size=4))
+
+
+TINY_SAMPLING, TINY_RL = _tiny_constants()

@@ -69,6 +69,7 @@ def test_on_policy_values_equal_old_values(name: str, family: str) -> None:
     rollout = wf.rollout.generate(prompts, sample_seeds(0, len(prompts), "rollout", 0))  # type: ignore[attr-defined]
     scores, _ = wf.reward.score(rollout, answers)  # type: ignore[attr-defined]
     exp = Experience(rollout=rollout, scores=scores, group_ids=groups)
+    wf.actor.reuse_old = False  # type: ignore[attr-defined]  # run the separate old pass this test checks
     wf.actor.prepare(exp, generator(0, "plan", 0))  # type: ignore[attr-defined]
     exp.advantages = obj.advantages(scores, groups)
     model.eval()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 
 from dllm_train import latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint
@@ -32,3 +33,22 @@ def test_half_written_checkpoint_is_ignored(tmp_path: Path, tiny_llada: torch.nn
     (tmp_path / "checkpoints" / "0-rl-000002" / "model").mkdir(parents=True)
     ref = latest_checkpoint(tmp_path)
     assert ref is not None and ref.step == 1
+
+
+def test_model_with_lora_adapters_resumes(tmp_path: Path, tiny_llada: torch.nn.Module) -> None:
+    pytest.importorskip("peft")
+    from dllm_models import apply_lora
+
+    model = apply_lora(tiny_llada, rank=2, alpha=4)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.add_(0.5)  # adapters away from their zero init
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
+    save_checkpoint(tmp_path, order=0, phase="sft", step=1, model=model, state={"step": 1})
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    ref = latest_checkpoint(tmp_path)
+    assert ref is not None and load_checkpoint(ref, model) == {"step": 1}
+    assert all(torch.equal(v, saved[k]) for k, v in model.state_dict().items())

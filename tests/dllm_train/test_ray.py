@@ -49,3 +49,105 @@ def test_ray_workflow_runs_rl_steps_and_reports_the_local_metrics(ray_cluster: A
     finally:
         wf.shutdown()
 
+
+
+# --- algorithms beyond the quick start's, a block-diffusion family, LoRA and sequence parallelism ---
+
+def _prompts(step: int) -> Any:
+    from dllm_train import PromptBatch, derive_seed
+    from tests.dllm_train.algo_helpers import TASK
+    from tests.dllm_train.distributed_helpers import TINY_RL
+
+    pairs = TASK.train_pairs(TINY_RL.prompts_per_step, derive_seed(0, "rl-data", step))
+    return PromptBatch([TASK.encode(TASK.prompt(a, b)) for a, b in pairs],
+                       [TASK.answer(a, b) for a, b in pairs], TINY_RL.group_size)
+
+
+def _ray_run(family: str, name: str, fields: dict[str, Any], *, steps: int = 2, lora_rank: int = 0,
+             sequence_parallel: int = 1) -> tuple[list[dict[str, float]], list[dict[str, Any]], Any]:
+    """`steps` RL steps of `name` on 2 Ray ranks; (metrics per step, hand-off reports per rank, full weights)."""
+    import functools
+
+    from dllm_train import TrainerConfig
+    from dllm_train.distributed import DistributedConfig, RayRLWorkflow
+    from tests.dllm_train.distributed_helpers import TINY_RL, algorithm_objective, algorithm_rank_setup
+
+    trainer = TrainerConfig(max_steps=steps, seed=0, backend="ray", num_workers=2,
+                            sequence_parallel=sequence_parallel)
+    wf = RayRLWorkflow(setup_fn=functools.partial(algorithm_rank_setup, family, name, fields, lora_rank),
+                       prompts=_prompts, objective=algorithm_objective(name, fields), trainer=trainer, rl=TINY_RL,
+                       dist=DistributedConfig(num_workers=2, sequence_parallel=sequence_parallel))
+    try:
+        metrics = [wf.step(step) for step in range(steps)]
+        reports = wf.group.call("handoff_report")
+        weights = wf.group.call("full_weights")[0]
+    finally:
+        wf.shutdown()
+    return metrics, reports, weights
+
+
+def _check_run(family: str, name: str, metrics: list[dict[str, float]], reports: list[dict[str, Any]],
+               weights: dict[str, torch.Tensor]) -> None:
+    from tests.dllm_train.algo_helpers import tiny_model
+
+    for m in metrics:
+        assert torch.isfinite(torch.tensor(m["loss"])), m
+        assert m["skipped"] == 0.0, m
+    init = tiny_model(family).state_dict()
+    assert any(not torch.equal(init[k], v) for k, v in weights.items()), f"{name} on {family} did not train"
+    for r in reports:  # every rank's rollout replica holds exactly the actor's weights after the hand-off
+        assert r["max_abs_gap"] == 0.0, r
+        assert len(r["keys"]) == r["num_weights"], r  # full weights (no adapters here)
+
+
+# measured on a shared 2-core machine: 20-23 s each, 23-37 s for those marked slow; starting the
+# two actors (a process each: torch, the packages, the model) takes most of it, not the steps
+@pytest.mark.parametrize(("family", "name", "fields"), [
+    # sequence ELBOs on stratified count masks, per-sample backward
+    pytest.param("llada", "bgpo", {"mc_num": 2}, id="bgpo-llada"),
+    # replays the recorded trajectory, one backward per state
+    pytest.param("llada", "cj-grpo", {}, id="cj-grpo-llada"),
+    # an FSDP2 reference worker (k2 KL) and two off-policy updates per batch
+    pytest.param("llada", "espo", {"mc_num": 2, "num_iterations": 2}, id="espo-llada"),
+    # the rollout scores its canvases with an unsharded frozen copy of the initial policy
+    pytest.param("llada", "dmpo", {"num_replicates": 2}, id="dmpo-llada", marks=pytest.mark.slow),
+    # block diffusion: BD3LM rows under FSDP2
+    pytest.param("sdar", "bgpo", {"mc_num": 2}, id="bgpo-sdar", marks=pytest.mark.slow),
+])
+def test_ray_runs_algorithm(ray_cluster: Any, family: str, name: str, fields: dict[str, Any]) -> None:
+    metrics, reports, weights = _ray_run(family, name, fields)
+    _check_run(family, name, metrics, reports, weights)
+
+
+@pytest.mark.slow
+def test_ray_lora_hands_off_adapter_weights_only(ray_cluster: Any) -> None:
+    from tests.dllm_train.distributed_helpers import algorithm_rank_setup
+
+    metrics, reports, weights = _ray_run("llada", "d1", {}, lora_rank=4)
+    assert all(m["skipped"] == 0.0 for m in metrics)
+    init = algorithm_rank_setup("llada", "d1", {}, 4).model.state_dict()
+    moved = {k for k, v in weights.items() if not torch.equal(init[k], v)}
+    assert moved and all("lora_" in k for k in moved), sorted(moved)[:5]  # adapters trained, base frozen
+    for r in reports:
+        assert r["keys"] and all("lora_" in k for k in r["keys"]), r["keys"][:5]  # adapters only
+        assert len(r["keys"]) < r["num_weights"], r
+        assert r["max_abs_gap"] == 0.0, r  # ... and the rollout replica equals the actor
+
+
+@pytest.mark.slow
+def test_ray_sequence_parallel_run_matches_the_local_workflow(ray_cluster: Any) -> None:
+    # sequence_parallel = 2 on 2 ranks: one data-parallel group that holds the whole batch, so the
+    # rollout, the plan and the update are the local workflow's, with every sequence split in two
+    from tests.dllm_train.algo_helpers import tiny_model, workflow
+
+    metrics, reports, weights = _ray_run("llada", "d1", {}, steps=2, sequence_parallel=2)
+    local_model = tiny_model("llada")
+    local = workflow(local_model, "d1")
+    expected = [local.step(step) for step in range(2)]
+    for got, want in zip(metrics, expected):
+        assert got["reward_mean"] == want["reward_mean"]
+        assert got["loss"] == pytest.approx(want["loss"], rel=1e-4, abs=1e-6)
+        assert got["grad_norm"] == pytest.approx(want["grad_norm"], rel=1e-4)
+    ref = local_model.state_dict()
+    assert max(float((weights[k] - ref[k]).abs().max()) for k in ref) < 1e-4
+    assert all(r["max_abs_gap"] == 0.0 for r in reports)

@@ -68,3 +68,127 @@ def test_ulysses_forward_and_grads_equal_unsplit(sp_results: list[dict[str, dict
         assert r["logits"] < 1e-5 * max(1.0, r["scale"]), r
         assert r["grads"] < 1e-4, r
 
+
+
+# --- the actor through sequence parallelism: SequenceParallelScorer under FSDP2, 2 ranks, sp = 2 ---
+
+def _scorer_case(family: str) -> dict[str, float]:
+    """Direct scorer calls on odd-length rows (end padding), 2-D and candidate targets."""
+    from dllm_train import Scorer
+    from dllm_train.distributed import ParallelDims, SequenceParallelScorer, sequence_parallel_group
+    from tests.dllm_train.algo_helpers import tiny_model
+
+    model = tiny_model(family)
+    group = sequence_parallel_group(ParallelDims(world_size=2, sequence_parallel=2), dist.get_rank())
+    plain, split = Scorer(model), SequenceParallelScorer(model, group)
+    g = torch.Generator().manual_seed(2)
+    clean = torch.randint(0, 12, (3, 13), generator=g)
+    attn = torch.ones(3, 13, dtype=torch.bool)
+    attn[1, :4] = False  # left padding
+    noisy = torch.where(torch.rand(3, 13, generator=g) < 0.5, plain.mask_id, clean)
+    cands = torch.randint(0, 12, (3, 13, 3), generator=g)
+    err = 0.0
+    with torch.no_grad():
+        for targets in (clean, cands):
+            ref = plain(noisy, attn, targets, clean_ids=clean)
+            out = split(noisy, attn, targets, clean_ids=clean)
+            err = max(err, float((ref - out).abs().max()))
+    return {"err": err}
+
+
+def _actor_case(family: str, name: str, fields: dict[str, Any]) -> dict[str, Any]:
+    """Old log-probs, loss, gradients and weights of one update: unsplit vs sp = 2 under FSDP2."""
+    import copy
+    import dataclasses
+
+    from dare.algorithms import get_algorithm
+    from dllm_train import ActorWorker, Experience, OptimConfig, generator, plan_token_logp, sample_seeds
+    from dllm_train.distributed import (
+        ParallelDims,
+        SequenceParallelScorer,
+        full_state_dict,
+        sequence_parallel_group,
+        shard_model,
+    )
+    from tests.dllm_train.algo_helpers import tiny_model, workflow
+
+    model = tiny_model(family)
+    wf = workflow(model, name, algorithm=dataclasses.replace(get_algorithm(name), **fields))  # type: ignore[type-var]
+    obj = wf.objective
+    prompts, answers, groups = wf.prompts(0).expanded()
+    rollout = wf.rollout.generate(prompts, sample_seeds(0, len(prompts), "rollout", 0))
+    scores, _ = wf.reward.score(rollout, answers)
+    optim = OptimConfig(lr=1e-2, grad_clip=0.0)  # no clipping: the gradients themselves are compared
+
+    # fixed non-zero advantages: an untrained tiny model's group rewards may all be equal
+    advantages = torch.randn(len(prompts), generator=torch.Generator().manual_seed(3))
+
+    def run(actor: ActorWorker) -> tuple[Experience, torch.Tensor, dict[str, float]]:
+        exp = Experience(rollout=rollout, scores=scores, group_ids=groups)
+        actor.prepare(exp, generator(0, "plan", 0))
+        exp.advantages = advantages
+        plan = exp.plan[0] if isinstance(exp.plan, list) else exp.plan
+        with torch.no_grad():  # per-token log-probs of every noised copy of the plan
+            tokens = plan_token_logp(actor.scorer, rollout.input_ids, rollout.attention_mask, plan)
+        return exp, tokens, actor.update(exp)
+
+    local = copy.deepcopy(model)
+    local_exp, local_tokens, local_metrics = run(ActorWorker(local, obj, optim))
+    local_grads = {n: p.grad for n, p in local.named_parameters() if p.grad is not None}
+
+    group = sequence_parallel_group(ParallelDims(world_size=2, sequence_parallel=2), dist.get_rank())
+    sharded = shard_model(copy.deepcopy(model))
+    exp, tokens, metrics = run(ActorWorker(sharded, obj, optim, scorer=SequenceParallelScorer(sharded, group)))
+    grads = {n: p.grad.full_tensor() for n, p in sharded.named_parameters() if p.grad is not None}  # type: ignore[attr-defined]
+    full, ref, init = full_state_dict(sharded), local.state_dict(), model.state_dict()
+    return {
+        "old": float((exp.old_logp - local_exp.old_logp).abs().max()),  # type: ignore[operator]
+        "token": float((tokens - local_tokens).abs().max()),
+        "token_scale": float(local_tokens.abs().max()),
+        "loss": (metrics["loss"], local_metrics["loss"]),
+        "grad_norm": (metrics["grad_norm"], local_metrics["grad_norm"]),
+        "grad_keys": sorted(grads) == sorted(local_grads),
+        "grad": max(float((grads[n] - local_grads[n]).abs().max()) for n in local_grads),
+        "grad_scale": max(float(g.abs().max()) for g in local_grads.values()),
+        "weights": max(float((full[k] - ref[k]).abs().max()) for k in ref),
+        "moved": max(float((ref[k] - init[k]).abs().max()) for k in ref),
+    }
+
+
+def _actor_cases(rank: int) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {f"scorer-{f}": _scorer_case(f) for f in ("llada", "dream", "sdar")}
+    out["actor-llada"] = _actor_case("llada", "d1", {})
+    out["actor-sdar"] = _actor_case("sdar", "bgpo", {"mc_num": 2})
+    return out
+
+
+@pytest.fixture(scope="module")
+def sp_actor_results() -> list[dict[str, dict[str, Any]]]:
+    return run_ranks(_actor_cases)
+
+
+@pytest.mark.parametrize("family", ["llada", "dream", "sdar"])
+def test_sequence_parallel_scorer_equals_unsplit_scorer(sp_actor_results: list[dict[str, dict[str, Any]]],
+                                                        family: str) -> None:
+    # odd length 13 (end padding), a left-padded row, 2-D and candidate targets; Dream's logit shift
+    # crosses the rank boundary; SDAR's BD3LM rows hold a block straddling the two ranks
+    for rank_result in sp_actor_results:
+        assert rank_result[f"scorer-{family}"]["err"] < 1e-5, rank_result
+
+
+@pytest.mark.parametrize("family", ["llada", "sdar"])
+def test_actor_with_sequence_parallel_equals_single_process(sp_actor_results: list[dict[str, dict[str, Any]]],
+                                                            family: str) -> None:
+    for rank_result in sp_actor_results:
+        r = rank_result[f"actor-{family}"]
+        assert r["token"] < 1e-5 * max(1.0, r["token_scale"]), r  # per-token log-probs of the plan
+        assert r["old"] < 1e-5, r  # the objective's old values, through the split forward
+        assert r["loss"][0] == pytest.approx(r["loss"][1], rel=1e-5, abs=1e-7), r
+        assert r["loss"][0] != 0.0, r
+        assert r["grad_keys"], r
+        assert r["grad_scale"] > 1e-3, r
+        assert r["grad"] < 1e-5 * r["grad_scale"], r  # the step's gradients: summed over ranks, not x sp
+        assert r["grad_norm"][0] == pytest.approx(r["grad_norm"][1], rel=1e-5), r
+        # Adam divides by sqrt(v): rounding-level gradient differences of near-zero entries move
+        # those weights by up to a fraction of lr, so the weights are compared to the step size
+        assert r["weights"] < 0.05 * r["moved"], r

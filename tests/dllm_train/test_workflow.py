@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 
 from dllm_train import PhaseSpec, Run, read_metrics
@@ -104,3 +105,18 @@ def test_tensorboard_events_are_written(tmp_path: Path) -> None:
     run.run_phase(PhaseSpec(order=0, name="rl", steps=2, step_fn=wf.step, owner=wf.actor))
     events = list((tmp_path / "tensorboard" / "rl").glob("events.out.tfevents.*"))
     assert events and events[0].stat().st_size > 0
+
+
+def test_token_editing_is_refused_where_trajectories_are_replayed() -> None:
+    import dataclasses as dc
+
+    from dllm_rollout import SamplingConfig
+    from tests.dllm_train.algo_helpers import tiny_model, workflow
+
+    editing = SamplingConfig(max_new_tokens=4, steps=4, block_length=4, temperature=1.0, block_diffusion=True,
+                             threshold=0.9, editing_threshold=0.5)
+    with pytest.raises(ValueError, match="cj-grpo.*editing_threshold"):
+        workflow(tiny_model("sdar"), "cj-grpo", sampling=editing)
+    wf = workflow(tiny_model("sdar"), "d1", sampling=editing)  # no trajectory read: allowed
+    assert wf.rollout.sampling.editing_threshold == 0.5
+    assert dc.asdict(wf.trainer)["consistency_every"] == 0

@@ -8,6 +8,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from tqdm import tqdm
 
@@ -15,6 +16,7 @@ from dare.algorithms import describe
 from dare.config import apply_overrides, load_config
 from dare.evaluate import add_eval_parser
 from dare.recipes import RECIPES, get_recipe
+from dare.run_config_ext import RecipeRunConfig
 
 
 class _TqdmHandler(logging.Handler):
@@ -32,6 +34,24 @@ def _setup_logging(verbose: bool) -> None:
     root.setLevel(logging.INFO if not verbose else logging.DEBUG)
 
 
+def _run_recipe(cfg: RecipeRunConfig, out: Path, *, progress: bool) -> dict[str, Any]:
+    """Run a checkpoint recipe through the pipeline of its algorithm's kind (RL, SFT, preference)."""
+    from dare.algorithms import ALGORITHMS, PREFERENCE_ALGORITHMS, SFT_ALGORITHMS
+
+    if cfg.algorithm in ALGORITHMS:
+        from dare.pipeline import run_rl_recipe
+
+        return run_rl_recipe(cfg, out, progress=progress)
+    from dare.offline_pipeline import run_preference_recipe, run_sft_recipe
+
+    if cfg.algorithm in SFT_ALGORITHMS:
+        return run_sft_recipe(cfg, out, progress=progress)
+    if cfg.algorithm in PREFERENCE_ALGORITHMS:
+        return run_preference_recipe(cfg, out, progress=progress)
+    raise ValueError(f"algorithm {cfg.algorithm!r} is unknown; choose one of "
+                     f"{sorted([*ALGORITHMS, *SFT_ALGORITHMS, *PREFERENCE_ALGORITHMS])}")
+
+
 def _train(args: argparse.Namespace) -> int:
     if args.config:
         cfg = load_config(Path(args.config))
@@ -40,19 +60,8 @@ def _train(args: argparse.Namespace) -> int:
     cfg = apply_overrides(cfg, args.overrides)
     out = Path(args.output_dir) if args.output_dir else Path("runs") / f"{cfg.recipe}-{time.strftime('%Y%m%d-%H%M%S')}"
     logging.getLogger(__name__).info("output folder: %s", out)
-    from dare.run_config_ext import RecipeRunConfig
-
     if isinstance(cfg, RecipeRunConfig):
-        from dare.algorithms import ALGORITHMS
-        from dare.pipeline import run_rl_recipe
-
-        if cfg.algorithm not in ALGORITHMS:
-            raise ValueError(
-                f"recipe {cfg.recipe!r} ({cfg.algorithm}) is not runnable from `dare train` yet: only RL "
-                f"recipes are ({sorted(ALGORITHMS)}); SFT and preference training run through "
-                "dllm_train.SFTWorker / PreferenceWorker from Python"
-            )
-        summary = run_rl_recipe(cfg, out, progress=not args.no_progress)
+        summary = _run_recipe(cfg, out, progress=not args.no_progress)
         print(f"finished {summary['steps']} steps; outputs in {out}")
         return 0
     from dare.quickstart import run_quickstart

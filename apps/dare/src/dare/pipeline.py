@@ -3,7 +3,8 @@
 The same phases, workers and checkpoints as the quick start; the model comes from
 `checkpoint.checkpoint`, prompts and verifiers from `data.train_files` (RL parquet schema, spec
 §5.1, or the name of a test set shipped with dllm_eval), validation from `data.eval_files`
-through `dllm_train.benchmark_validator`.
+through `dllm_train.benchmark_validator`. The input checks, model loading, validation and
+export here are shared with the SFT and preference recipes (`offline_pipeline`).
 """
 
 from __future__ import annotations
@@ -12,15 +13,18 @@ import copy
 import json
 import logging
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq  # type: ignore[import-untyped,unused-ignore]
 import torch
 
-from dare.algorithms import build_objective, check_family, family_key, get_algorithm
+from dare.algorithms import LoRA, build_objective, check_family, family_key, get_algorithm
 from dare.config import save_config
+from dare.datasets import chat_prompt_ids
 from dare.run_config_ext import RecipeRunConfig, resolve_algorithm
+from dare.sinks import open_wandb_run
 from dllm_eval import DATASETS, Row, load_rows, score
 from dllm_models import load_model, load_tokenizer, save_model
 from dllm_train import (
@@ -65,8 +69,7 @@ def encode_prompts(rows: list[Row], tokenizer: Any, max_prompt_length: int) -> l
     """Chat-templated prompt ids of each row; rows longer than `max_prompt_length` are dropped."""
     kept = []
     for row in rows:
-        ids = tokenizer.apply_chat_template(list(row.prompt), add_generation_prompt=True, tokenize=True)
-        ids = list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+        ids = chat_prompt_ids(tokenizer, list(row.prompt))
         if len(ids) <= max_prompt_length:
             kept.append((ids, row))
     if not kept:
@@ -76,23 +79,69 @@ def encode_prompts(rows: list[Row], tokenizer: Any, max_prompt_length: int) -> l
     return kept
 
 
-def run_rl_recipe(cfg: RecipeRunConfig, output_dir: Path, *, progress: bool = True) -> dict[str, Any]:
-    """Run (or resume) an RL recipe; returns the summary it writes."""
-    if not cfg.checkpoint.checkpoint:
+def check_inputs(cfg: RecipeRunConfig, entry: Any) -> None:
+    """Raise before any work if the checkpoint folder or the training data are not set, or the
+    checkpoint's family (read from config.json, no weights) is not one the algorithm supports."""
+    folder = cfg.checkpoint.checkpoint
+    if not folder:
         raise ValueError("checkpoint.checkpoint is empty: pass checkpoint.checkpoint=/path/to/model/folder")
+    if not (Path(folder) / "config.json").is_file():
+        raise ValueError(f"checkpoint.checkpoint={folder!r} is not a model folder (no config.json there); "
+                         "pass the folder holding config.json, the safetensors and the tokenizer")
     if not cfg.data.train_files:
         raise ValueError("data.train_files is empty: pass data.train_files=<parquet path or dataset name>[,...]")
+    check_family(cfg.algorithm, entry, family_key(load_model(folder, device="meta")))
+
+
+def load_policy(cfg: RecipeRunConfig) -> Any:
+    """The checkpoint's model, on the GPU when there is one."""
+    from dllm_train.packed_scoring import use_training_attention
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = load_model(cfg.checkpoint.checkpoint, dtype=cfg.checkpoint.dtype, device=device)
+    use_training_attention(model, cfg.trainer.train_attention or None)
+    return model
+
+
+def validator(cfg: RecipeRunConfig, model: Any, tokenizer: Any) -> Callable[[], dict[str, float]] | None:
+    """Held-out validation on `data.eval_files` with the recipe's decoding lengths (None: no eval files)."""
+    evals = [e.strip() for e in cfg.data.eval_files.split(",") if e.strip()]
+    if not evals:
+        return None
+    r = cfg.rollout
+    return benchmark_validator(model, tokenizer, evals, decoding={
+        "max_new_tokens": r.max_new_tokens, "steps": r.steps, "block_length": r.block_length})
+
+
+def finish(cfg: RecipeRunConfig, output_dir: Path, run: Run, model: Any, tokenizer: Any, *, steps: int,
+           curves: Sequence[str], t0: float) -> dict[str, Any]:
+    """Export `model/` (LoRA adapters merged into a copy), plot the curves, write summary.json."""
+    run.close()
+    export = model
+    if cfg.checkpoint.lora_rank:
+        from dllm_models.lora import merge_lora
+
+        export = merge_lora(copy.deepcopy(model))
+    save_model(export, output_dir / "model", tokenizer=tokenizer)
+    records = read_metrics(output_dir / "metrics.jsonl")
+    plot_curves(records, list(curves), output_dir / "curves.png")
+    summary = {"recipe": cfg.recipe, "algorithm": cfg.algorithm, "steps": steps, "results": run.results,
+               "wall_time_s_this_invocation": round(time.perf_counter() - t0, 1)}
+    (output_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def run_rl_recipe(cfg: RecipeRunConfig, output_dir: Path, *, progress: bool = True) -> dict[str, Any]:
+    """Run (or resume) an RL recipe; returns the summary it writes."""
+    check_inputs(cfg, get_algorithm(cfg.algorithm))
     t0 = time.perf_counter()
     output_dir.mkdir(parents=True, exist_ok=True)
     save_config(cfg, output_dir / "config.json")
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    model = load_model(cfg.checkpoint.checkpoint, dtype=cfg.checkpoint.dtype, device=device)
+    wandb_run = open_wandb_run(cfg, output_dir)
+    model = load_policy(cfg)
     tokenizer = load_tokenizer(cfg.checkpoint.checkpoint)
-    check_family(cfg.algorithm, get_algorithm(cfg.algorithm), family_key(model))
     if cfg.checkpoint.lora_rank:
-        from dllm_models.lora import apply_lora
-
-        apply_lora(model, rank=cfg.checkpoint.lora_rank, alpha=cfg.checkpoint.lora_alpha)
+        LoRA(rank=cfg.checkpoint.lora_rank, alpha=cfg.checkpoint.lora_alpha).apply(model, seed=cfg.trainer.seed)
     rows = [r for src in cfg.data.train_files.split(",") for r in read_rl_rows(src.strip())]
     data = encode_prompts(rows, tokenizer, cfg.data.max_prompt_length)
     by_key = {str(i): row for i, (_, row) in enumerate(data)}
@@ -113,29 +162,14 @@ def run_rl_recipe(cfg: RecipeRunConfig, output_dir: Path, *, progress: bool = Tr
         detokenize=lambda ids: str(tokenizer.decode(ids, skip_special_tokens=True)), objective=objective,
         optim=cfg.rl_optim, trainer=cfg.trainer, rl=cfg.rl,
     )
-    evals = [e.strip() for e in cfg.data.eval_files.split(",") if e.strip()]
-    validate = None
-    if evals:
-        r = cfg.rollout
-        validate = benchmark_validator(model, tokenizer, evals, decoding={
-            "max_new_tokens": r.max_new_tokens, "steps": r.steps, "block_length": r.block_length})
+    validate = validator(cfg, model, tokenizer)
     run = Run(output_dir, model, tokenizer=tokenizer, log_every=cfg.trainer.log_every, progress=progress,
-              tensorboard=cfg.trainer.tensorboard)
+              tensorboard=cfg.trainer.tensorboard, wandb_run=wandb_run)
     run.run_phase(PhaseSpec(
         order=0, name="rl", steps=cfg.trainer.max_steps, step_fn=workflow.step, owner=workflow.actor,
         eval_fn=validate, eval_every=cfg.trainer.eval_every, save_every=cfg.trainer.save_every,
         on_end=(lambda: {"final_eval": validate()}) if validate is not None else None,
         log_keys=("reward_mean", "loss", "clip_frac", "response_length"),
     ))
-    export = model
-    if cfg.checkpoint.lora_rank:
-        from dllm_models.lora import merge_lora
-
-        export = merge_lora(copy.deepcopy(model))
-    save_model(export, output_dir / "model", tokenizer=tokenizer)
-    records = read_metrics(output_dir / "metrics.jsonl")
-    plot_curves(records, ["reward_mean", "response_length", "loss", "clip_frac"], output_dir / "curves.png")
-    summary = {"recipe": cfg.recipe, "steps": cfg.trainer.max_steps, "results": run.results,
-               "wall_time_s_this_invocation": round(time.perf_counter() - t0, 1)}
-    (output_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    return summary
+    return finish(cfg, output_dir, run, model, tokenizer, steps=cfg.trainer.max_steps,
+                  curves=("reward_mean", "response_length", "loss", "clip_frac"), t0=t0)

@@ -13,6 +13,7 @@ import torch
 
 from dare.algorithms import build_objective
 from dare.config import RunConfig, save_config
+from dare.sinks import open_wandb_run
 from dare.tasks.addition import AdditionTask, build_tokenizer, exact_match_reward
 from dllm_models import build_model, save_model
 from dllm_rollout import SamplingConfig, decode, left_pad
@@ -84,12 +85,13 @@ def run_quickstart(cfg: RunConfig, output_dir: Path, *, progress: bool = True) -
         torch.set_num_threads(cfg.trainer.num_threads)
     output_dir.mkdir(parents=True, exist_ok=True)
     save_config(cfg, output_dir / "config.json")
+    wandb_run = open_wandb_run(cfg, output_dir)
     tokenizer = build_tokenizer()
     task = AdditionTask(cfg.task, tokenizer)
     model = build_tiny_model(cfg, tokenizer)
     seed = cfg.trainer.seed
     run = Run(output_dir, model, tokenizer=tokenizer, log_every=cfg.trainer.log_every, progress=progress,
-              tensorboard=cfg.trainer.tensorboard)
+              tensorboard=cfg.trainer.tensorboard, wandb_run=wandb_run)
 
     def evaluate() -> dict[str, float]:
         return {"eval_accuracy": evaluate_accuracy(model, task, cfg)}
@@ -117,6 +119,7 @@ def run_quickstart(cfg: RunConfig, output_dir: Path, *, progress: bool = True) -
         log_keys=("reward_mean", "loss", "clip_frac", "eval_accuracy"),
     ))
     shutdown()
+    run.close()
     save_model(model, output_dir / "model", tokenizer=tokenizer)
     records = read_metrics(output_dir / "metrics.jsonl")
     plot_curves(records, ["reward_mean", "eval_accuracy", "loss", "clip_frac", "ppo_kl", "consistency_max_abs_gap"],
@@ -143,7 +146,8 @@ def _rl_backend(cfg: RunConfig, model: Any, tokenizer: Any, prompts: Any, object
         ray_wf = RayRLWorkflow(
             setup_fn=functools.partial(rank_setup, cfg, weights), prompts=prompts, objective=objective,
             trainer=cfg.trainer, rl=cfg.rl, driver_model=model,
-            dist=DistributedConfig(num_workers=cfg.trainer.num_workers, gpus_per_worker=cfg.trainer.gpus_per_worker),
+            dist=DistributedConfig(num_workers=cfg.trainer.num_workers, gpus_per_worker=cfg.trainer.gpus_per_worker,
+                                   sequence_parallel=cfg.trainer.sequence_parallel),
         )
         return ray_wf.step, ray_wf, ray_wf.shutdown
     workflow = local_rl_workflow(

@@ -2,7 +2,8 @@
 
 `quickstart` trains a tiny model on CPU. The `<family>-<algorithm>` recipes reproduce the
 reference defaults (spec §6) on released checkpoints: set `checkpoint.checkpoint` and
-`data.train_files`; they are meant for GPUs.
+`data.train_files` (RL prompts, SFT prompt/response or preference prompt/chosen/rejected
+parquet files; see `dare.pipeline` and `dare.datasets`); they are meant for GPUs.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from functools import partial
 
 from dare.algorithms import ALGORITHMS, PREFERENCE_ALGORITHMS, SFT_ALGORITHMS
 from dare.config import EvalConfig, RunConfig, TinyModelConfig
-from dare.run_config_ext import CheckpointModelConfig, DataConfig, RecipeRunConfig
+from dare.run_config_ext import CheckpointModelConfig, DataConfig, PreferenceConfig, RecipeRunConfig
 from dare.tasks.addition import AdditionConfig
 from dllm_rollout import SamplingConfig
 from dllm_train import OptimConfig, RLConfig, SFTConfig, TrainerConfig
@@ -85,9 +86,11 @@ def preference_recipe(family: str, algorithm: str) -> RunConfig:
     """DPO / VRPO on chosen/rejected pairs: 64 pairs per step, lr 5e-7, lengths 512/512 (spec §2.3)."""
     return RecipeRunConfig(
         recipe=f"{family}-{algorithm}", algorithm=algorithm,
-        checkpoint=CheckpointModelConfig(family=family), data=DataConfig(max_prompt_length=512),
+        checkpoint=CheckpointModelConfig(family=family),
+        data=DataConfig(max_prompt_length=512, max_response_length=512),
+        preference=PreferenceConfig(pairs_per_step=64),
         rl_optim=OptimConfig(lr=5e-7, weight_decay=0.01),
-        rollout=_FAMILY_ROLLOUT[family], trainer=TrainerConfig(max_steps=1000, seed=0),
+        rollout=_FAMILY_ROLLOUT[family], trainer=TrainerConfig(max_steps=1000, seed=0, save_every=100),
     )
 
 
@@ -107,9 +110,9 @@ def sft_recipe(family: str, algorithm: str) -> RunConfig:
         recipe=f"{family}-{algorithm}", algorithm=algorithm,
         algorithm_args=("t_range=[0.3, 0.8]",) if family == "llada2" else (),
         checkpoint=CheckpointModelConfig(family=family, lora_rank=rank, lora_alpha=alpha),
-        data=DataConfig(max_prompt_length=4096), sft=sft,
+        data=DataConfig(max_prompt_length=4096, max_response_length=4096), sft=sft,
         sft_optim=OptimConfig(lr=lr, betas=(0.9, 0.95), weight_decay=0.01, warmup_steps=sft.steps // 10),
-        rollout=_FAMILY_ROLLOUT[family], trainer=TrainerConfig(max_steps=0, seed=0),
+        rollout=_FAMILY_ROLLOUT[family], trainer=TrainerConfig(max_steps=0, seed=0, save_every=100),
     )
 
 

@@ -35,6 +35,8 @@ class CheckpointModelConfig:
             raise ValueError(f"checkpoint.family {self.family!r} unknown; choose one of {list(ALL_FAMILIES)}")
         if self.lora_rank < 0:
             raise ValueError(f"checkpoint.lora_rank must be >= 0 (0 disables LoRA), got {self.lora_rank}")
+        if not self.lora_alpha > 0:
+            raise ValueError(f"checkpoint.lora_alpha must be > 0 (LoRA scale = alpha / rank), got {self.lora_alpha}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -42,17 +44,39 @@ class DataConfig:
     """Training data.
 
     Attributes:
-        train_files, eval_files: dataset paths (parquet/jsonl); set by the user.
-        max_prompt_length: prompts are left-truncated to this many tokens.
+        train_files: comma-separated parquet paths (RL: or shipped dataset names); set by the user.
+            Schemas: RL in `pipeline.read_rl_rows`, SFT and preference in `dare.datasets`.
+        eval_files: comma-separated dllm_eval benchmark names validated during training.
+        max_prompt_length: longest chat-templated prompt in tokens (RL and SFT drop longer rows;
+            preference keeps the last tokens).
+        max_response_length: longest response in tokens (SFT drops longer rows; preference keeps
+            the last tokens of each response).
     """
 
     train_files: str = ""
     eval_files: str = ""
     max_prompt_length: int = 512
+    max_response_length: int = 512
 
     def __post_init__(self) -> None:
-        if self.max_prompt_length < 1:
-            raise ValueError(f"data.max_prompt_length must be >= 1, got {self.max_prompt_length}")
+        for name in ("max_prompt_length", "max_response_length"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"data.{name} must be >= 1, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PreferenceConfig:
+    """Batch shape of a preference step (its steps are `trainer.max_steps`, its optimizer `rl_optim`).
+
+    Attributes:
+        pairs_per_step: (prompt, chosen, rejected) triples per optimizer step.
+    """
+
+    pairs_per_step: int = 64
+
+    def __post_init__(self) -> None:
+        if self.pairs_per_step < 1:
+            raise ValueError(f"preference.pairs_per_step must be >= 1, got {self.pairs_per_step}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -62,18 +86,44 @@ class RecipeRunConfig(RunConfig):
     Attributes:
         checkpoint: the model folder.
         data: dataset paths and lengths.
+        preference: batch shape of preference algorithms.
         algorithm_args: "field=value" overrides of the algorithm's registry dataclass.
     """
 
     checkpoint: CheckpointModelConfig = field(default_factory=CheckpointModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
+    preference: PreferenceConfig = field(default_factory=PreferenceConfig)
     algorithm_args: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        from dare.algorithms import SFT_ALGORITHMS
+
         entry = resolve_algorithm(self)
         if self.checkpoint.family not in entry.families:
             raise ValueError(f"algorithm {self.algorithm!r} is defined for {list(entry.families)}, "
                              f"not family {self.checkpoint.family!r}")
+        if self.algorithm in SFT_ALGORITHMS:
+            _check_sft_fields(self)
+
+
+# SFT entry fields that a recipe run reads from elsewhere: the loss settings from `sft.*`, the
+# adapters from `checkpoint.lora_*` (as RL recipes do), so each value has one home.
+_SFT_ELSEWHERE = {"normalizer": "sft.normalizer", "weight_by_t": "sft.weight_by_t", "eps": "sft.eps",
+                  "lora": "checkpoint.lora_rank / checkpoint.lora_alpha"}
+
+
+def _check_sft_fields(cfg: RecipeRunConfig) -> None:
+    from dare.algorithms import SFT_ALGORITHMS
+
+    for item in cfg.algorithm_args:
+        key = item.partition("=")[0]
+        if key in _SFT_ELSEWHERE:
+            raise ValueError(f"algorithm_args {item!r}: recipe runs take {key} from {_SFT_ELSEWHERE[key]}; "
+                             f"drop it from algorithm_args and set {_SFT_ELSEWHERE[key]} instead")
+    if SFT_ALGORITHMS[cfg.algorithm].lora is not None and cfg.checkpoint.lora_rank < 1:
+        raise ValueError(f"algorithm {cfg.algorithm!r} trains LoRA adapters but checkpoint.lora_rank="
+                         f"{cfg.checkpoint.lora_rank}; set checkpoint.lora_rank=16 (or another rank >= 1), "
+                         "or use algorithm sft for full fine-tuning")
 
 
 def resolve_algorithm(cfg: RecipeRunConfig) -> Any:

@@ -11,7 +11,8 @@ from dllm_train.config import OptimConfig, RLConfig, SFTConfig, TrainerConfig
 from dllm_train.dataflow import Experience, PromptBatch
 from dllm_train.evaluation import benchmark_validator
 from dllm_train.likelihood import Scorer, noised_token_logp, plan_token_logp
-from dllm_train.metrics import MetricsWriter, format_line, plot_curves, read_metrics
+from dllm_train.lockstep import lockstep_passes
+from dllm_train.metrics import MetricsWriter, format_line, open_wandb, plot_curves, read_metrics
 from dllm_train.objective import PolicyObjective, at_iteration, default_update
 from dllm_train.preference import PreferenceBatch, PreferenceObjective, PreferenceWorker
 from dllm_train.seeding import derive_seed, generator, sample_seeds
@@ -57,8 +58,10 @@ __all__ = [
     "latest_checkpoint",
     "list_checkpoints",
     "local_rl_workflow",
+    "lockstep_passes",
     "load_checkpoint",
     "noised_token_logp",
+    "open_wandb",
     "plan_token_logp",
     "plot_curves",
     "read_metrics",

@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import load_file
 
-from dllm_models import load_model, save_model
+from dllm_models import save_model, weight_files
 
 _NAME = re.compile(r"^(?P<order>\d+)-(?P<phase>[a-z]+)-(?P<step>\d{6})$")
 
@@ -93,8 +94,17 @@ def latest_checkpoint(output_dir: Path) -> CheckpointRef | None:
 
 
 def load_checkpoint(ref: CheckpointRef, model: Any) -> dict[str, Any]:
-    """Load the checkpoint's weights into `model` in place and return its trainer state."""
-    saved = load_model(ref.path / "model", dtype=next(model.parameters()).dtype)
-    model.load_state_dict(saved.state_dict())
+    """Load the checkpoint's weights into `model` in place and return its trainer state.
+
+    The tensors are read by name, so a model with LoRA adapters injected (whose state dict holds
+    `base_layer` and `lora_A/B` names that no plain family module has) resumes like any other.
+    """
+    dtype = next(model.parameters()).dtype
+    folder = ref.path / "model"
+    weights: dict[str, torch.Tensor] = {}
+    for shard in sorted(set(weight_files(folder).values())):
+        weights.update({k: v.to(dtype) if v.is_floating_point() else v
+                        for k, v in load_file(str(folder / shard)).items()})
+    model.load_state_dict(weights, strict=True)
     state: dict[str, Any] = torch.load(ref.path / "trainer_state.pt", weights_only=False)
     return state

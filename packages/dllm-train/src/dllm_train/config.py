@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dllm_objectives import SFT_NORMALIZERS
+from dllm_train.packed_scoring import PACKED_BACKENDS
+
 BACKENDS = ("local", "ray")
 
 
@@ -47,11 +50,25 @@ class TrainerConfig:
         log_every: progress-line period in steps.
         backend: "local" (in-process) or "ray" (Ray actors with FSDP2, same worker code).
         num_workers: ranks of the Ray backend (one actor each).
+        sequence_parallel: ranks of the Ray backend that split every sequence (Ulysses sequence
+            parallelism of the actor's likelihood passes; 1: none). Must divide num_workers (the
+            rest is data parallelism: num_workers / sequence_parallel groups, each with its own
+            rows) and the model's attention head count; needs backend="ray".
         gpus_per_worker: 0 (CPU, gloo) or 1 (one GPU per rank, nccl) for the Ray backend.
         consistency_every: every N RL steps, replay the rollout's trajectory without cache and
             report the gap between rollout-side and recomputed log-probs (0: never; the rollout
             must record trajectories, `rollout.record_trajectory=true`).
         tensorboard: also write every metric to TensorBoard under `<output>/tensorboard/<phase>`.
+        wandb: also log every metric to Weights & Biases (extra `dllm-train[wandb]`), as
+            `<phase>/<metric>` against `<phase>/step`. Without WANDB_API_KEY (and no WANDB_MODE
+            set) it runs offline, files under `<output>/wandb`; `wandb sync` uploads them later.
+        wandb_project: W&B project name.
+        wandb_run_name: W&B run name (empty: the output folder's name).
+        train_attention: attention backend of the likelihood passes (old, reference, training,
+            SFT, preference) on packed rows with the fused log-prob head: "varlen" / "flash_attn"
+            (CUDA; bidirectional families), "flex" (any family; block families' BD3LM layout),
+            "sdpa" (CPU too). Empty: the padded batch with full logits. The rollout keeps the
+            model's own backend. See `dllm_train.packed_scoring`.
         num_threads: torch CPU threads of this process (0 keeps torch's default). Tiny models run
             fastest on one thread: OpenMP threads spin at every barrier, which costs more than the
             small matrix products gain, and collapses when another process shares the cores.
@@ -64,12 +81,23 @@ class TrainerConfig:
     log_every: int = 1
     backend: str = "local"
     num_workers: int = 2
+    sequence_parallel: int = 1
     gpus_per_worker: int = 0
     num_threads: int = 0
     consistency_every: int = 0
     tensorboard: bool = False
+    wandb: bool = False
+    wandb_project: str = "dare"
+    wandb_run_name: str = ""
+    train_attention: str = ""
 
     def __post_init__(self) -> None:
+        if self.train_attention and self.train_attention not in PACKED_BACKENDS:
+            raise ValueError(f"trainer.train_attention={self.train_attention!r} is not a packed attention backend; "
+                             f"choose one of {PACKED_BACKENDS} or leave it empty (padded path)")
+        if self.train_attention and self.sequence_parallel > 1:
+            raise ValueError("trainer.train_attention (packed rows) and trainer.sequence_parallel > 1 cannot be "
+                             "combined yet: the Ulysses split runs on the padded batch; unset one of them")
         if self.max_steps < 0:
             raise ValueError(f"trainer.max_steps must be >= 0, got {self.max_steps}")
         for name in ("eval_every", "save_every"):
@@ -81,12 +109,22 @@ class TrainerConfig:
             raise ValueError(f"trainer.backend {self.backend!r} unknown; choose one of {BACKENDS}")
         if self.num_workers < 1:
             raise ValueError(f"trainer.num_workers must be >= 1, got {self.num_workers}")
+        if self.sequence_parallel < 1 or self.num_workers % self.sequence_parallel:
+            sizes = [d for d in range(1, self.num_workers + 1) if self.num_workers % d == 0]
+            raise ValueError(f"trainer.sequence_parallel={self.sequence_parallel} must be >= 1 and divide "
+                             f"trainer.num_workers={self.num_workers}; choose one of {sizes}")
+        if self.sequence_parallel > 1 and self.backend != "ray":
+            raise ValueError(f"trainer.sequence_parallel={self.sequence_parallel} splits sequences over Ray "
+                             f"ranks; set trainer.backend=ray (got {self.backend!r}) or trainer.sequence_parallel=1")
         if self.consistency_every < 0:
             raise ValueError(f"trainer.consistency_every must be >= 0 (0: never), got {self.consistency_every}")
         if self.num_threads < 0:
             raise ValueError(f"trainer.num_threads must be >= 0 (0: torch's default), got {self.num_threads}")
         if self.gpus_per_worker not in (0, 1):
             raise ValueError(f"trainer.gpus_per_worker must be 0 or 1, got {self.gpus_per_worker}")
+        if self.wandb and not self.wandb_project.strip():
+            raise ValueError("trainer.wandb_project is empty while trainer.wandb=true; "
+                             "set trainer.wandb_project=NAME (or trainer.wandb=false)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -122,7 +160,9 @@ class SFTConfig:
         steps: optimizer steps (0 skips the phase).
         batch_size: sequences per step.
         eps: smallest masking ratio t.
-        normalizer: "masked" (sum over masked tokens / their count) or "response".
+        normalizer: "masked" (batch sum / number of masked tokens), "response" (per-sequence
+            sum / its response length) or "answer_len" (batch sum / number of response tokens);
+            see `dllm_objectives.mdm_sft_loss`.
         weight_by_t: weight each masked token by 1/t (the LLaDA-paper NELBO).
     """
 
@@ -139,3 +179,5 @@ class SFTConfig:
             raise ValueError(f"sft.batch_size must be >= 1, got {self.batch_size}")
         if not 0 < self.eps < 1:
             raise ValueError(f"sft.eps must be in (0, 1), got {self.eps}")
+        if self.normalizer not in SFT_NORMALIZERS:
+            raise ValueError(f"sft.normalizer {self.normalizer!r} unknown; choose one of {SFT_NORMALIZERS}")

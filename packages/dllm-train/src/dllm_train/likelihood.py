@@ -4,6 +4,8 @@
 (Dream reads position j's logit at j - 1) and, for block-diffusion families (SDAR, LLaDA2), the
 BD3LM [x_t ; x_0] layout (Arriola et al., arXiv 2503.09573): a noisy block sees itself and the
 clean earlier blocks only. Objectives receive a `Scorer` and never branch on the family.
+A model marked with `use_training_attention(model, backend)` is scored on packed rows with the
+fused log-prob head (`dllm_train.packed_scoring`); otherwise on the padded batch.
 """
 
 from __future__ import annotations
@@ -11,8 +13,10 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from dllm_objectives import MaskPlan, apply_mask, token_logp_from_logits
+from dllm_train.packed_scoring import packed_token_logp, training_attention
 
 
 def positions(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -20,7 +24,7 @@ def positions(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
-def _gather_logp(logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
+def logp_of_targets(logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
     """float32 log-probs of `targets` ([M, S] or [M, S, C]) under logits [M, S, V]."""
     if targets.dim() == logits.dim() - 1:
         return token_logp_from_logits(logits, targets, temperature=temperature)
@@ -31,14 +35,21 @@ def _gather_logp(logits: torch.Tensor, targets: torch.Tensor, temperature: float
 class Scorer:
     """`score(noisy_ids, attention_mask, targets) -> token_logp` for one model.
 
+    Every call runs exactly one forward of the model, whatever the data (see `lockstep_group`).
+
     Attributes:
         model: a dllm_models family module.
         mask_id, eos_id, pad_id: the family's special token ids.
         block_length: block size of block-diffusion families (None: bidirectional masked LM).
+        lockstep_group: the process group whose ranks must run the same number of forward
+            passes because each forward is a collective (an FSDP2-sharded model: every forward
+            all-gathers its weights); None: no such group (one process). Objectives with a
+            data-dependent number of passes pad to the group's count (`dllm_train.lockstep`).
     """
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, *, lockstep_group: dist.ProcessGroup | None = None) -> None:
         self.model = model
+        self.lockstep_group = lockstep_group
         traits = model.traits
         self.mask_id: int = int(traits.mask_token_id)
         self.eos_id: int = int(traits.eos_token_id)
@@ -51,6 +62,27 @@ class Scorer:
         if self.logit_shift:
             logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
         return logits
+
+    def _token_logp(self, ids: torch.Tensor, attn: torch.Tensor, pos: torch.Tensor, targets: torch.Tensor,
+                    temperature: float) -> torch.Tensor:
+        """The one forward of a score: float32 log-probs of `targets` [M, S] (or [M, S, C]).
+
+        Subclasses change how the forward runs (e.g. sequence parallelism), not what it computes.
+        """
+        return logp_of_targets(self._logits(ids, attn, pos), targets, temperature)
+
+    def idle_pass(self) -> torch.Tensor:
+        """One forward of a one-token input (the mask token), returned as a scalar 0 that keeps its graph.
+
+        A rank runs it in place of a pass it does not need, so that the ranks of its
+        `lockstep_group` run the same collectives (`dllm_train.lockstep`); backpropagating the
+        returned value runs the backward's collectives and adds exactly zero to every gradient.
+        """
+        device = next(self.model.parameters()).device
+        ids = torch.full((1, 1), self.mask_id, dtype=torch.long, device=device)
+        attn = torch.ones((1, 1), dtype=torch.bool, device=device)
+        lp = self._token_logp(ids, attn, torch.zeros_like(ids), ids, 1.0)
+        return lp.sum() * 0.0
 
     def __call__(
         self,
@@ -74,9 +106,15 @@ class Scorer:
             float32 [M, S] (or [M, S, C]). Block models: 0 in blocks that hold no noised token.
         """
         attn = attention_mask.bool()
+        backend = training_attention(self.model)
+        if backend is not None and targets.dim() == noisy_ids.dim():
+            return packed_token_logp(
+                self.model, noisy_ids, attn, targets, targets if clean_ids is None else clean_ids,
+                temperature=temperature, block_length=self.block_length, backend=backend,
+            )
         pos = positions(attn)
         if self.block_length is None:
-            return _gather_logp(self._logits(noisy_ids, attn, pos), targets, temperature)
+            return self._token_logp(noisy_ids, attn, pos, targets, temperature)
         clean = targets if clean_ids is None else clean_ids
         return self._bd3lm(noisy_ids, attn, pos, clean, targets, temperature)
 
@@ -94,8 +132,8 @@ class Scorer:
         changed = (noisy != clean) & attn
         out = torch.zeros(targets.shape, dtype=torch.float32, device=noisy.device)
         blocks = torch.unique(bid[changed]).tolist()
-        if not blocks:
-            return out
+        if not blocks:  # still one forward (an idle one), so every call is one pass on every rank
+            return out + self.idle_pass()
         rows, row_attn = [], []
         for b in blocks:
             rows.append(torch.where(bid < b, clean, noisy))
@@ -105,7 +143,7 @@ class Scorer:
         attn_all = torch.cat(row_attn)
         pos_all = pos.repeat(len(blocks), 1)
         tgt_all = targets.repeat(len(blocks), *([1] * (targets.dim() - 1)))
-        logp = _gather_logp(self._logits(ids_all, attn_all, pos_all), tgt_all, temperature)
+        logp = self._token_logp(ids_all, attn_all, pos_all, tgt_all, temperature)
         for i, b in enumerate(blocks):
             sel = bid == b
             if targets.dim() == 3:

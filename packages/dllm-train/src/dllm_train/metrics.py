@@ -1,21 +1,74 @@
-"""Metrics: one JSON line per step, a progress bar, optional TensorBoard, and PNG curves."""
+"""Metrics: one JSON line per step, a progress bar, optional TensorBoard and W&B, PNG curves."""
 
 from __future__ import annotations
 
 import json
 import logging
 import math
-from collections.abc import Sequence
+import os
+import uuid
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 logger = logging.getLogger(__name__)
 
+WANDB_INSTALL_HINT = "pip install 'dllm-train[wandb]' (in this workspace: uv sync --extra wandb --package dllm-train)"
+
+
+def open_wandb(output_dir: Path, *, project: str, name: str = "", config: Mapping[str, Any] | None = None) -> Any:
+    """Start (or resume) the W&B run of a training run folder; wandb is imported only here.
+
+    Without WANDB_API_KEY and without an explicit WANDB_MODE the run is offline (nothing is sent,
+    nothing blocks on the network); files go to `output_dir/wandb/` and `wandb sync` uploads them
+    later. The run id is kept in `output_dir/wandb/run_id`, so rerunning the same command in the
+    same folder continues the same W&B run (online; offline, every invocation writes its own
+    folder under that id). Steps replayed after a resume are logged again.
+
+    Args:
+        output_dir: the run folder.
+        project: W&B project.
+        name: run name (empty: the folder's name).
+        config: the resolved run config, stored with the W&B run.
+
+    Returns:
+        The `wandb.Run`.
+
+    Raises:
+        ImportError: wandb is not installed (the message says how to install the extra).
+    """
+    try:
+        import wandb  # type: ignore[import-not-found,import-untyped,unused-ignore]
+    except ImportError as err:
+        raise ImportError(f"trainer.wandb=true needs the wandb package: {WANDB_INSTALL_HINT}, "
+                          "or set trainer.wandb=false") from err
+    root = output_dir / "wandb"
+    root.mkdir(parents=True, exist_ok=True)
+    id_file = root / "run_id"
+    run_id = id_file.read_text().strip() if id_file.is_file() else uuid.uuid4().hex[:12]
+    id_file.write_text(run_id)
+    offline = not os.environ.get("WANDB_API_KEY") and not os.environ.get("WANDB_MODE")
+    if offline:
+        logger.info("W&B: no WANDB_API_KEY, logging offline to %s (upload later with `wandb sync`)", root)
+    # wandb ignores `resume` offline (with a warning); online, "allow" continues the same run
+    return wandb.init(project=project, name=name or output_dir.resolve().name, id=run_id,
+                      resume=None if offline else "allow", dir=str(output_dir), config=dict(config or {}),
+                      mode="offline" if offline else None)
+
 
 class MetricsWriter:
-    """Appends `{"step": ..., ...}` lines to a jsonl file; truncates past a resume point."""
+    """Appends `{"step": ..., ...}` lines to a jsonl file; truncates past a resume point.
 
-    def __init__(self, path: Path, *, resume_step: int = 0, tensorboard_dir: Path | None = None) -> None:
+    Args:
+        path: the jsonl file.
+        resume_step: records with a larger step are dropped (they belong to a lost future).
+        tensorboard_dir: also write scalars to TensorBoard there.
+        wandb_run: also log scalars to this W&B run, as `<phase>/<key>` against `<phase>/step`.
+        phase: the prefix of the W&B keys.
+    """
+
+    def __init__(self, path: Path, *, resume_step: int = 0, tensorboard_dir: Path | None = None,
+                 wandb_run: Any = None, phase: str = "train") -> None:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
         kept = [r for r in read_metrics(path) if int(r["step"]) <= resume_step] if path.exists() else []
@@ -30,15 +83,24 @@ class MetricsWriter:
                 self._tb = SummaryWriter(str(tensorboard_dir))
             except ImportError:
                 logger.warning("tensorboard is not installed; install dllm-train[tensorboard]")
+        self._wandb = wandb_run
+        self._phase = phase
+        if wandb_run is not None:
+            # phases restart their step count, so each phase gets its own step axis
+            wandb_run.define_metric(f"{phase}/step")
+            wandb_run.define_metric(f"{phase}/*", step_metric=f"{phase}/step")
 
     def write(self, record: dict[str, Any]) -> None:
         clean = {k: (v if not isinstance(v, float) or math.isfinite(v) else str(v)) for k, v in record.items()}
         with open(self.path, "a") as fh:
             fh.write(json.dumps(clean) + "\n")
+        scalars = {k: v for k, v in record.items() if isinstance(v, (int, float)) and k != "step"}
         if self._tb is not None:
-            for k, v in record.items():
-                if isinstance(v, (int, float)) and k != "step":
-                    self._tb.add_scalar(k, v, int(record["step"]))
+            for k, v in scalars.items():
+                self._tb.add_scalar(k, v, int(record["step"]))
+        if self._wandb is not None:
+            self._wandb.log({f"{self._phase}/step": int(record["step"]),
+                             **{f"{self._phase}/{k}": v for k, v in scalars.items()}})
 
     def close(self) -> None:
         if self._tb is not None:

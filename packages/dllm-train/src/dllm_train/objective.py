@@ -85,10 +85,15 @@ def at_iteration(values: torch.Tensor | None, exp: Experience, num_iterations: i
 
 
 def default_update(objective: PolicyObjective, scorer: Scorer, exp: Experience) -> tuple[torch.Tensor, Metrics]:
-    """One forward of `score`, the loss, one backward."""
+    """One forward of `score`, the loss, one backward.
+
+    The backward runs even when the loss is not finite (the actor then skips the step): on ranks
+    in lockstep (`Scorer.lockstep_group`) the backward is a collective that every rank must join.
+    """
     values = objective.score(scorer, exp)
+    if exp.old_logp is None and exp.extras.get("old_from_training_pass"):
+        exp.old_logp = values.detach()  # the policy has not moved since the rollout (ActorWorker.reuse_old)
     old = at_iteration(exp.old_logp, exp, objective.num_iterations)
     loss, metrics = objective.loss(values, old, exp.advantages, exp)
-    if torch.isfinite(loss):
-        torch.autograd.backward(loss)
+    torch.autograd.backward(loss)
     return loss.detach(), metrics

@@ -20,6 +20,7 @@ from dllm_rollout import RolloutBatch, SamplingConfig, decode, left_pad
 from dllm_train.config import OptimConfig
 from dllm_train.dataflow import Experience
 from dllm_train.likelihood import Scorer
+from dllm_train.lockstep import group_all
 from dllm_train.objective import PolicyObjective, default_update
 
 logger = logging.getLogger(__name__)
@@ -135,13 +136,18 @@ class RewardWorker:
 
 
 class ReferenceWorker:
-    """A frozen copy of the initial policy, for KL terms and reference likelihoods."""
+    """A frozen copy of the initial policy, for KL terms and reference likelihoods.
 
-    def __init__(self, model: Any) -> None:
+    Args:
+        model: the frozen model.
+        scorer: how it is run (default `Scorer(model)`; e.g. a `SequenceParallelScorer`).
+    """
+
+    def __init__(self, model: Any, *, scorer: Scorer | None = None) -> None:
         self.model = model.eval()
         for p in self.model.parameters():
             p.requires_grad_(False)
-        self.scorer = Scorer(self.model)
+        self.scorer = scorer if scorer is not None else Scorer(self.model)
 
     @torch.no_grad()
     def log_probs(self, exp: Experience, objective: PolicyObjective) -> torch.Tensor:
@@ -168,16 +174,37 @@ def build_optimizer(model: Any, cfg: OptimConfig) -> torch.optim.Optimizer:
 
 
 class ActorWorker:
-    """Holds the trainable policy and its optimizer; computes old values and updates."""
+    """Holds the trainable policy and its optimizer; computes old values and updates.
 
-    def __init__(self, model: Any, objective: PolicyObjective, optim: OptimConfig) -> None:
+    Args:
+        model: the trainable policy.
+        objective: the algorithm.
+        optim: optimizer settings.
+        scorer: how the policy is run for every old and training pass (default `Scorer(model)`;
+            a `SequenceParallelScorer` splits each sequence over a group of ranks).
+        reuse_old: skip the separate old pass when it is provably redundant: an objective with
+            one update per batch and the default update reads its old values from the same
+            weights, inputs and masks as its training forward, so the training forward's values
+            (detached) are the old values (importance ratio exactly 1). Saves one forward pass
+            over the batch per step.
+    """
+
+    def __init__(self, model: Any, objective: PolicyObjective, optim: OptimConfig, *,
+                 scorer: Scorer | None = None, reuse_old: bool = True) -> None:
         self.model = model
         self.objective = objective
         self.optim_cfg = optim
         self.optimizer = build_optimizer(model, optim)
-        self.scorer = Scorer(model)
+        self.scorer = scorer if scorer is not None else Scorer(model)
+        self.reuse_old = reuse_old
         self.updates = 0
         self.skipped = 0
+
+    @property
+    def old_from_training_pass(self) -> bool:
+        """Whether old values come from the training forward (see `reuse_old`)."""
+        obj = self.objective
+        return self.reuse_old and obj.needs_old and obj.num_iterations == 1 and obj.update is None
 
     def prepare(self, exp: Experience, generator: torch.Generator) -> None:
         """Derive the objective's per-batch data, sample the shared plan, compute old values."""
@@ -190,7 +217,9 @@ class ActorWorker:
                 exp.plan = obj.sample_plan(exp.rollout, generator)
             else:
                 exp.plan = [obj.sample_plan(exp.rollout, generator) for _ in range(obj.num_iterations)]
-        if obj.needs_old:
+        if self.old_from_training_pass:
+            exp.extras["old_from_training_pass"] = True
+        elif obj.needs_old:
             was_training = self.model.training
             self.model.eval()
             with torch.no_grad():
@@ -218,7 +247,8 @@ class ActorWorker:
         loss, metrics = strategy(self.objective, self.scorer, exp)
         out = {k: float(v.detach()) for k, v in metrics.items()}
         out["loss"] = float(loss.detach())
-        if not math.isfinite(out["loss"]):
+        # ranks in lockstep skip together: the gradient clipping below is a collective on them
+        if not group_all(math.isfinite(out["loss"]), self.scorer.lockstep_group):
             return self._skip(out, "loss")
         params = [p for p in self.model.parameters() if p.grad is not None]
         clip = self.optim_cfg.grad_clip if self.optim_cfg.grad_clip > 0 else float("inf")

@@ -23,6 +23,7 @@ from dllm_train.config import OptimConfig, RLConfig, TrainerConfig
 from dllm_train.dataflow import Experience, PromptBatch
 from dllm_train.metrics import MetricsWriter, format_line, read_metrics
 from dllm_train.objective import PolicyObjective
+from dllm_train.packed_scoring import use_training_attention
 from dllm_train.seeding import generator, sample_seeds
 from dllm_train.workers import ActorWorker, ReferenceWorker, RewardWorker, RolloutWorker
 
@@ -67,12 +68,24 @@ class PhaseSpec:
 
 
 class Run:
-    """Drives phases with checkpoints; resumes from the latest checkpoint in `output_dir`."""
+    """Drives phases with checkpoints; resumes from the latest checkpoint in `output_dir`.
+
+    Args:
+        output_dir: the run folder (metrics, checkpoints).
+        model: the module checkpointed with every phase (loaded from the latest checkpoint).
+        tokenizer: saved with each checkpoint.
+        log_every: one-line summary period in steps.
+        progress: show a progress bar.
+        tensorboard: also write metrics to `<output_dir>/tensorboard/<phase>`.
+        wandb_run: an open W&B run (`metrics.open_wandb`) that also receives every metric;
+            `close()` finishes it.
+    """
 
     def __init__(self, output_dir: Path, model: Any, *, tokenizer: Any = None, log_every: int = 1,
-                 progress: bool = True, tensorboard: bool = False) -> None:
+                 progress: bool = True, tensorboard: bool = False, wandb_run: Any = None) -> None:
         self.output_dir = output_dir
         self.tensorboard = tensorboard
+        self.wandb_run = wandb_run
         self.model = model
         self.tokenizer = tokenizer
         self.log_every = log_every
@@ -103,7 +116,8 @@ class Run:
             logger.info("phase %s already complete; skipping", spec.name)
             return
         tb_dir = self.output_dir / "tensorboard" / spec.name if self.tensorboard else None
-        writer = MetricsWriter(self.output_dir / spec.metrics_file, resume_step=start, tensorboard_dir=tb_dir)
+        writer = MetricsWriter(self.output_dir / spec.metrics_file, resume_step=start, tensorboard_dir=tb_dir,
+                               wandb_run=self.wandb_run, phase=spec.name)
         bar = tqdm(total=spec.steps, initial=start, desc=spec.name, disable=not self.progress,
                    dynamic_ncols=True, leave=False)
         try:
@@ -128,6 +142,12 @@ class Run:
         path = self.output_dir / spec_name_file
         return read_metrics(path) if path.exists() else []
 
+    def close(self) -> None:
+        """Finish the W&B run, if any (metrics files need no closing)."""
+        if self.wandb_run is not None:
+            self.wandb_run.finish()
+            self.wandb_run = None
+
 
 PromptSampler = Callable[[int], PromptBatch]
 """step -> the prompts of that step (deterministic in step)."""
@@ -146,6 +166,16 @@ class RLWorkflow:
                 f"trainer.consistency_every={trainer.consistency_every} needs recorded trajectories; "
                 "set rollout.record_trajectory=true (or trainer.consistency_every=0)"
             )
+        if getattr(rollout.sampling, "editing_threshold", None) is not None:
+            replays = [k for k in ("record_trajectory", "record_steps") if objective.sampling_overrides.get(k)]
+            if replays or trainer.consistency_every:
+                why = (f"algorithm {objective.name!r} reads the rollout's trajectory ({', '.join(replays)})"
+                       if replays else f"trainer.consistency_every={trainer.consistency_every} replays it")
+                raise ValueError(
+                    f"{why}, but rollout.editing_threshold={rollout.sampling.editing_threshold} lets the decoder "
+                    "rewrite committed tokens, which no step replay reproduces: unset rollout.editing_threshold, "
+                    "or use an algorithm that does not read trajectories (and trainer.consistency_every=0)"
+                )
         self.prompts = prompts
         self.rollout = rollout
         self.reward = reward
@@ -199,6 +229,7 @@ def local_rl_workflow(
     A frozen copy of the initial policy is made only when the objective needs one, for the
     reference pass and/or for reference log-probs recorded during the rollout.
     """
+    use_training_attention(model, trainer.train_attention or None)
     frozen = None
     if objective.needs_reference or objective.needs_rollout_reference:
         frozen = copy.deepcopy(model).eval()

@@ -57,6 +57,11 @@ def grpo(scores: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
     return grpo_advantages(scores, groups)
 
 
+def current_plan(exp: Experience, num_iterations: int) -> Any:
+    """This iteration's entry of the plan (the plan itself with one iteration)."""
+    return exp.plan[exp.iteration] if num_iterations > 1 else exp.plan
+
+
 def slice_plan(plan: MaskPlan, start: int, stop: int) -> MaskPlan:
     """Copies [start, stop) of a plan (per-copy meta tensors are sliced too)."""
     meta = {k: (v[:, start:stop] if v.dim() >= 2 and v.shape[1] == plan.num_samples else v)

@@ -16,7 +16,7 @@ from dllm_objectives import MaskPlan, dmpo_baseline, dmpo_ess_coeff, dmpo_weight
 from dllm_rollout import RolloutBatch
 from dllm_train import Experience, PolicyObjective, RLConfig, Scorer, sequence_inputs
 
-from dare.algorithms.common import MASKED, grpo, plan_logp
+from dare.algorithms.common import MASKED, current_plan, grpo, plan_logp
 
 Metrics = dict[str, torch.Tensor]
 
@@ -27,6 +27,8 @@ class DMPO:
 
     Defaults of the current public code: alpha 0.04, 4 antithetic replicates with mask ratio in
     [0.1, 1), individual baseline; `ess_target` > 0 picks the weight temperature by ESS.
+    `num_iterations` optimizer steps per rollout batch (mu; the public config uses 8), each on
+    fresh masks; the weights stay those of the rollout (spec §2.12): no ratio, no clipping.
     """
 
     alpha: float = 0.04
@@ -34,6 +36,7 @@ class DMPO:
     baseline: str = "individual"
     coeff: float = 1.0
     ess_target: float = 0.0
+    num_iterations: int = 1
     families: tuple[str, ...] = MASKED
 
     def build(self, rl: RLConfig) -> PolicyObjective:
@@ -57,12 +60,13 @@ class DMPO:
                              antithetic=True, generator=gen)
 
         def score(scorer: Scorer, exp: Experience) -> torch.Tensor:
-            return plan_logp(scorer, exp, exp.plan)
+            return plan_logp(scorer, exp, current_plan(exp, self.num_iterations))
 
         def loss(value: torch.Tensor, old: torch.Tensor | None, adv: torch.Tensor, exp: Experience) -> tuple[torch.Tensor, Metrics]:
             w = exp.extras["dmpo_weights"]
-            return wdce_loss(value, exp.plan.mask, w), {"weight_abs_mean": w.abs().mean()}
+            mask = current_plan(exp, self.num_iterations).mask
+            return wdce_loss(value, mask, w), {"weight_abs_mean": w.abs().mean()}
 
         return PolicyObjective(name="dmpo", score=score, advantages=grpo, loss=loss, prepare=prepare,
                                sample_plan=plan, needs_old=False, needs_rollout_reference=True,
-                               sampling_overrides={"record_trajectory": True})
+                               num_iterations=self.num_iterations, sampling_overrides={"record_trajectory": True})

@@ -35,14 +35,19 @@ from dllm_objectives import (
 from dllm_rollout import RolloutBatch
 from dllm_train import Experience, PolicyObjective, RLConfig, Scorer, at_iteration, sequence_inputs
 
-from dare.algorithms.common import ALL_FAMILIES, BLOCK, MASKED, Clip, grpo, is_block, plan_logp, slice_plan
+from dare.algorithms.common import (
+    ALL_FAMILIES,
+    BLOCK,
+    MASKED,
+    Clip,
+    current_plan,
+    grpo,
+    is_block,
+    plan_logp,
+    slice_plan,
+)
 
 Metrics = dict[str, torch.Tensor]
-
-
-def current_plan(exp: Experience, num_iterations: int) -> Any:
-    """This iteration's entry of the plan (the plan itself with one iteration)."""
-    return exp.plan[exp.iteration] if num_iterations > 1 else exp.plan
 
 
 def _elbo_normalizer(rollout: RolloutBatch) -> float | torch.Tensor:
@@ -214,7 +219,9 @@ class SPG:
 
     Block-wise random masks (later blocks fully, one block partially, earlier blocks and the
     prompt at 15%); REINFORCE with length-weighted sequence advantages, no ratio, no old or
-    reference values (spec §2.5).
+    reference values (spec §2.5). `num_iterations` optimizer steps per rollout batch, each on its
+    own mask set (the reference trainer's `num_iterations`); the later ones are off-policy, yet
+    the loss stays plain REINFORCE on the current policy: no ratio, no clipping.
     """
 
     mc_num: int = 1
@@ -222,6 +229,7 @@ class SPG:
     mix_weight: float = 0.5
     negative: str = "mix"
     block_length: int | None = None
+    num_iterations: int = 1
     families: tuple[str, ...] = MASKED
 
     def build(self, rl: RLConfig) -> PolicyObjective:
@@ -233,8 +241,9 @@ class SPG:
 
         def score(scorer: Scorer, exp: Experience) -> torch.Tensor:
             assert exp.advantages is not None
-            lp = plan_logp(scorer, exp, exp.plan)
-            return spg_sequence_logp(lp, exp.plan, sequence_inputs(exp.rollout)[3], exp.advantages > 0,
+            masks = current_plan(exp, self.num_iterations)
+            lp = plan_logp(scorer, exp, masks)
+            return spg_sequence_logp(lp, masks, sequence_inputs(exp.rollout)[3], exp.advantages > 0,
                                      negative=self.negative, eubo_beta=self.eubo_beta, mix_weight=self.mix_weight)
 
         def loss(value: torch.Tensor, old: torch.Tensor | None, adv: torch.Tensor,
@@ -242,4 +251,4 @@ class SPG:
             return spg_loss(value, adv, exp.rollout.response_mask.sum(-1)), {}
 
         return PolicyObjective(name="spg", score=score, advantages=grpo, loss=loss, sample_plan=plan,
-                               needs_old=False)
+                               needs_old=False, num_iterations=self.num_iterations)

@@ -10,7 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from dllm_train import OptimConfig, SFTConfig, SFTWorker
+import torch
+
+from dllm_train import OptimConfig, SFTConfig, SFTWorker, derive_seed
 from dllm_train.sft import SFTBatchFn
 
 from dare.algorithms.common import ALL_FAMILIES
@@ -28,10 +30,14 @@ class LoRA:
         if self.rank < 1 or self.alpha <= 0:
             raise ValueError(f"lora.rank must be >= 1 and lora.alpha > 0, got {self.rank}, {self.alpha}")
 
-    def apply(self, model: Any) -> Any:
+    def apply(self, model: Any, *, seed: int = 0) -> Any:
+        """Inject the adapters; their random initial weights are drawn from `seed` (global RNG untouched)."""
         from dllm_models import apply_lora
 
-        return apply_lora(model, rank=self.rank, alpha=self.alpha, dropout=self.dropout)
+        devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(derive_seed(seed, "lora-init"))
+            return apply_lora(model, rank=self.rank, alpha=self.alpha, dropout=self.dropout)
 
 
 @dataclass(frozen=True)
@@ -57,6 +63,6 @@ class SFT:
                seed: int) -> SFTWorker:
         """The SFT worker (adapters injected first when `lora` is set)."""
         if self.lora is not None:
-            model = self.lora.apply(model)
+            model = self.lora.apply(model, seed=seed)
         return SFTWorker(model, batches, self.config(steps=steps, batch_size=batch_size), optim, seed=seed,
                          t_range=self.t_range)

@@ -1,40 +1,54 @@
-"""Distributed backend: FSDP2 ranks, the Ray actor group and Ulysses sequence parallelism."""
+"""Distributed backend: FSDP2 ranks, the Ray actor group, Ulysses sequence parallelism and lockstep passes."""
 
 from dllm_train.distributed.fsdp import (
     broadcast_parameters,
     full_optimizer_state,
     full_state_dict,
+    handoff_state_dict,
     init_process_group,
     load_full_optimizer_state,
     shard_model,
+    trainable_state_dict,
 )
-from dllm_train.distributed.rank import RankSetup, RankWorker, select_rows, shard_rows
+from dllm_train.distributed.parallel_dims import ParallelDims, sequence_parallel_group
+from dllm_train.distributed.rank import RankSetup, RankWorker, map_tensors, select_rows, shard_rows
 from dllm_train.distributed.ray_backend import DistributedConfig, RayActorGroup, RayRLWorkflow
 from dllm_train.distributed.sequence_parallel import (
+    SequenceParallelScorer,
     gather_sequence,
     sequence_parallel,
     shard_sequence,
     sp_forward,
     ulysses_attention,
 )
+from dllm_train.lockstep import group_all, group_max, lockstep_passes
 
 __all__ = [
     "DistributedConfig",
+    "ParallelDims",
     "RankSetup",
     "RankWorker",
     "RayActorGroup",
     "RayRLWorkflow",
+    "SequenceParallelScorer",
     "broadcast_parameters",
     "full_optimizer_state",
     "full_state_dict",
     "gather_sequence",
+    "group_all",
+    "group_max",
+    "handoff_state_dict",
     "init_process_group",
     "load_full_optimizer_state",
+    "lockstep_passes",
+    "map_tensors",
     "select_rows",
     "sequence_parallel",
+    "sequence_parallel_group",
     "shard_model",
     "shard_rows",
     "shard_sequence",
     "sp_forward",
+    "trainable_state_dict",
     "ulysses_attention",
 ]

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import DTensor
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -93,6 +94,31 @@ def full_state_dict(model: nn.Module, *, cpu: bool = False) -> dict[str, Any]:
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=cpu))
 
 
+def trainable_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Full (unsharded) values of the trainable parameters only, on every rank; a collective.
+
+    With LoRA adapters (`dllm_models.apply_lora`) these are the adapter weights: the frozen base
+    weights are never gathered.
+    """
+    out: dict[str, torch.Tensor] = {}
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            value = p.detach()
+            out[name] = value.full_tensor() if isinstance(value, DTensor) else value
+    return out
+
+
+def handoff_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The weights a rollout replica needs after an update; a collective.
+
+    Only the trainable parameters when some are frozen (LoRA adapters: the adapter weights, as
+    `RolloutWorker.load_weights` accepts), else the full state dict.
+    """
+    if all(p.requires_grad for p in model.parameters()):
+        return full_state_dict(model)
+    return trainable_state_dict(model)
+
+
 def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """Unsharded optimizer state on rank 0, CPU (other ranks get {})."""
     return get_optimizer_state_dict(model, optimizer,
@@ -111,8 +137,10 @@ __all__ = [
     "free_port",
     "full_optimizer_state",
     "full_state_dict",
+    "handoff_state_dict",
     "init_process_group",
     "load_full_optimizer_state",
     "shard_model",
+    "trainable_state_dict",
     "transformer_blocks",
 ]

@@ -8,7 +8,11 @@ The driver (`RayRLWorkflow`) owns the loop and the data split; actors own the mo
 2. the driver gathers the scores, computes group-relative advantages on the full batch (groups
    may straddle ranks) and sends each rank its rows;
 3. each rank runs `ActorWorker.update` on its FSDP2-sharded policy (gradients are averaged by the
-   reduce-scatter) and refreshes its rollout replica with the gathered full weights.
+   reduce-scatter) and refreshes its rollout replica with the gathered full weights (only the
+   adapter weights when the model has LoRA adapters).
+
+With `sequence_parallel` S > 1 the N ranks form N / S data-parallel groups of S consecutive ranks:
+each group gets B S / N rows, and its ranks split every sequence of them (`ParallelDims`).
 
 Placement: one bundle per rank ({"CPU": 1} or {"CPU": 1, "GPU": 1}) in a placement group, so the
 same code spans nodes (strategy "SPREAD"/"PACK"); rank 0's node IP and a free port on it are the
@@ -24,6 +28,7 @@ from typing import Any
 import torch
 
 from dllm_train.config import RLConfig, TrainerConfig
+from dllm_train.distributed.parallel_dims import ParallelDims
 from dllm_train.distributed.rank import RankSetup, RankWorker, shard_rows
 from dllm_train.objective import PolicyObjective
 from dllm_train.seeding import sample_seeds
@@ -38,7 +43,10 @@ class DistributedConfig:
     """The actor group.
 
     Attributes:
-        num_workers: data-parallel ranks (each holds B / num_workers samples of a step).
+        num_workers: ranks (each data-parallel group holds B / (num_workers / sequence_parallel)
+            samples of a step).
+        sequence_parallel: ranks that split every sequence of one data-parallel group (Ulysses;
+            1: none). Must divide num_workers and the attention head count.
         gpus_per_worker: 0 (CPU, gloo) or 1 (one GPU per rank, nccl).
         cpus_per_worker: CPUs reserved per rank.
         placement_strategy: Ray placement-group strategy: "PACK", "SPREAD", "STRICT_PACK",
@@ -47,6 +55,7 @@ class DistributedConfig:
     """
 
     num_workers: int = 2
+    sequence_parallel: int = 1
     gpus_per_worker: int = 0
     cpus_per_worker: float = 1.0
     placement_strategy: str = "PACK"
@@ -55,6 +64,11 @@ class DistributedConfig:
     def __post_init__(self) -> None:
         if self.num_workers < 1:
             raise ValueError(f"distributed.num_workers must be >= 1, got {self.num_workers}")
+        if self.sequence_parallel < 1 or self.num_workers % self.sequence_parallel:
+            raise ValueError(
+                f"distributed.sequence_parallel={self.sequence_parallel} must be >= 1 and divide "
+                f"distributed.num_workers={self.num_workers}"
+            )
         if self.gpus_per_worker not in (0, 1):
             raise ValueError(f"distributed.gpus_per_worker must be 0 or 1, got {self.gpus_per_worker}")
         strategies = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
@@ -64,6 +78,10 @@ class DistributedConfig:
     @property
     def pg_backend(self) -> str:
         return "nccl" if self.gpus_per_worker else "gloo"
+
+    @property
+    def dims(self) -> ParallelDims:
+        return ParallelDims(world_size=self.num_workers, sequence_parallel=self.sequence_parallel)
 
 
 class RankActor:
@@ -89,7 +107,8 @@ class RankActor:
         init_process_group(rank=rank, world_size=world_size, master_addr=addr, master_port=port,
                            backend=cfg.pg_backend)
         device = "cuda" if cfg.gpus_per_worker else "cpu"
-        self.worker = RankWorker(setup_fn(), device=device, param_dtype=torch.bfloat16 if cfg.bf16 else None)
+        self.worker = RankWorker(setup_fn(), device=device, param_dtype=torch.bfloat16 if cfg.bf16 else None,
+                                 sequence_parallel=cfg.sequence_parallel)
 
     def call(self, method: str, *args: Any) -> Any:
         assert self.worker is not None, "start() first"
@@ -163,7 +182,15 @@ class RayRLWorkflow:
     def __init__(self, *, setup_fn: SetupFn, prompts: PromptSampler, objective: PolicyObjective,
                  trainer: TrainerConfig, rl: RLConfig, dist: DistributedConfig,
                  driver_model: Any = None) -> None:
-        shard_rows(rl.prompts_per_step * rl.group_size, dist.num_workers, 0)  # validate the split
+        if trainer.sequence_parallel != dist.sequence_parallel:
+            raise ValueError(f"trainer.sequence_parallel={trainer.sequence_parallel} but distributed.sequence_parallel="
+                             f"{dist.sequence_parallel}; build DistributedConfig(sequence_parallel="
+                             "trainer.sequence_parallel)")
+        batch, dp = rl.prompts_per_step * rl.group_size, dist.dims.data_parallel
+        if dist.sequence_parallel > 1 and batch % dp:
+            raise ValueError(f"rollout batch {batch} (prompts_per_step x group_size) must be divisible by the "
+                             f"{dp} data-parallel groups (num_workers / sequence_parallel)")
+        shard_rows(batch, dp, 0)  # validate the split
         self.prompts = prompts
         self.objective = objective
         self.trainer = trainer
@@ -173,14 +200,15 @@ class RayRLWorkflow:
         self.group = RayActorGroup(setup_fn, dist)
 
     def step(self, step: int) -> dict[str, float]:
-        n = self.dist.num_workers
+        n, dims = self.dist.num_workers, self.dist.dims
         prompts, answers, groups = self.prompts(step).expanded()
         seeds = sample_seeds(self.trainer.seed, len(prompts), "rollout", step)
-        rows = [shard_rows(len(prompts), n, r) for r in range(n)]
+        rows = [shard_rows(len(prompts), dims.data_parallel, dims.dp_rank(r)) for r in range(n)]
         outs = self.group.call("rollout_step", [
             (step, prompts[s], answers[s], seeds[s], groups[s]) for s in rows])
-        scores = torch.cat([o[0] for o in outs])
-        lengths = torch.cat([o[1] for o in outs])
+        leaders = outs[::dims.sequence_parallel]  # the ranks of a sequence-parallel group share rows
+        scores = torch.cat([o[0] for o in leaders])
+        lengths = torch.cat([o[1] for o in leaders])
         advantages = self.objective.advantages(scores, groups)
         per_rank = self.group.call("update", [(advantages[s],) for s in rows])
         metrics = {k: sum(m[k] for m in per_rank) / n for k in per_rank[0]}

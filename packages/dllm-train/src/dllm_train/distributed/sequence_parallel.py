@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from dllm_models.attention import BACKENDS, AttentionMask
+from dllm_train.likelihood import Scorer, logp_of_targets
 
 _counter = itertools.count()
 
@@ -81,23 +82,31 @@ def _all_gather_seq(x: torch.Tensor, group: dist.ProcessGroup | None) -> torch.T
 
 
 class _GatherSeq(torch.autograd.Function):
-    """All-gather along dim 1; backward keeps this rank's slice of the gradient (the loss on the
-    gathered tensor is computed identically on every rank)."""
+    """All-gather along dim 1; backward keeps this rank's slice of the gradient, times `scale`
+    (the loss on the gathered tensor is computed identically on every rank)."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
-        ctx.group, ctx.local = group, x.shape[1]
+    def forward(ctx: Any, x: torch.Tensor, group: dist.ProcessGroup | None, scale: float) -> torch.Tensor:
+        ctx.group, ctx.local, ctx.scale = group, x.shape[1], scale
         return _all_gather_seq(x, group)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
         r = dist.get_rank(ctx.group)
-        return grad[:, r * ctx.local:(r + 1) * ctx.local].contiguous(), None
+        own = grad[:, r * ctx.local:(r + 1) * ctx.local]
+        return (own * ctx.scale if ctx.scale != 1.0 else own).contiguous(), None, None
 
 
-def gather_sequence(x: torch.Tensor, group: dist.ProcessGroup | None = None) -> torch.Tensor:
-    """[B, L/N, ...] -> [B, L, ...] across the group, differentiable (backward: own slice)."""
-    out: torch.Tensor = _GatherSeq.apply(x, group)
+def gather_sequence(x: torch.Tensor, group: dist.ProcessGroup | None = None, *,
+                    grad_scale: float = 1.0) -> torch.Tensor:
+    """[B, L/N, ...] -> [B, L, ...] across the group, differentiable (backward: own slice).
+
+    Args:
+        grad_scale: multiplies the backward slice. 1: the per-rank parameter gradients *sum* to
+            the unsplit one. N (the group size): they *average* to it, which is what a
+            data-parallel wrapper averaging over every rank (FSDP2) needs.
+    """
+    out: torch.Tensor = _GatherSeq.apply(x, group, grad_scale)
     return out
 
 
@@ -143,6 +152,19 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: A
     return res
 
 
+def register_ulysses_backend(group: dist.ProcessGroup | None, inner: str) -> str:
+    """Register a Ulysses backend over `group` around `inner` in `BACKENDS`; returns its name."""
+    if inner not in BACKENDS:
+        raise ValueError(f"inner attention backend {inner!r} unknown; choose one of {sorted(BACKENDS)}")
+    name = f"ulysses{next(_counter)}:{inner}"
+
+    def fn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask) -> torch.Tensor:
+        return ulysses_attention(q, k, v, mask, inner=inner, group=group)
+
+    BACKENDS[name] = fn
+    return name
+
+
 @contextmanager
 def sequence_parallel(model: Any, group: dist.ProcessGroup | None = None,
                       inner: str | None = None) -> Iterator[str]:
@@ -154,15 +176,7 @@ def sequence_parallel(model: Any, group: dist.ProcessGroup | None = None,
         inner: backend doing the full-sequence attention (default: the model's current backend).
     """
     old = model.attention_backend
-    inner_name = inner or old
-    if inner_name not in BACKENDS:
-        raise ValueError(f"inner attention backend {inner_name!r} unknown; choose one of {sorted(BACKENDS)}")
-    name = f"ulysses{next(_counter)}:{inner_name}"
-
-    def fn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask) -> torch.Tensor:
-        return ulysses_attention(q, k, v, mask, inner=inner_name, group=group)
-
-    BACKENDS[name] = fn
+    name = register_ulysses_backend(group, inner or old)
     model.attention_backend = name
     try:
         yield name
@@ -214,4 +228,85 @@ def sp_forward(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor
     return gather_sequence(logits, group)[:, :length]
 
 
-__all__ = ["gather_sequence", "shard_sequence", "sequence_parallel", "sp_forward", "ulysses_attention"]
+def _pad_tail(x: torch.Tensor, pad: int, value: int | bool) -> torch.Tensor:
+    """[M, S, ...] -> [M, S + pad, ...], the new positions filled with `value`."""
+    return torch.cat([x, x.new_full((x.shape[0], pad, *x.shape[2:]), value)], dim=1)
+
+
+class SequenceParallelScorer(Scorer):
+    """A `Scorer` whose forward runs Ulysses-style over a sequence-parallel group.
+
+    Every rank of `group` passes the same full rows (old, reference and training passes alike);
+    each runs the model on its contiguous L/N positions (the rows padded at the end to a multiple
+    of N with masked keys; RoPE and block ids from global positions, so a block straddling two
+    ranks and the BD3LM rows are split consistently) and takes the log-probs of those positions;
+    only the float32 log-probs [M, L] are all-gathered, never the logits. Every rank then holds
+    the unsplit values, and the objective's loss is computed identically on all of them.
+
+    Gradients: the gather's backward keeps this rank's slice times N, so averaging parameter
+    gradients over all data-parallel x sequence-parallel ranks (the FSDP2 reduce-scatter over
+    the world) gives the mean over data-parallel groups of each group's unsplit gradient.
+
+    Args:
+        model: a dllm_models family (FSDP2-sharded or not) with an `attention_backend`.
+        group: the sequence-parallel process group of this rank.
+        lockstep_group: see `Scorer` (the FSDP2 group, spanning every sequence-parallel group).
+    """
+
+    def __init__(self, model: Any, group: dist.ProcessGroup | None, *,
+                 lockstep_group: dist.ProcessGroup | None = None) -> None:
+        super().__init__(model, lockstep_group=lockstep_group)
+        if self.logit_shift not in (0, 1):
+            raise ValueError(f"sequence parallelism supports a logit shift of 0 or 1, got {self.logit_shift}")
+        self.group = group
+        self.size = dist.get_world_size(group)
+        # registered for the scorer's lifetime: activation recomputation in backward looks it up
+        self.backend = register_ulysses_backend(group, model.attention_backend)
+
+    def __call__(self, noisy_ids: torch.Tensor, attention_mask: torch.Tensor, targets: torch.Tensor, *,
+                 clean_ids: torch.Tensor | None = None, temperature: float = 1.0) -> torch.Tensor:
+        """`Scorer.__call__` with every forward split over the group (padded rows only)."""
+        if getattr(self.model, "training_attention", None) is not None:
+            raise ValueError("sequence parallelism splits padded rows; packed training attention is not "
+                             "supported with it: unset it on the model or use sequence_parallel=1")
+        return super().__call__(noisy_ids, attention_mask, targets, clean_ids=clean_ids, temperature=temperature)
+
+    def _token_logp(self, ids: torch.Tensor, attn: torch.Tensor, pos: torch.Tensor, targets: torch.Tensor,
+                    temperature: float) -> torch.Tensor:
+        s = ids.shape[1]
+        tgt = targets
+        if self.logit_shift:
+            # position j is read at logit j - 1 (and 0 at 0): each position scores its own target
+            # (needed at 0) and the next one; both are gathered and recombined below
+            nxt = torch.cat([targets[:, 1:], targets[:, -1:]], dim=1)
+            tgt = torch.stack([targets, nxt], -1) if targets.dim() == 2 else torch.cat([targets, nxt], -1)
+        pad = (-s) % self.size
+        if pad:
+            extra = pos[:, -1:] + torch.arange(1, pad + 1, device=pos.device)
+            ids, attn, tgt = _pad_tail(ids, pad, self.pad_id), _pad_tail(attn, pad, False), _pad_tail(tgt, pad, 0)
+            pos = torch.cat([pos, extra], dim=1)
+        local = [shard_sequence(t, self.group) for t in (ids, attn, pos, tgt)]
+        old, self.model.attention_backend = self.model.attention_backend, self.backend
+        try:
+            logits = self.model(local[0], attention_mask=local[1], position_ids=local[2]).logits
+        finally:
+            self.model.attention_backend = old
+        lp = gather_sequence(logp_of_targets(logits, local[3], temperature), self.group,
+                             grad_scale=float(self.size))[:, :s]
+        if not self.logit_shift:
+            return lp
+        if targets.dim() == 2:
+            return torch.cat([lp[:, :1, 0], lp[:, :-1, 1]], dim=1)
+        c = targets.shape[-1]
+        return torch.cat([lp[:, :1, :c], lp[:, :-1, c:]], dim=1)
+
+
+__all__ = [
+    "SequenceParallelScorer",
+    "gather_sequence",
+    "register_ulysses_backend",
+    "sequence_parallel",
+    "shard_sequence",
+    "sp_forward",
+    "ulysses_attention",
+]
