@@ -117,6 +117,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tiny", action="store_true")
     ap.add_argument("--skip-llada", action="store_true")
+    ap.add_argument("--skip-sdar", action="store_true")
     args = ap.parse_args()
     device = "cpu" if args.tiny or not torch.cuda.is_available() else "cuda"
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
@@ -124,10 +125,24 @@ def main() -> None:
     gen = torch.Generator().manual_seed(0)
     times: dict[str, float] = {}
 
-    # ---- SDAR block 4, one cached step: block queries against the prompt's KV cache
-    sdar = _model("SDAR-8B-Chat", args.tiny, device, dtype, block_size=4)
     ids = torch.randint(0, 100_000 if not args.tiny else 500, (b, p), generator=gen).to(device)
     mask = torch.ones_like(ids, dtype=torch.bool)
+    seeds = torch.arange(b)
+    if not args.skip_sdar:
+        _sdar(args, b, ids, mask, seeds, device, dtype, times)
+    _llada(args, b, p, ids, mask, seeds, device, dtype, times)
+    print(f"\ndevice={device} batch={b} prompt={p}")
+    for k, v in times.items():
+        print(f"{k:60s} {v:10.2f} ms")
+    out = os.environ.get("OUT")
+    if out:
+        (Path(out) / "rollout_profile.json").write_text(json.dumps(times, indent=2))
+
+
+def _sdar(args: argparse.Namespace, b: int, ids: torch.Tensor, mask: torch.Tensor, seeds: torch.Tensor,
+          device: str, dtype: torch.dtype, times: dict[str, float]) -> None:
+    # ---- SDAR block 4, one cached step: block queries against the prompt's KV cache
+    sdar = _model("SDAR-8B-Chat", args.tiny, device, dtype, block_size=4)
     canvas, attn, pos, r0, _ = grid_canvas(ids, mask, 4, 8, sdar.traits.mask_token_id, sdar.traits.pad_token_id)
     with torch.no_grad():
         cache = sdar(canvas[:, :r0], attention_mask=attn[:, :r0], position_ids=pos[:, :r0],
@@ -138,7 +153,8 @@ def main() -> None:
     from dllm_rollout.block import _CachedBlocks
 
     with torch.no_grad():
-        cb = _CachedBlocks(sdar, canvas, attn, pos, r0)
+        cb = _CachedBlocks(sdar, canvas, attn, pos, r0, 4)
+        cb.logits(s, e)  # first call on a new block: marks its columns, captures the graph
         times["sdar cached step: _CachedBlocks.logits (graph replay)"] = _time(lambda: cb.logits(s, e), device, reps=5)
         print(f"graph captured: {cb.step.graph is not None}, capture failed: {cb.step.failed}")
         if device == "cuda":
@@ -152,7 +168,6 @@ def main() -> None:
         del cb
     cfg = SamplingConfig(max_new_tokens=8, block_length=4, steps=4, block_diffusion=True, cache="prefix",
                          stop_at_eos=False)
-    seeds = torch.arange(b)
     decode(sdar, ids, mask, seeds, cfg)
     wall = _profile(lambda: decode(sdar, ids, mask, seeds, cfg), device,
                     "SDAR decode 2 blocks x 4 steps (prefix fill + 8 steps + 1 store)")
@@ -161,6 +176,10 @@ def main() -> None:
     if device == "cuda":
         torch.cuda.empty_cache()
 
+
+
+def _llada(args: argparse.Namespace, b: int, p: int, ids: torch.Tensor, mask: torch.Tensor, seeds: torch.Tensor,
+           device: str, dtype: torch.dtype, times: dict[str, float]) -> None:
     # ---- LLaDA no-cache: one step over the whole 512 canvas
     if not args.skip_llada:
         llada = _model("LLaDA-8B-Instruct", args.tiny, device, dtype)
@@ -175,13 +194,12 @@ def main() -> None:
         decode_masked(llada, ids, mask, seeds, lcfg, last_step=1)
         times["llada decode 2 steps wall"] = _profile(
             lambda: decode_masked(llada, ids, mask, seeds, lcfg, last_step=2), device, "LLaDA no-cache 2 steps")
-
-    print(f"\ndevice={device} batch={b} prompt={p}")
-    for k, v in times.items():
-        print(f"{k:60s} {v:10.2f} ms")
-    out = os.environ.get("OUT")
-    if out:
-        (Path(out) / "rollout_profile.json").write_text(json.dumps(times, indent=2))
+        # Fast-dLLM dual cache, one block of 32 tokens in 16 steps (1 full forward + 15 dual steps)
+        for temp in (0.0, 0.6):
+            dcfg = SamplingConfig(max_new_tokens=32, block_length=32, steps=16, cache="dual", temperature=temp)
+            decode(llada, ids, mask, seeds, dcfg)
+            times[f"llada dual 1 block (16 steps) T={temp} wall"] = _profile(
+                lambda: decode(llada, ids, mask, seeds, dcfg), device, f"LLaDA dual cache, 1 block, T={temp}")
 
 
 if __name__ == "__main__":
