@@ -138,7 +138,8 @@ def run_preference_recipe(cfg: RecipeRunConfig, output_dir: Path, *, progress: b
         b = preference_batch([examples[i] for i in pick], pad)
         return PreferenceBatch(*(getattr(b, f.name).to(device) for f in dataclasses.fields(b)))
 
-    worker = PreferenceWorker(model, reference, batches, entry.build(), cfg.rl_optim, seed=seed)
+    worker = PreferenceWorker(model, reference, batches, entry.build(), cfg.rl_optim, seed=seed,
+                              steps=cfg.trainer.max_steps)
     validate = validator(cfg, model, tokenizer)
     run = Run(output_dir, model, tokenizer=tokenizer, log_every=cfg.trainer.log_every, progress=progress,
               tensorboard=cfg.trainer.tensorboard, wandb_run=wandb_run)

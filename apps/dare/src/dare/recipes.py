@@ -103,7 +103,7 @@ _SFT_SETTINGS = {
 
 
 def sft_recipe(family: str, algorithm: str) -> RunConfig:
-    """Diffusion SFT of `family` (spec §4, §6): AdamW (0.9, 0.95), wd 0.01, 10% warm-up, clip 1."""
+    """Diffusion SFT of `family` (spec §4, §6): AdamW (0.9, 0.95), wd 0.01, 10% warm-up, cosine, clip 1."""
     sft, lr = _SFT_SETTINGS[family]
     rank, alpha = _LORA.get(algorithm, (0, 64.0))
     return RecipeRunConfig(
@@ -111,7 +111,8 @@ def sft_recipe(family: str, algorithm: str) -> RunConfig:
         algorithm_args=("t_range=[0.3, 0.8]",) if family == "llada2" else (),
         checkpoint=CheckpointModelConfig(family=family, lora_rank=rank, lora_alpha=alpha),
         data=DataConfig(max_prompt_length=4096, max_response_length=4096), sft=sft,
-        sft_optim=OptimConfig(lr=lr, betas=(0.9, 0.95), weight_decay=0.01, warmup_steps=sft.steps // 10),
+        sft_optim=OptimConfig(lr=lr, betas=(0.9, 0.95), weight_decay=0.01, warmup_steps=sft.steps // 10,
+                              schedule="cosine"),
         rollout=_FAMILY_ROLLOUT[family], trainer=TrainerConfig(max_steps=0, seed=0, save_every=100),
     )
 

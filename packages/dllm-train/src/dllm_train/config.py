@@ -8,6 +8,7 @@ from dllm_objectives import SFT_NORMALIZERS
 from dllm_train.packed_scoring import PACKED_BACKENDS
 
 BACKENDS = ("local", "ray")
+SCHEDULES = ("constant", "cosine")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -20,6 +21,10 @@ class OptimConfig:
         betas: Adam betas.
         grad_clip: max global grad norm (0 disables clipping).
         warmup_steps: linear warm-up steps.
+        schedule: after warm-up, "constant" or "cosine" (decay to lr * min_lr_ratio).
+        decay_steps: step at which the cosine reaches its floor (0: the phase's number of steps,
+            which SFT and preference phases know; RL needs it set, e.g. to trainer.max_steps).
+        min_lr_ratio: floor of the cosine as a fraction of lr.
     """
 
     lr: float = 1e-5
@@ -27,6 +32,9 @@ class OptimConfig:
     betas: tuple[float, float] = (0.9, 0.999)
     grad_clip: float = 1.0
     warmup_steps: int = 0
+    schedule: str = "constant"
+    decay_steps: int = 0
+    min_lr_ratio: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.lr > 0:
@@ -35,6 +43,12 @@ class OptimConfig:
             raise ValueError(f"optim.grad_clip must be >= 0 (0 disables), got {self.grad_clip}")
         if self.warmup_steps < 0:
             raise ValueError(f"optim.warmup_steps must be >= 0, got {self.warmup_steps}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"optim.schedule {self.schedule!r} unknown; choose one of {SCHEDULES}")
+        if self.decay_steps < 0:
+            raise ValueError(f"optim.decay_steps must be >= 0 (0: the phase length), got {self.decay_steps}")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ValueError(f"optim.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
 
 
 @dataclass(frozen=True, kw_only=True)

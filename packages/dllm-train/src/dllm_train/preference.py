@@ -18,6 +18,7 @@ import torch
 from dllm_objectives import MaskPlan, dpo_logits, dpo_loss, elbo
 from dllm_train.config import OptimConfig
 from dllm_train.likelihood import Scorer, plan_token_logp
+from dllm_train.schedule import learning_rate
 from dllm_train.seeding import generator
 from dllm_train.workers import build_optimizer
 
@@ -77,11 +78,13 @@ class PreferenceWorker:
         objective: the preference algorithm.
         optim: optimizer settings.
         seed: root seed of the masks.
+        steps: the phase's number of steps (the horizon of a cosine schedule without decay_steps).
     """
 
     def __init__(self, model: Any, ref_model: Any, batches: PreferenceBatchFn, objective: PreferenceObjective,
-                 optim: OptimConfig, *, seed: int) -> None:
+                 optim: OptimConfig, *, seed: int, steps: int = 0) -> None:
         self.model = model
+        self.steps = steps
         self.ref_model = ref_model.eval()
         for p in self.ref_model.parameters():
             p.requires_grad_(False)
@@ -124,8 +127,9 @@ class PreferenceWorker:
         clip = self.optim_cfg.grad_clip if self.optim_cfg.grad_clip > 0 else float("inf")
         norm = torch.nn.utils.clip_grad_norm_(params, clip)
         if torch.isfinite(norm) and torch.isfinite(loss):
+            lr = learning_rate(self.optim_cfg, step, total_steps=self.steps)
             for group in self.optimizer.param_groups:
-                group["lr"] = self.optim_cfg.lr
+                group["lr"] = lr
             self.optimizer.step()
         logits = dpo_logits(pc.detach(), pr.detach(), rc, rr, beta=self.objective.beta)
         return {"loss": float(loss.detach()), "grad_norm": float(norm),

@@ -16,6 +16,7 @@ import torch
 from dllm_objectives import iid_masks, mdm_sft_loss
 from dllm_train.config import OptimConfig, SFTConfig
 from dllm_train.likelihood import Scorer, plan_token_logp
+from dllm_train.schedule import learning_rate
 from dllm_train.seeding import generator
 from dllm_train.workers import build_optimizer
 
@@ -67,9 +68,9 @@ class SFTWorker:
         params = [p for p in self.model.parameters() if p.requires_grad]
         clip = self.optim_cfg.grad_clip if self.optim_cfg.grad_clip > 0 else float("inf")
         norm = torch.nn.utils.clip_grad_norm_(params, clip)
-        warm = self.optim_cfg.warmup_steps
+        lr = learning_rate(self.optim_cfg, step, total_steps=self.sft.steps)
         for group in self.optimizer.param_groups:
-            group["lr"] = self.optim_cfg.lr * (min(1.0, (step + 1) / warm) if warm else 1.0)
+            group["lr"] = lr
         if torch.isfinite(norm) and torch.isfinite(loss):
             self.optimizer.step()
         return {"loss": float(loss.detach()), "grad_norm": float(norm)}
