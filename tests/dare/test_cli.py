@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from dllm_models import load_model, load_tokenizer
 from tests.dllm_train.helpers import TINY
 
@@ -49,3 +51,26 @@ def test_train_writes_all_outputs_and_resumes(tmp_path: Path) -> None:
 def test_bad_override_exits_2_with_message(tmp_path: Path) -> None:
     out = _dare("train", "rl.group_size=1", "--output-dir", str(tmp_path / "x"))
     assert out.returncode == 2 and "rl.group_size must be >= 2" in out.stderr
+
+
+def test_held_out_evaluation_decodes_block_models_block_by_block(monkeypatch: pytest.MonkeyPatch) -> None:
+    import dataclasses
+    import importlib
+
+    from dare.quickstart import evaluate_accuracy
+    from dare.recipes import quickstart
+    from tests.dllm_train.algo_helpers import TASK, tiny_model
+
+    gen = importlib.import_module("dllm_rollout.generate")
+    seen: list[bool] = []
+    real = gen.decode_blocks
+
+    def spy(*args: object, **kwargs: object) -> object:
+        seen.append(True)
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(gen, "decode_blocks", spy)
+    cfg = quickstart()
+    cfg = dataclasses.replace(cfg, eval=dataclasses.replace(cfg.eval, batch_size=4))
+    acc = evaluate_accuracy(tiny_model("sdar"), TASK, cfg)  # the helpers' task: 20 held-out pairs
+    assert 0.0 <= acc <= 1.0 and seen

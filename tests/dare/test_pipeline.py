@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
+import torch
 
 from dare.cli import main
 from dare.quickstart import build_tiny_model
@@ -41,3 +45,58 @@ def test_recipe_without_checkpoint_names_the_field(tmp_path: Path) -> None:
     with pytest.raises(SystemExit) as err:
         main(["train", "llada-d1", "--output-dir", str(tmp_path / "x")])
     assert err.value.code == 2
+
+
+@pytest.fixture(scope="module")
+def sums_parquet(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """8 two-digit sums in the nested RL schema (prompt messages, reward_model.ground_truth)."""
+    pairs = [(12, 34), (5, 71), (40, 40), (9, 9), (63, 20), (18, 27), (77, 11), (30, 6)]
+    path = tmp_path_factory.mktemp("rl-data") / "sums.parquet"
+    pq.write_table(pa.table({
+        "data_source": ["gsm8k"] * len(pairs),
+        "prompt": [[{"role": "user", "content": f"{a:02d}+{b:02d}="}] for a, b in pairs],
+        "reward_model": [{"ground_truth": str(a + b)} for a, b in pairs],
+        "extra_info": [{"index": i} for i in range(len(pairs))],
+    }), path)
+    return path
+
+
+@pytest.mark.parametrize("backend", ["local", pytest.param("ray", marks=[pytest.mark.ray, pytest.mark.slow])])
+def test_rl_recipe_resumes_exactly_on_each_backend(backend: str, tiny_checkpoint: Path, sums_parquet: Path,
+                                                    tmp_path: Path, request: pytest.FixtureRequest,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from dllm_train.distributed import RayRLWorkflow
+
+    if backend == "ray":
+        request.getfixturevalue("ray_cluster")
+    ray_steps: list[int] = []
+    ray_step = RayRLWorkflow.step
+
+    def counted_step(self: RayRLWorkflow, i: int) -> dict[str, float]:
+        ray_steps.append(i)
+        return ray_step(self, i)
+
+    monkeypatch.setattr(RayRLWorkflow, "step", counted_step)
+
+    # ESPO: a reference model (k2 KL), which must stay the initial policy after a resume, and
+    # two off-policy optimizer steps per batch
+    def train(out: Path, steps: int) -> int:
+        return main(["train", "llada-espo", f"checkpoint.checkpoint={tiny_checkpoint}", "checkpoint.dtype=float32",
+                     'algorithm_args=["num_iterations=2"]',
+                     f"data.train_files={sums_parquet}", "rollout.max_new_tokens=4", "rollout.steps=4",
+                     "rollout.block_length=4", "rl.prompts_per_step=2", "rl.group_size=2", "rl_optim.lr=1e-3",
+                     f"trainer.backend={backend}", "trainer.num_workers=2", f"trainer.max_steps={steps}",
+                     "trainer.save_every=1", "--output-dir", str(out), "--no-progress"])
+
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    assert train(straight, 2) == 0
+    assert train(resumed, 1) == 0
+    assert train(resumed, 2) == 0  # the same folder again: resumes after its step-1 checkpoint
+    # every step ran on the Ray ranks, and the resumed run only step 2
+    assert ray_steps == ([0, 1, 0, 1] if backend == "ray" else [])
+    assert (resumed / "metrics.jsonl").read_text() == (straight / "metrics.jsonl").read_text()
+    assert json.loads((straight / "metrics.jsonl").read_text().splitlines()[1])["kl"] > 0  # a reference at work
+    a, b = load_model(straight / "model").state_dict(), load_model(resumed / "model").state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    start = load_model(tiny_checkpoint).state_dict()
+    assert any(not torch.equal(a[k], start[k]) for k in a)  # the trained weights reached the export

@@ -3,17 +3,21 @@
 The same phases, workers and checkpoints as the quick start; the model comes from
 `checkpoint.checkpoint`, prompts and verifiers from `data.train_files` (RL parquet schema, spec
 §5.1, or the name of a test set shipped with dllm_eval), validation from `data.eval_files`
-through `dllm_train.benchmark_validator`. The input checks, model loading, validation and
-export here are shared with the SFT and preference recipes (`offline_pipeline`).
+through `dllm_train.benchmark_validator`. The RL phase runs on `trainer.backend` (in process, or
+`trainer.num_workers` Ray ranks, see `dare.rl_backend`), resumable on either. The input checks,
+model loading, validation and export here are shared with the SFT and preference recipes
+(`offline_pipeline`).
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import logging
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +27,7 @@ import torch
 from dare.algorithms import LoRA, build_objective, check_family, family_key, get_algorithm
 from dare.config import save_config
 from dare.datasets import chat_prompt_ids
+from dare.rl_backend import rl_backend
 from dare.run_config_ext import RecipeRunConfig, resolve_algorithm
 from dare.sinks import open_wandb_run
 from dllm_eval import DATASETS, Row, load_rows, score
@@ -33,7 +38,6 @@ from dllm_train import (
     Run,
     benchmark_validator,
     derive_seed,
-    local_rl_workflow,
     plot_curves,
     read_metrics,
 )
@@ -93,11 +97,11 @@ def check_inputs(cfg: RecipeRunConfig, entry: Any) -> None:
     check_family(cfg.algorithm, entry, family_key(load_model(folder, device="meta")))
 
 
-def load_policy(cfg: RecipeRunConfig) -> Any:
-    """The checkpoint's model, on the GPU when there is one."""
+def load_policy(cfg: RecipeRunConfig, device: str | None = None) -> Any:
+    """The checkpoint's model on `device` (default: the GPU when there is one)."""
     from dllm_train.packed_scoring import use_training_attention
 
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     model = load_model(cfg.checkpoint.checkpoint, dtype=cfg.checkpoint.dtype, device=device)
     use_training_attention(model, cfg.trainer.train_attention or None)
     return model
@@ -131,20 +135,54 @@ def finish(cfg: RecipeRunConfig, output_dir: Path, run: Run, model: Any, tokeniz
     return summary
 
 
+@dataclass(frozen=True)
+class RowReward:
+    """The verifier of the RL data rows, by row key (picklable: every Ray rank scores with a copy)."""
+
+    rows: dict[str, Row]
+
+    def __call__(self, text: str, key: str) -> float:
+        row = self.rows[key]
+        return score(row.data_source, text, row.ground_truth, row.extra_info)
+
+
+def detokenizer(tokenizer: Any) -> Callable[[list[int]], str]:
+    """Token ids -> text without special tokens (what the verifiers read)."""
+    return lambda ids: str(tokenizer.decode(ids, skip_special_tokens=True))
+
+
+def policy_with_adapters(cfg: RecipeRunConfig, device: str | None = None) -> Any:
+    """`load_policy` plus the LoRA adapters of `checkpoint.lora_rank` (drawn from the trainer seed)."""
+    model = load_policy(cfg, device)
+    if cfg.checkpoint.lora_rank:
+        LoRA(rank=cfg.checkpoint.lora_rank, alpha=cfg.checkpoint.lora_alpha).apply(model, seed=cfg.trainer.seed)
+    return model
+
+
+def rank_setup(cfg: RecipeRunConfig, reward: RowReward) -> Any:
+    """One Ray rank of an RL recipe (module-level, so Ray pickles it by reference): the initial
+    policy read from the checkpoint folder on the rank (a resumed run's weights come later, from
+    `RayRLWorkflow.load_state`), so no weights travel from the driver."""
+    from dllm_train.distributed import RankSetup
+
+    return RankSetup(model=policy_with_adapters(cfg, "cpu"), sampling=cfg.rollout, reward_fn=reward,
+                     detokenize=detokenizer(load_tokenizer(cfg.checkpoint.checkpoint)),
+                     objective=build_objective(cfg.algorithm, cfg.rl, resolve_algorithm(cfg)),
+                     optim=cfg.rl_optim, seed=cfg.trainer.seed)
+
+
 def run_rl_recipe(cfg: RecipeRunConfig, output_dir: Path, *, progress: bool = True) -> dict[str, Any]:
-    """Run (or resume) an RL recipe; returns the summary it writes."""
+    """Run (or resume) an RL recipe on `trainer.backend` (local, or Ray ranks); returns the summary it writes."""
     check_inputs(cfg, get_algorithm(cfg.algorithm))
     t0 = time.perf_counter()
     output_dir.mkdir(parents=True, exist_ok=True)
     save_config(cfg, output_dir / "config.json")
     wandb_run = open_wandb_run(cfg, output_dir)
-    model = load_policy(cfg)
+    model = policy_with_adapters(cfg)
     tokenizer = load_tokenizer(cfg.checkpoint.checkpoint)
-    if cfg.checkpoint.lora_rank:
-        LoRA(rank=cfg.checkpoint.lora_rank, alpha=cfg.checkpoint.lora_alpha).apply(model, seed=cfg.trainer.seed)
     rows = [r for src in cfg.data.train_files.split(",") for r in read_rl_rows(src.strip())]
     data = encode_prompts(rows, tokenizer, cfg.data.max_prompt_length)
-    by_key = {str(i): row for i, (_, row) in enumerate(data)}
+    reward = RowReward({str(i): row for i, (_, row) in enumerate(data)})
     seed = cfg.trainer.seed
 
     def prompts(step: int) -> PromptBatch:
@@ -152,24 +190,21 @@ def run_rl_recipe(cfg: RecipeRunConfig, output_dir: Path, *, progress: bool = Tr
         pick = torch.randint(len(data), (cfg.rl.prompts_per_step,), generator=g).tolist()
         return PromptBatch([data[i][0] for i in pick], [str(i) for i in pick], cfg.rl.group_size)
 
-    def reward(text: str, key: str) -> float:
-        row = by_key[key]
-        return score(row.data_source, text, row.ground_truth, row.extra_info)
-
-    objective = build_objective(cfg.algorithm, cfg.rl, resolve_algorithm(cfg))
-    workflow = local_rl_workflow(
-        model, prompts=prompts, sampling=cfg.rollout, reward_fn=reward,
-        detokenize=lambda ids: str(tokenizer.decode(ids, skip_special_tokens=True)), objective=objective,
-        optim=cfg.rl_optim, trainer=cfg.trainer, rl=cfg.rl,
-    )
+    step_fn, owner, shutdown = rl_backend(  # before `Run` loads a resumed checkpoint into `model`
+        cfg, model, prompts=prompts, objective=build_objective(cfg.algorithm, cfg.rl, resolve_algorithm(cfg)),
+        reward_fn=reward, detokenize=detokenizer(tokenizer),
+        rank_setup=functools.partial(rank_setup, cfg, reward))
     validate = validator(cfg, model, tokenizer)
     run = Run(output_dir, model, tokenizer=tokenizer, log_every=cfg.trainer.log_every, progress=progress,
               tensorboard=cfg.trainer.tensorboard, wandb_run=wandb_run)
-    run.run_phase(PhaseSpec(
-        order=0, name="rl", steps=cfg.trainer.max_steps, step_fn=workflow.step, owner=workflow.actor,
-        eval_fn=validate, eval_every=cfg.trainer.eval_every, save_every=cfg.trainer.save_every,
-        on_end=(lambda: {"final_eval": validate()}) if validate is not None else None,
-        log_keys=("reward_mean", "loss", "clip_frac", "response_length"),
-    ))
+    try:
+        run.run_phase(PhaseSpec(
+            order=0, name="rl", steps=cfg.trainer.max_steps, step_fn=step_fn, owner=owner,
+            eval_fn=validate, eval_every=cfg.trainer.eval_every, save_every=cfg.trainer.save_every,
+            on_end=(lambda: {"final_eval": validate()}) if validate is not None else None,
+            log_keys=("reward_mean", "loss", "clip_frac", "response_length"),
+        ))
+    finally:
+        shutdown()
     return finish(cfg, output_dir, run, model, tokenizer, steps=cfg.trainer.max_steps,
                   curves=("reward_mean", "response_length", "loss", "clip_frac"), t0=t0)

@@ -13,6 +13,7 @@ import torch
 
 from dare.algorithms import build_objective
 from dare.config import RunConfig, save_config
+from dare.rl_backend import rl_backend
 from dare.sinks import open_wandb_run
 from dare.tasks.addition import AdditionTask, build_tokenizer, exact_match_reward
 from dllm_models import build_model, save_model
@@ -23,7 +24,6 @@ from dllm_train import (
     Run,
     SFTWorker,
     derive_seed,
-    local_rl_workflow,
     generator,
     plot_curves,
     read_metrics,
@@ -62,8 +62,11 @@ def build_tiny_model(cfg: RunConfig, tokenizer: Any) -> Any:
 
 def evaluate_accuracy(model: Any, task: AdditionTask, cfg: RunConfig) -> float:
     """Greedy-decoding exact-match accuracy on the held-out pairs."""
+    # a block-diffusion model is decoded block by block (its own block size), whatever the rollout says
+    block = model.traits.block_length
     greedy = SamplingConfig(max_new_tokens=cfg.rollout.max_new_tokens, steps=cfg.rollout.steps,
-                            block_length=cfg.rollout.block_length, temperature=0.0)
+                            block_length=block or cfg.rollout.block_length, temperature=0.0,
+                            block_diffusion=block is not None)
     was_training = model.training
     model.eval()
     correct = 0
@@ -111,14 +114,19 @@ def run_quickstart(cfg: RunConfig, output_dir: Path, *, progress: bool = True) -
                            [task.answer(a, b) for a, b in pairs], cfg.rl.group_size)
 
     objective = build_objective(cfg.algorithm, cfg.rl)
-    step_fn, owner, shutdown = _rl_backend(cfg, model, tokenizer, prompts, objective)
-    run.run_phase(PhaseSpec(
-        order=1, name="rl", steps=cfg.trainer.max_steps, step_fn=step_fn, owner=owner,
-        eval_fn=evaluate, eval_every=cfg.trainer.eval_every, save_every=cfg.trainer.save_every,
-        on_end=lambda: {"eval_accuracy_after_rl": evaluate()["eval_accuracy"]},
-        log_keys=("reward_mean", "loss", "clip_frac", "eval_accuracy"),
-    ))
-    shutdown()
+    weights = {k: v.detach().cpu() for k, v in model.state_dict().items()}  # the RL phase's initial policy
+    step_fn, owner, shutdown = rl_backend(cfg, model, prompts=prompts, objective=objective,
+                                          reward_fn=exact_match_reward, detokenize=tokenizer.decode,
+                                          rank_setup=functools.partial(rank_setup, cfg, weights))
+    try:
+        run.run_phase(PhaseSpec(
+            order=1, name="rl", steps=cfg.trainer.max_steps, step_fn=step_fn, owner=owner,
+            eval_fn=evaluate, eval_every=cfg.trainer.eval_every, save_every=cfg.trainer.save_every,
+            on_end=lambda: {"eval_accuracy_after_rl": evaluate()["eval_accuracy"]},
+            log_keys=("reward_mean", "loss", "clip_frac", "eval_accuracy"),
+        ))
+    finally:
+        shutdown()
     run.close()
     save_model(model, output_dir / "model", tokenizer=tokenizer)
     records = read_metrics(output_dir / "metrics.jsonl")
@@ -135,23 +143,3 @@ def run_quickstart(cfg: RunConfig, output_dir: Path, *, progress: bool = True) -
     }
     (output_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
-
-
-def _rl_backend(cfg: RunConfig, model: Any, tokenizer: Any, prompts: Any, objective: Any) -> tuple[Any, Any, Any]:
-    """(step_fn, checkpointed owner, shutdown) of the local or the Ray backend; same workers either way."""
-    if cfg.trainer.backend == "ray":
-        from dllm_train.distributed import DistributedConfig, RayRLWorkflow
-
-        weights = {k: v.detach().cpu() for k, v in model.state_dict().items()}
-        ray_wf = RayRLWorkflow(
-            setup_fn=functools.partial(rank_setup, cfg, weights), prompts=prompts, objective=objective,
-            trainer=cfg.trainer, rl=cfg.rl, driver_model=model,
-            dist=DistributedConfig(num_workers=cfg.trainer.num_workers, gpus_per_worker=cfg.trainer.gpus_per_worker,
-                                   sequence_parallel=cfg.trainer.sequence_parallel),
-        )
-        return ray_wf.step, ray_wf, ray_wf.shutdown
-    workflow = local_rl_workflow(
-        model, prompts=prompts, sampling=cfg.rollout, reward_fn=exact_match_reward, detokenize=tokenizer.decode,
-        objective=objective, optim=cfg.rl_optim, trainer=cfg.trainer, rl=cfg.rl,
-    )
-    return workflow.step, workflow.actor, lambda: None

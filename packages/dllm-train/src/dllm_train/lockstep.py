@@ -24,7 +24,9 @@ def group_max(value: int, group: dist.ProcessGroup | None) -> int:
     """The largest `value` over the ranks of `group` (`value` itself when `group` is None); a collective."""
     if group is None:
         return value
-    t = torch.tensor([value], dtype=torch.long)
+    # nccl reduces CUDA tensors only (the current device is this rank's, see `init_process_group`)
+    device = "cuda" if dist.get_backend(group) == "nccl" else "cpu"
+    t = torch.tensor([value], dtype=torch.long, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
     return int(t.item())
 
@@ -37,8 +39,10 @@ def group_all(flag: bool, group: dist.ProcessGroup | None) -> bool:
 def lockstep_passes(scorer: Scorer, num_passes: int) -> int:
     """How many passes to run when this rank needs `num_passes`: the largest need of the scorer's group.
 
-    Passes k >= `num_passes` are this rank's padding: run `scorer.idle_pass()` for them (and, in
-    an update, backward its zero value), so every rank runs the same collectives.
+    Call it before the first of the passes (it is a collective itself, which must not meet
+    another rank's forward). Passes k >= `num_passes` are this rank's padding: run
+    `scorer.idle_pass()` for them (and, in an update, backward its zero value), so every rank
+    runs the same collectives.
 
     Args:
         scorer: the scorer running the passes (its `lockstep_group` is the group that must agree).

@@ -22,6 +22,7 @@ from dllm_train.dataflow import Experience
 from dllm_train.likelihood import Scorer
 from dllm_train.lockstep import group_all
 from dllm_train.objective import PolicyObjective, default_update
+from dllm_train.schedule import learning_rate
 
 logger = logging.getLogger(__name__)
 
@@ -191,6 +192,9 @@ class ActorWorker:
 
     def __init__(self, model: Any, objective: PolicyObjective, optim: OptimConfig, *,
                  scorer: Scorer | None = None, reuse_old: bool = True) -> None:
+        if optim.schedule != "constant" and not optim.decay_steps:
+            raise ValueError(f"optim.schedule={optim.schedule!r} in RL needs optim.decay_steps (e.g. trainer.max_steps): "
+                             "the actor does not know the run's length")
         self.model = model
         self.objective = objective
         self.optim_cfg = optim
@@ -226,9 +230,6 @@ class ActorWorker:
                 exp.old_logp = _per_iteration(obj, self.scorer, exp)
             self.model.train(was_training)
 
-    def _lr_scale(self) -> float:
-        warm = self.optim_cfg.warmup_steps
-        return min(1.0, (self.updates + 1) / warm) if warm else 1.0
 
     def update(self, exp: Experience) -> dict[str, float]:
         """One optimizer step per objective iteration; a non-finite loss or gradient skips it."""
@@ -257,7 +258,7 @@ class ActorWorker:
         if not math.isfinite(norm):
             return self._skip(out, "gradient")
         for group in self.optimizer.param_groups:
-            group["lr"] = self.optim_cfg.lr * self._lr_scale()
+            group["lr"] = learning_rate(self.optim_cfg, self.updates)
         self.optimizer.step()
         self.updates += 1
         out["skipped"] = 0.0

@@ -21,7 +21,7 @@ from dllm_objectives import (
     step_replay,
 )
 from dllm_rollout import RolloutBatch
-from dllm_train import Experience, PolicyObjective, RLConfig, Scorer, at_iteration, sequence_inputs
+from dllm_train import Experience, PolicyObjective, RLConfig, Scorer, at_iteration, lockstep_passes, sequence_inputs
 
 from dare.algorithms.common import MASKED, Clip, grpo, plan_logp, response_part, slice_plan
 
@@ -112,8 +112,12 @@ class JustGRPO:
             return response_part((lp * sub.meta["scored"].float()).sum(1), exp.rollout)
 
         def score(scorer: Scorer, exp: Experience) -> torch.Tensor:
-            n = exp.plan.num_samples
-            parts = [chunk_scores(scorer, exp, a, min(n, a + self.chunk_size)) for a in range(0, n, self.chunk_size)]
+            n = exp.plan.num_samples  # the longest response of this rank's rows
+            starts = range(0, n, self.chunk_size)
+            passes = lockstep_passes(scorer, len(starts))  # agreed before any pass runs
+            parts = [chunk_scores(scorer, exp, a, min(n, a + self.chunk_size)) for a in starts]
+            for _ in range(passes - len(parts)):
+                scorer.idle_pass()  # another rank of the FSDP2 group scores more chunks
             return torch.stack(parts).sum(0)
 
         def loss(values: torch.Tensor, old: torch.Tensor, adv: torch.Tensor, exp: Experience,
@@ -132,6 +136,8 @@ class JustGRPO:
             metrics: dict[str, torch.Tensor] = {}
 
             def step_loss(k: int) -> torch.Tensor:
+                if k >= len(starts):  # another rank of the FSDP2 group replays more chunks
+                    return scorer.idle_pass()
                 a = starts[k]
                 sub = slice_plan(exp.plan, a, min(n, a + self.chunk_size))
                 scored = response_part(sub.meta["scored"].any(1), exp.rollout) & exp.rollout.response_mask
@@ -140,7 +146,7 @@ class JustGRPO:
                 metrics.update(m)
                 return out
 
-            return step_replay(step_loss, len(starts)), metrics
+            return step_replay(step_loss, lockstep_passes(scorer, len(starts))), metrics
 
         return PolicyObjective(name="justgrpo", score=score, advantages=grpo, loss=loss, sample_plan=plan,
                                update=update, sampling_overrides={})

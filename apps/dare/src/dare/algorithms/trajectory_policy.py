@@ -27,7 +27,7 @@ from dllm_objectives import (
     weighted_policy_loss,
 )
 from dllm_rollout import RolloutBatch, SamplingConfig, tree_generate
-from dllm_train import Experience, PolicyObjective, RLConfig, Scorer, at_iteration, sequence_inputs
+from dllm_train import Experience, PolicyObjective, RLConfig, Scorer, at_iteration, lockstep_passes, sequence_inputs
 
 from dare.algorithms.common import ALL_FAMILIES, MASKED, Clip, grpo, is_block, plan_logp, slice_plan
 
@@ -102,13 +102,16 @@ class CJGRPO:
             old = at_iteration(exp.old_logp, exp, obj.num_iterations)
             assert old is not None and exp.advantages is not None
             metrics: Metrics = {}
+            states = exp.plan.num_samples  # K depends on this rank's trajectories
 
             def step_loss(k: int) -> torch.Tensor:
+                if k >= states:  # another rank of the FSDP2 group replays more states
+                    return scorer.idle_pass()
                 out, m = obj.loss(step_values(scorer, exp, k), old, exp.advantages, exp, slice(k, k + 1))
                 metrics.update(m)
                 return out
 
-            return step_replay(step_loss, exp.plan.num_samples), metrics
+            return step_replay(step_loss, lockstep_passes(scorer, states)), metrics
 
         return PolicyObjective(name="cj-grpo", score=score, advantages=grpo, loss=loss, sample_plan=plan,
                                update=update, sampling_overrides={"record_trajectory": True})

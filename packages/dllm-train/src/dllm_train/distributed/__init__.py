@@ -7,6 +7,7 @@ from dllm_train.distributed.fsdp import (
     handoff_state_dict,
     init_process_group,
     load_full_optimizer_state,
+    load_full_state_dict,
     shard_model,
     trainable_state_dict,
 )
@@ -40,6 +41,7 @@ __all__ = [
     "handoff_state_dict",
     "init_process_group",
     "load_full_optimizer_state",
+    "load_full_state_dict",
     "lockstep_passes",
     "map_tensors",
     "select_rows",

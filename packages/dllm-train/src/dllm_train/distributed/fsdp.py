@@ -22,6 +22,7 @@ from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
     get_optimizer_state_dict,
+    set_model_state_dict,
     set_optimizer_state_dict,
 )
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -76,12 +77,21 @@ def shard_model(model: nn.Module, *, param_dtype: torch.dtype | None = None,
 
     Returns:
         the same module object (its parameters are now DTensors sharded on dim 0).
+
+    Parameters a rank's backward leaves without a gradient (the experts no token of its rows
+    picked, in the MoE families) are reduce-scattered as zeros: without that, ranks whose rows
+    pick different experts reduce-scatter buffers of different sizes (gloo aborts, nccl may hang).
+    A parameter no rank used then gets a zero gradient instead of none (AdamW still applies its
+    momentum to it, where one process would skip it).
     """
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
     for block in transformer_blocks(model):
         fully_shard(block, mp_policy=mp, reshard_after_forward=reshard_after_forward)
     # the root (embeddings, final norm, head) stays gathered: backward starts with the head
     fully_shard(model, mp_policy=mp, reshard_after_forward=False)
+    unused_as_zeros = getattr(model, "set_reduce_scatter_unused_params", None)  # absent in older torch
+    if unused_as_zeros is not None:
+        unused_as_zeros(True)
     return model
 
 
@@ -92,6 +102,16 @@ def full_state_dict(model: nn.Module, *, cpu: bool = False) -> dict[str, Any]:
     `cpu=True` only rank 0 gets them, on CPU (checkpoints; other ranks get {}).
     """
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=cpu))
+
+
+def load_full_state_dict(model: nn.Module, state: dict[str, Any]) -> None:
+    """Load unsharded weights into an FSDP2 model; a collective.
+
+    Args:
+        state: the full state dict on rank 0 (any device; other ranks may pass {}): rank 0
+            broadcasts it and every rank keeps its shard.
+    """
+    set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
 
 
 def trainable_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -140,6 +160,7 @@ __all__ = [
     "handoff_state_dict",
     "init_process_group",
     "load_full_optimizer_state",
+    "load_full_state_dict",
     "shard_model",
     "trainable_state_dict",
     "transformer_blocks",

@@ -40,6 +40,7 @@ from dllm_train.distributed.fsdp import (
     full_state_dict,
     handoff_state_dict,
     load_full_optimizer_state,
+    load_full_state_dict,
     shard_model,
 )
 from dllm_train.distributed.parallel_dims import ParallelDims, sequence_parallel_group
@@ -200,6 +201,12 @@ class RankWorker:
         own = self.rollout.model.state_dict()
         gap = max(float((own[k].float() - v.float()).abs().max()) for k, v in full.items())
         return {"keys": list(self.handoff_keys), "num_weights": len(full), "max_abs_gap": gap}
+
+    def load_weights(self, full: dict[str, torch.Tensor]) -> None:
+        """Set the actor and its rollout replica to `full` (given on rank 0, {} elsewhere), e.g. a
+        resumed checkpoint's weights; the reference copies keep the initial policy. A collective."""
+        load_full_state_dict(self.model, full)
+        self.rollout.load_weights(full_state_dict(self.model))
 
     def full_weights(self) -> dict[str, torch.Tensor]:
         """Full CPU weights on rank 0 ({} elsewhere); a collective."""

@@ -21,6 +21,7 @@ rendezvous. Rollout is colocated with the actor on every rank.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +34,8 @@ from dllm_train.distributed.rank import RankSetup, RankWorker, shard_rows
 from dllm_train.objective import PolicyObjective
 from dllm_train.seeding import sample_seeds
 from dllm_train.workflow import PromptSampler
+
+logger = logging.getLogger(__name__)
 
 SetupFn = Callable[[], RankSetup]
 """Builds a rank's `RankSetup`; pickled to every actor, so it must be importable there."""
@@ -155,11 +158,20 @@ class RayActorGroup:
         args = per_rank_args or [() for _ in self.actors]
         return list(ray.get([a.call.remote(method, *x) for a, x in zip(self.actors, args)]))
 
-    def shutdown(self) -> None:
+    def shutdown(self, timeout_s: float = 60.0) -> None:
+        """Leave the process group on every rank, then end the actors and free their placement.
+
+        A rank that died, or that still waits in a collective after another rank raised, does not
+        answer: after `timeout_s` it is killed without leaving the group.
+        """
         import ray
+        from ray.exceptions import RayError
         from ray.util.placement_group import remove_placement_group
 
-        ray.get([a.stop.remote() for a in self.actors])
+        try:
+            ray.get([a.stop.remote() for a in self.actors], timeout=timeout_s)
+        except RayError as err:
+            logger.warning("a rank did not leave the process group (%s); killing the actors", type(err).__name__)
         for a in self.actors:
             ray.kill(a)
         remove_placement_group(self.pg)
@@ -176,7 +188,7 @@ class RayRLWorkflow:
         dist: the actor group.
         driver_model: if given, the driver's copy of the policy is refreshed with the trained
             weights at every eval/save step and at the end (so `Run` checkpoints and evaluation
-            see them).
+            see them), and `load_state` hands its weights to the ranks (resume).
     """
 
     def __init__(self, *, setup_fn: SetupFn, prompts: PromptSampler, objective: PolicyObjective,
@@ -237,7 +249,14 @@ class RayRLWorkflow:
         return out
 
     def load_state(self, state: dict[str, Any]) -> None:
-        self.group.call("load_state", [(state,) for _ in range(self.dist.num_workers)])
+        """Inverse of `state`. With a driver model, the ranks' actors and rollout replicas first take
+        its weights: a resuming `Run` has loaded the checkpoint's weights into it, as it does into
+        the local actor's own model (the ranks' references stay the initial policy)."""
+        n = self.dist.num_workers
+        if self.driver_model is not None:
+            weights = {k: v.detach().cpu() for k, v in self.driver_model.state_dict().items()}
+            self.group.call("load_weights", [(weights if r == 0 else {},) for r in range(n)])
+        self.group.call("load_state", [(state,) for _ in range(n)])
 
     def shutdown(self) -> None:
         self.group.shutdown()
