@@ -147,7 +147,15 @@ def test_ray_cases_cover_every_algorithm_family_pair() -> None:
     assert set(listed) | COVERED_ELSEWHERE == defined
 
 
-@pytest.mark.parametrize(("family", "name", "fields"), RAY_CASES)
+# The other two families, one case each: Dream (masked diffusion, logits shifted by one) and
+# LLaDA2 (block diffusion, MoE experts routed differently on each rank).
+OTHER_FAMILY_CASES = [
+    pytest.param("dream", "coupled-grpo", {}, id="coupled-grpo-dream", marks=pytest.mark.slow),
+    pytest.param("llada2", "cj-grpo", {}, id="cj-grpo-llada2", marks=pytest.mark.slow),
+]
+
+
+@pytest.mark.parametrize(("family", "name", "fields"), RAY_CASES + OTHER_FAMILY_CASES)
 def test_ray_runs_algorithm(ray_cluster: Any, family: str, name: str, fields: dict[str, Any]) -> None:
     metrics, reports, weights = _ray_run(family, name, fields)
     _check_run(family, name, metrics, reports, weights)
