@@ -31,6 +31,7 @@ import dataclasses
 import gc
 import json
 import os
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -38,7 +39,6 @@ from typing import Any
 
 import torch
 
-from dllm_models import build_model
 from dllm_models.attention import AttentionMask
 from dllm_objectives import apply_mask, clipped_policy_loss, one_step_masks
 from dllm_rollout import SamplingConfig, decode
@@ -46,11 +46,9 @@ from dllm_train.likelihood import Scorer, positions
 from dllm_train.packed_scoring import use_training_attention
 
 HERE = Path(__file__).resolve().parent
-TINY = {
-    "llada": {"d_model": 128, "n_layers": 2, "n_heads": 4, "n_kv_heads": 4, "mlp_hidden_size": 256},
-    "qwen": {"hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-             "head_dim": 32, "intermediate_size": 256},
-}
+sys.path.insert(0, str(HERE))
+
+from rollout_bench import _model  # noqa: E402
 
 
 def sync() -> None:
@@ -59,18 +57,8 @@ def sync() -> None:
 
 
 def build(name: str, tiny: bool, device: str, dtype: torch.dtype) -> torch.nn.Module:
-    raw = json.loads((HERE / "configs" / name / "config.json").read_text())
-    if tiny:
-        raw.update(TINY["llada" if raw["model_type"] == "llada" else "qwen"])
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        with torch.device("meta"):
-            model = build_model(raw)
-    finally:
-        torch.set_default_dtype(previous)
-    model = model.to_empty(device=device)
-    model.reset_parameters(generator=torch.Generator(device=device).manual_seed(0))  # type: ignore[operator]
+    """The rollout benchmark's random-weight model, gradient checkpointing switched on."""
+    model = _model(name, tiny, device, dtype)
     model.gradient_checkpointing = True
     return model
 

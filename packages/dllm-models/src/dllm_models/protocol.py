@@ -102,11 +102,7 @@ class LayerPast:
         """The keys/values a call with own keys `k`, values `v` [B, Hkv, n, D] attends over."""
         if self.write_columns is None:
             return torch.cat([self.keys, k], dim=2), torch.cat([self.values, v], dim=2)
-        if self.write_columns.numel() != k.shape[2]:
-            raise ValueError(
-                f"KVCache.write_columns has {self.write_columns.numel()} columns, the call has {k.shape[2]} "
-                "positions: write_columns must list one canvas column per input position"
-            )
+        # (one column per position: checked once per forward by `attention_inputs`)
         self.keys.index_copy_(2, self.write_columns, k.to(self.keys.dtype))
         self.values.index_copy_(2, self.write_columns, v.to(self.values.dtype))
         return self.keys, self.values

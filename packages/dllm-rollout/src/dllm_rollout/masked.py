@@ -56,7 +56,8 @@ class _BlockLogits:
         self.model, self.cfg, self.canvas, self.attn, self.pos = model, cfg, canvas, attn, pos
         self.shift = int(model.traits.logit_shift)
         self.past: Any = None
-        self.padding: tuple[torch.Tensor | None] | None = None
+        # visibility of the in-place caches: the real columns (None when all are: no mask, flash kernels)
+        self.padding = None if cfg.cache is None or bool(attn.bool().all()) else attn.bool().clone()
 
     def __call__(self, start: int, end: int, step: int) -> torch.Tensor:
         m, c = self.model, self.canvas
@@ -87,10 +88,7 @@ class _BlockLogits:
         from dllm_models.protocol import KVCache
 
         hi = self.canvas.shape[1] if self.cfg.cache == "prefix" else end
-        if self.padding is None:  # None for the cache when every column is real: no mask, flash kernels
-            real = self.attn.bool()
-            self.padding = (real.clone(),) if not bool(real.all()) else (None,)
-        return KVCache(full.keys, full.values, self.padding[0],
+        return KVCache(full.keys, full.values, self.padding,
                        write_columns=torch.arange(lo, hi, device=self.canvas.device))
 
 

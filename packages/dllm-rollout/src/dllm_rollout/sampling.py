@@ -99,7 +99,6 @@ def propose_tokens(
     scaled = logits.float() / t  # a fresh float32 tensor: the edits below are in place
     lse = torch.logsumexp(scaled, dim=-1)
     if mask_id is not None:
-        kept = scaled[..., mask_id].clone()
         scaled[..., mask_id] = NEG_INF  # no host-to-device index copy (a sync)
     filtered = filter_logits(scaled, top_k, top_p)
     if temperature == 0.0:
@@ -109,11 +108,9 @@ def propose_tokens(
         # Gumbel(0, 1) = -log(-log u), in place on the noise buffer
         noise.clamp_(1e-20, 1.0 - 1e-7).log_().neg_().log_().neg_()
         x0 = noise.add_(filtered).argmax(dim=-1)
-    if mask_id is not None:
-        scaled[..., mask_id] = kept  # the log-prob below reads the unfiltered logits
+    # `scaled` still holds the unfiltered logits (the filters return new tensors) except at the mask
+    # id, which x0 never is (its logit is -inf while every row keeps a finite one)
     logp = scaled.gather(-1, x0[..., None]).squeeze(-1) - lse
-    if mask_id is not None:
-        scaled[..., mask_id] = NEG_INF
     return x0, logp, filtered
 
 

@@ -101,11 +101,11 @@ def _bd3lm(model: Any, packed: Any, attn: torch.Tensor, clean_ids: torch.Tensor,
     device = noisy.device
     # layout: per sequence its noisy copy, then its clean copy
     seq = torch.repeat_interleave(torch.arange(len(lengths), device=device), cu[1:] - cu[:-1])
-    local = torch.arange(noisy.numel(), device=device) - cu[:-1][seq]
-    noisy_at = 2 * cu[:-1][seq] + local  # where token i's noisy copy sits in the doubled row
+    start = cu[:-1][seq]  # per token: its sequence's first packed index
+    noisy_at = start + torch.arange(noisy.numel(), device=device)  # = 2 * start + offset in the sequence
     ids = torch.empty(2 * noisy.numel(), dtype=noisy.dtype, device=device)
     ids[noisy_at] = noisy
-    ids[noisy_at + cu[1:][seq] - cu[:-1][seq]] = clean
+    ids[noisy_at + (cu[1:] - cu[:-1])[seq]] = clean  # the clean copy follows the noisy one
     targets = torch.full((2 * noisy.numel(),), -100, dtype=tgt.dtype, device=device)
     targets[noisy_at] = tgt[0]
     mask = bd3lm_mask(nonempty, block_length, device=device)

@@ -166,7 +166,7 @@ class RLWorkflow:
                 f"trainer.consistency_every={trainer.consistency_every} needs recorded trajectories; "
                 "set rollout.record_trajectory=true (or trainer.consistency_every=0)"
             )
-        if getattr(rollout.sampling, "editing_threshold", None) is not None:
+        if rollout.sampling.editing_threshold is not None:
             replays = [k for k in ("record_trajectory", "record_steps") if objective.sampling_overrides.get(k)]
             if replays or trainer.consistency_every:
                 why = (f"algorithm {objective.name!r} reads the rollout's trajectory ({', '.join(replays)})"

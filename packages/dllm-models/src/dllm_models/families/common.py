@@ -155,7 +155,8 @@ def _in_place_inputs(
             "a KVCache with write_columns defines visibility through its key_padding alone: pass no "
             "attention_mask/attention, mark the visible columns in past_key_values.key_padding instead"
         )
-    if past_key_values.write_columns is not None and past_key_values.write_columns.numel() != input_ids.shape[1]:
+    assert past_key_values.write_columns is not None
+    if past_key_values.write_columns.numel() != input_ids.shape[1]:
         raise ValueError(
             f"KVCache.write_columns has {past_key_values.write_columns.numel()} columns, input_ids has "
             f"{input_ids.shape[1]} positions: list one canvas column per input position"
