@@ -12,7 +12,7 @@ import pytest
 from dare.quickstart import build_tiny_model
 from dare.tasks.addition import build_tokenizer
 from dllm_models import save_model
-from tests.dllm_train.helpers import tiny_config
+from tests.dare.helpers import tiny_config
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -62,3 +62,21 @@ def test_presets_side_by_side(tiny_checkpoint: Path, tmp_path: Path) -> None:
         manifest = json.loads((tmp_path / preset / "gsm8k" / "manifest.json").read_text())
         prompts[preset] = json.dumps(manifest, sort_keys=True)
     assert prompts["dare_local"] != prompts["d1"]  # different protocols, recorded as such
+
+
+def test_reward_modes_side_by_side(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "apps" / "dare"), "eval", str(tiny_checkpoint), "--benchmarks", "countdown",
+         "--preset", "d1", "--reward-mode", "d1,dare", "--limit", "2", "--max-new-tokens", "8", "--steps", "8",
+         "--block-length", "8", "--output-dir", str(tmp_path)],
+        capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert out.returncode == 0, out.stderr
+    table = (tmp_path / "results.md").read_text()
+    assert "| countdown | d1 | d1 | 2 |" in table
+    assert "| countdown | d1 | dare | 2 |" in table
+    manifest = json.loads((tmp_path / "countdown" / "reward-dare" / "manifest.json").read_text())
+    assert manifest["reward_mode"] == "dare"
+    first = [json.loads(x)["response"] for x in (tmp_path / "countdown" / "samples.jsonl").read_text().splitlines()]
+    second = [json.loads(x)["response"]
+              for x in (tmp_path / "countdown" / "reward-dare" / "samples.jsonl").read_text().splitlines()]
+    assert first == second  # scored twice, generated once

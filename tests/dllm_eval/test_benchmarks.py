@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from dllm_eval import BENCHMARKS, DATASETS, PRESETS, DecodingSettings, get_benchmark, get_preset
+from dllm_eval import (
+    BENCHMARKS,
+    DATASETS,
+    PRESETS,
+    DecodingSettings,
+    Preset,
+    get_benchmark,
+    get_preset,
+)
 from dllm_eval.data import load_rows
 from dllm_eval.presets import D1_MATH_SYSTEM_PROMPT
 
@@ -38,13 +46,10 @@ def test_presets_side_by_side() -> None:
     assert dare == [dict(m) for m in row.prompt]  # prompt as stored
     assert d1[0]["content"] == f"{D1_MATH_SYSTEM_PROMPT}\n\n{row.prompt[0]['content']}"
     assert gsm.decoding("dare_local") == DecodingSettings(max_new_tokens=512, steps=512,
-                                                          block_length=32)
+                                                          block_length=32, cache="prefix")
     assert gsm.decoding("d1").steps == 128
     assert get_benchmark("sudoku").decoding("dare_local").max_new_tokens == 256
-    cd = get_benchmark("countdown")
-    crow = cd.load(limit=1)[0]
-    assert cd.messages(crow, "d1") == [dict(m) for m in crow.prompt]  # already d1-formatted
-    assert set(PRESETS) >= {"dare_local", "d1"}
+    assert set(PRESETS) >= {"dare_local", "d1", "d1_128", "d1_512", "dare_opencompass"}
 
 
 def test_mbpp_keeps_reference_layout() -> None:
@@ -57,8 +62,10 @@ def test_benchmark_reward_uses_preset_extraction() -> None:
     gsm = get_benchmark("gsm8k")
     row = gsm.load(limit=1)[0]
     plain = f"The answer is {row.ground_truth}"
-    assert gsm.reward(plain, row, "dare_local").score == 0.0
-    assert gsm.reward(plain, row, "d1").score == 1.0
+    assert gsm.reward(plain, row, "dare_local").score == 0.0  # DARE: \boxed or nothing
+    assert gsm.reward(plain, row, "d1", mode="default").score == 1.0  # last_number extraction
+    assert gsm.reward(plain, row, "d1").score == 0.0  # d1's parser: \boxed or <answer> only
+    assert gsm.reward(f"<answer>{plain}</answer>", row, "d1").score == 1.0
 
 
 def test_decoding_validation() -> None:
@@ -66,3 +73,54 @@ def test_decoding_validation() -> None:
         DecodingSettings(max_new_tokens=100, steps=100, block_length=32)
     with pytest.raises(ValueError, match="remasking"):
         DecodingSettings(max_new_tokens=64, steps=64, block_length=32, remasking="x")  # type: ignore[arg-type]
+
+
+def test_d1_presets_follow_d1_eval() -> None:
+    for name, length in (("d1_128", 128), ("d1", 256), ("d1_512", 512)):
+        d = get_benchmark("gsm8k").decoding(name)
+        assert (d.max_new_tokens, d.steps, d.block_length, d.temperature, d.cache) == (
+            length, length // 2, 32, 0.0, None)
+        assert get_preset(name).assistant_prefill == "<reasoning>"
+    cd = get_benchmark("countdown")
+    row = cd.load(limit=1)[0]
+    text = cd.messages(row, "d1")[0]["content"]
+    assert text.endswith("</answer>\n\nNumbers: [30, 100, 93]\nTarget: 23")
+    assert "provide only your final expression inside \\boxed{} tags" in text
+    math = get_benchmark("math500")
+    mrow = math.load(limit=1)[0]
+    assert math.messages(mrow, "d1")[0]["content"].endswith(
+        '</answer>" \n\n\n' + mrow.prompt[0]["content"])  # d1's MATH-500 prompt, stray quote
+
+
+def test_d1_sudoku_subset_is_seed_42_draw() -> None:
+    np = pytest.importorskip("numpy")
+    np.random.seed(42)
+    expected = np.random.choice(500, 256, replace=False).tolist()
+    rows = get_benchmark("sudoku").load(preset="d1")
+    assert [r.index for r in rows] == expected
+    assert len(get_benchmark("countdown").load(preset="d1")) == 256  # all 256, as d1
+
+
+def test_dare_opencompass_preset() -> None:
+    gsm = get_benchmark("gsm8k")
+    msgs = gsm.messages(gsm.load(limit=1)[0], "dare_opencompass")
+    assert [m["role"] for m in msgs] == ["user", "assistant"] * 4 + ["user"]
+    assert msgs[-1]["content"].startswith("Question: Janet")
+    assert msgs[-1]["content"].endswith("\nLet's think step by step\nAnswer:")
+    assert gsm.decoding("dare_opencompass").block_length == 8
+    assert get_benchmark("math500").decoding("dare_opencompass").block_length == 64
+    aime = get_benchmark("aime2024").decoding("dare_opencompass")
+    assert (aime.max_new_tokens, aime.block_length, aime.temperature) == (2048, 64, 1.0)
+    assert get_preset("dare_opencompass").repeats["aime2024"] == 8
+
+
+def test_dare_local_follows_the_local_bench_script() -> None:
+    pre = get_preset("dare_local")
+    assert pre.reward_mode == "dare" and pre.max_prompt_tokens == {"math": 512, "puzzle": 512,
+                                                                    "code": 1024}
+    dream = get_benchmark("math500").decoding("dare_local", family="dream")
+    llada = get_benchmark("math500").decoding("dare_local", family="llada")
+    assert (dream.temperature, dream.top_p, llada.temperature) == (0.2, 0.95, 0.0)
+    assert get_benchmark("countdown").decoding("dare_local").max_new_tokens == 256
+    with pytest.raises(ValueError, match="reward_mode"):
+        Preset(name="x", decoding=pre.decoding, reward_mode="nope")

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from dllm_eval import get_benchmark, render_table, run_benchmark
+from dllm_eval import get_benchmark, render_table, rescore, run_benchmark
 
 EOS = 0
 
@@ -24,8 +24,12 @@ class CharTokenizer:
         text = "".join(f"{m['role']}: {m['content']}\n" for m in conversation) + "assistant: "
         return [ord(c) for c in text]
 
-    def decode(self, token_ids: Any, **kwargs: Any) -> str:
-        return "".join(chr(t) for t in token_ids if t != EOS)
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return [ord(c) for c in text]
+
+    def decode(self, token_ids: Any, skip_special_tokens: bool = False, **kwargs: Any) -> str:
+        return "".join(("<eos>" if not skip_special_tokens else "") if t == EOS else chr(t)
+                       for t in token_ids)
 
 
 def make_fake_generate(answers: dict[str, str]) -> Any:
@@ -78,13 +82,15 @@ def test_outputs_and_manifest(tmp_path: Path) -> None:
     manifest = json.loads((tmp_path / "manifest.json").read_text())
     assert manifest["decoding"] == {"max_new_tokens": 256, "steps": 128, "block_length": 32,
                                     "temperature": 0.0, "remasking": "low_confidence",
-                                    "threshold": None, "cache": None}
+                                    "threshold": None, "cache": None, "top_p": None}
     assert manifest["seed"] == 7 and manifest["preset"] == "d1"
+    assert manifest["reward_mode"] == "d1" and manifest["assistant_prefill"] == "<reasoning>"
     assert len(manifest["prompt_template_hash"]) == 64
     assert len(manifest["weights_sha256"]) == 64
     assert manifest["packages"]["dllm-eval"] is not None
-    assert "EOS" in manifest["eos_handling"] and manifest["instruction"]
-    assert "| gsm8k | d1 | 6 |" in render_table([res])
+    assert "skip_special_tokens=False" in manifest["eos_handling"] and manifest["instruction"]
+    assert json.loads(lines[0])["response"].endswith("<eos>")  # d1 decodes every token
+    assert "| gsm8k | d1 | d1 | 6 |" in render_table([res])
     assert (tmp_path / "results.md").exists()
 
 
@@ -94,3 +100,60 @@ def test_prompt_hash_changes_with_preset(tmp_path: Path) -> None:
     b = run_benchmark(None, CharTokenizer(), "gsm8k", preset="d1", limit=2, generate_fn=gen)
     assert a.manifest["prompt_template_hash"] != b.manifest["prompt_template_hash"]
     assert a.manifest["weights_sha256"] is None and a.accuracy == 0.0
+
+
+def test_d1_prompt_is_template_plus_prefill() -> None:
+    seen: list[str] = []
+
+    def generate(model: Any, prompts: list[list[int]], *, max_new_tokens: int, **kw: Any) -> Any:
+        seen.extend("".join(chr(t) for t in p) for p in prompts)
+        return SimpleNamespace(response_ids=torch.zeros(len(prompts), max_new_tokens,
+                                                        dtype=torch.long))
+
+    res = run_benchmark(None, CharTokenizer(), "sudoku", preset="d1_128", limit=2,
+                        generate_fn=generate)
+    # d1 evaluates its seed-42 subset: rows 361 and 73 of the 500, in that order
+    assert [s.index for s in res.samples] == [361, 73]
+    assert seen[0].startswith("user: \nPlease solve the following 4x4 Sudoku puzzle.")
+    assert seen[0].endswith("Solve the following Sudoku puzzle: 4320004330100004\n\n"
+                            "assistant: <reasoning>")
+    assert res.manifest["decoding"]["max_new_tokens"] == 128
+    assert res.manifest["decoding"]["steps"] == 64
+
+
+def test_length_filter_repeats_and_family_decoding() -> None:
+    calls: list[dict[str, Any]] = []
+
+    def generate(model: Any, prompts: list[list[int]], *, max_new_tokens: int, **kw: Any) -> Any:
+        calls.append({"n": len(prompts), **kw})
+        return SimpleNamespace(response_ids=torch.zeros(len(prompts), max_new_tokens,
+                                                        dtype=torch.long))
+
+    # dare_local drops prompts over 512 tokens (chars here); rows 0..9 of GSM8K are shorter
+    lengths = [len(CharTokenizer().apply_chat_template(r.prompt))
+               for r in get_benchmark("gsm8k").load(limit=10)]
+    res = run_benchmark(None, CharTokenizer(), "gsm8k", preset="dare_local", limit=10,
+                        generate_fn=generate, family="dream", batch_size=10)
+    assert res.manifest["num_dropped_overlong"] == sum(n > 512 for n in lengths)
+    assert calls[0]["temperature"] == 0.2 and calls[0]["top_p"] == 0.95  # Dream in DARE
+    assert calls[0]["cache"] == "prefix" and res.reward_mode == "dare"
+    calls.clear()
+    res = run_benchmark(None, CharTokenizer(), "aime2024", preset="dare_opencompass", limit=2,
+                        generate_fn=generate, batch_size=16, seed=5)
+    assert len(res.samples) == 16 and [s.repeat for s in res.samples[:8]] == list(range(8))
+    assert calls[0]["seed"] == [5 + 0 * 8 + r for r in range(8)] + [5 + 1 * 8 + r for r in range(8)]
+    assert calls[0]["temperature"] == 1.0 and calls[0]["block_length"] == 64
+    assert calls[0]["cache"] == "dual"
+
+
+def test_rescore_reports_another_reward_mode() -> None:
+    rows = get_benchmark("gsm8k").load(limit=2)
+    # an unreduced fraction for an integer answer: math-verify accepts it, DARE's grader does not
+    answers = {r.prompt[0]["content"][:80]: f"\\frac{{{2 * int(r.ground_truth)}}}{{2}}"
+               for r in rows}
+    res = run_benchmark(None, CharTokenizer(), "gsm8k", preset="dare_local", limit=2,
+                        generate_fn=make_fake_generate(answers), reward_mode="default")
+    dare = rescore(res, "dare")
+    assert res.accuracy == 1.0 and dare.accuracy == 0.0
+    assert dare.reward_mode == "dare" and dare.manifest["reward_mode"] == "dare"
+    assert [s.response for s in dare.samples] == [s.response for s in res.samples]

@@ -156,3 +156,48 @@ def test_no_temp_dirs_left_behind() -> None:
     execute_code("print(1)")
     after = {p.name for p in Path(tempfile.gettempdir()).glob("dllm-sandbox-*")}
     assert after <= before
+
+
+# Completion token: a run passes only if the program reaches its end (the harness prints a
+# per-run random token after the last statement; the program never sees the token).
+EARLY_EXITS = {
+    "sys.exit(0)": "import sys\nsys.exit(0)\nassert False",
+    "os._exit(0)": "import os\nos._exit(0)\nassert False",
+    "raise SystemExit": "raise SystemExit\nassert False",
+    "raise SystemExit(0)": "raise SystemExit(0)\nassert False",
+    "exit()": "exit()\nassert False",
+    "atexit os._exit(0)": "import atexit, os\natexit.register(lambda: os._exit(0))\nassert False",
+    "kill parent": "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nassert False",
+    "kill own group": "import os\nos.kill(0, 9)\nassert False",
+    "close stdout": "import os\nos.close(1)",
+}
+
+
+@pytest.mark.parametrize("name", sorted(EARLY_EXITS))
+def test_early_exit_fails_with_completion_token(name: str) -> None:
+    r = execute_code(EARLY_EXITS[name], completion_token=True)
+    assert not r.ok and r.completed is not True, (name, r)
+
+
+def test_completion_token_is_required_and_stripped() -> None:
+    r = execute_code("print('tests passed')", completion_token=True)
+    assert r.ok and r.completed and r.stdout == "tests passed\n"
+    # without the token the same early exit would have counted as a pass
+    assert execute_code("import sys\nsys.exit(0)\nassert False").ok
+
+
+def test_program_cannot_forge_the_token() -> None:
+    # everything the program can see: its files, environment, argv, stdin; none holds the token
+    snoop = (
+        "import os, sys\n"
+        "seen = [open(f, errors='replace').read() for f in os.listdir('.') if os.path.isfile(f)]\n"
+        "seen += [repr(dict(os.environ)), repr(sys.argv), sys.stdin.read()]\n"
+        "print('\\n'.join(seen))\n"
+        "sys.stdout.flush()\n"
+        "os._exit(0)\n"
+    )
+    r = execute_code(snoop, completion_token=True, stdin="")
+    assert not r.ok and r.completed is False  # had it found the token, this would be True
+    # a guessed token of the right shape is still wrong
+    guess = "import os\nos.write(1, b'\\n' + b'0' * 32 + b'\\n')\nos._exit(0)"
+    assert not execute_code(guess, completion_token=True).ok

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from dllm_eval import load_rows
@@ -112,3 +114,32 @@ def test_hostile_solution_scores_zero() -> None:
 def test_unknown_source_raises() -> None:
     with pytest.raises(ValueError, match="use one of"):
         build_program("apps", "x", "y")
+
+
+# Reward hacking: a response that leaves before the tests run must score 0 (issue 16).
+EXITS = {
+    "sys.exit(0)": "import sys\nsys.exit(0)",
+    "os._exit(0)": "import os\nos._exit(0)",
+    "raise SystemExit": "raise SystemExit",
+    "atexit": "import atexit, os\natexit.register(lambda: os._exit(0))",
+    "kill parent": "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)",
+    "fake token": "import os\nos.write(1, b'\\n' + b'f' * 32 + b'\\n')\nos._exit(0)",
+}
+
+
+@pytest.mark.parametrize("hack", sorted(EXITS))
+@pytest.mark.parametrize("source", ["humaneval", "humanevalplus", "mbpp"])
+def test_exiting_before_the_tests_scores_zero(source: str, hack: str) -> None:
+    row = load_rows(source, limit=1)[0]
+    name = "has_close_elements" if source != "mbpp" else "remove_Occ"
+    wrong = f"def {name}(*args):\n    return None\n\n{EXITS[hack]}\n"
+    response = fence(wrong) if source != "mbpp" else f"{wrong}[DONE]"
+    assert score(source, response, row.ground_truth, row.extra_info) == 0.0
+
+
+def test_kodcode_is_mbpp_style_with_fenced_code() -> None:
+    tests = json.dumps(["assert add(2, 3) == 5", "assert add(-1, 1) == 0"])
+    good = fence("def add(a, b):\n    return a + b\n")
+    assert score("kodcode", good, tests) == 1.0
+    assert score("kodcode", fence("def add(a, b):\n    return a - b\n"), tests) == 0.0
+    assert score("kodcode", fence("import sys\nsys.exit(0)\n"), tests) == 0.0

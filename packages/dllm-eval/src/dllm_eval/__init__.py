@@ -3,7 +3,9 @@
 from dllm_eval.benchmarks import BENCHMARKS, Benchmark, get_benchmark
 from dllm_eval.data import DATASETS, Row, load_rows
 from dllm_eval.presets import PRESETS, DecodingSettings, Preset, get_preset
+from dllm_eval.reproduce import D1FileScore, score_d1_file
 from dllm_eval.rewards import (
+    REWARD_MODES,
     REWARDS,
     CodeRewardConfig,
     RewardResult,
@@ -29,8 +31,11 @@ from dllm_eval.runner import (
     ChatTokenizer,
     GenerateFn,
     SampleResult,
+    infer_family,
     render_table,
+    rescore,
     run_benchmark,
+    write_result,
 )
 from dllm_eval.sandbox import ExecutionResult, SandboxLimits, execute_code, execute_many
 
@@ -39,12 +44,14 @@ __all__ = [
     "DATASETS",
     "PRESETS",
     "REWARDS",
+    "REWARD_MODES",
     "Benchmark",
     "BenchmarkResult",
     "ChatTokenizer",
     "GenerateFn",
     "SampleResult",
     "CodeRewardConfig",
+    "D1FileScore",
     "DecodingSettings",
     "ExecutionResult",
     "Preset",
@@ -66,12 +73,16 @@ __all__ = [
     "get_benchmark",
     "get_preset",
     "gsm8k_reward",
+    "infer_family",
     "is_equivalent",
     "load_rows",
     "math_reward",
     "render_table",
+    "rescore",
     "run_benchmark",
     "score",
+    "score_d1_file",
     "sudoku_reward",
     "sudoku_strict_reward",
+    "write_result",
 ]

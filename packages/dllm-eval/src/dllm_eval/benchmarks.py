@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Literal
 
@@ -34,32 +35,73 @@ class Benchmark:
         if self.group not in ("math", "code", "puzzle"):
             raise ValueError(f"group={self.group!r}; use 'math', 'code' or 'puzzle'")
 
-    def load(self, *, limit: int | None = None) -> list[Row]:
-        """Test rows from the package data (first ``limit`` rows if given)."""
-        return load_rows(self.name, limit=limit)
+    def load(self, *, limit: int | None = None, preset: Preset | str | None = None) -> list[Row]:
+        """Test rows from the package data: the preset's subset if it has one (in its order),
+        else all rows; then the first ``limit``."""
+        p = _preset(preset) if preset is not None else None
+        subset = p.subsets.get(self.name) if p is not None else None
+        if subset is None:
+            return load_rows(self.name, limit=limit)
+        rows = load_rows(self.name)
+        picked = [rows[i] for i in subset]
+        return picked if limit is None else picked[:limit]
 
     def messages(self, row: Row, preset: Preset | str = "dare_local") -> list[Message]:
-        """Chat messages for ``row`` under ``preset`` (instruction prepended to the user turn)."""
-        p = get_preset(preset) if isinstance(preset, str) else preset
+        """Chat messages for ``row`` under ``preset``.
+
+        A preset template for this benchmark replaces the user turn (fields filled from the
+        row), else the group's instruction is prepended to the first user turn; preset shots
+        (few-shot turns) come first.
+        """
+        p = _preset(preset)
         msgs = [dict(m) for m in row.prompt]
+        first_user = next(i for i, m in enumerate(msgs) if m["role"] == "user")
+        template = p.templates.get(self.name)
         instruction = p.instruction.get(self.group)
-        if instruction:
-            first_user = next(i for i, m in enumerate(msgs) if m["role"] == "user")
+        if template is not None:
+            msgs = [{"role": "user", "content": _fill(template, row, msgs[first_user]["content"])}]
+        elif instruction:
             msgs[first_user]["content"] = f"{instruction}\n\n{msgs[first_user]['content']}"
-        return msgs
+        return [dict(m) for m in p.shots.get(self.name, ())] + msgs
 
-    def decoding(self, preset: Preset | str = "dare_local") -> DecodingSettings:
-        """Default decoding settings of this benchmark under ``preset``."""
-        p = get_preset(preset) if isinstance(preset, str) else preset
-        return p.decoding[self.group]
+    def decoding(self, preset: Preset | str = "dare_local", family: str | None = None
+                 ) -> DecodingSettings:
+        """Decoding settings of this benchmark under ``preset`` for a model ``family``."""
+        return _preset(preset).decoding_for(self.name, self.group, family)
 
-    def reward(self, response: str, row: Row, preset: Preset | str = "dare_local") -> RewardResult:
-        """Score one response to ``row`` (GSM8K extraction taken from the preset)."""
-        p = get_preset(preset) if isinstance(preset, str) else preset
+    def reward(self, response: str, row: Row, preset: Preset | str = "dare_local",
+               *, mode: str | None = None) -> RewardResult:
+        """Score one response to ``row`` in reward ``mode`` (default: the preset's mode; GSM8K
+        extraction of the default mode taken from the preset)."""
+        p = _preset(preset)
         extra = dict(row.extra_info)
         if self.data_source == "gsm8k":
             extra["gsm8k_extraction"] = p.gsm8k_extraction
-        return compute_reward(self.data_source, response, row.ground_truth, extra)
+        return compute_reward(self.data_source, response, row.ground_truth, extra,
+                              mode=mode or p.reward_mode)
+
+
+def _preset(preset: Preset | str) -> Preset:
+    return get_preset(preset) if isinstance(preset, str) else preset
+
+
+def _fill(template: str, row: Row, question: str) -> str:
+    """Fill a preset template's fields from ``row`` (see :class:`Preset`)."""
+    fields = {"{question}": question, "{target}": row.ground_truth}
+    if "numbers" in row.extra_info:
+        numbers = row.extra_info["numbers"]
+        nums = json.loads(numbers) if isinstance(numbers, str) else list(numbers)
+        fields["{numbers}"] = str([int(n) for n in nums])
+    if "puzzle" in row.extra_info:
+        fields["{puzzle}"] = str(row.extra_info["puzzle"])
+    out = template
+    for key, value in fields.items():
+        out = out.replace(key, value)
+    missing = [f for f in ("{numbers}", "{puzzle}") if f in out]
+    if missing:
+        raise ValueError(f"template fields {missing} have no value in row {row.index} "
+                         f"(extra_info keys: {sorted(row.extra_info)})")
+    return out
 
 
 _MIT = "MIT"

@@ -1,24 +1,43 @@
-"""Evaluation protocols as data: decoding settings and prompt conventions per benchmark group.
+"""Evaluation protocols as data: decoding, prompts, subsets and scoring per benchmark group.
 
-Two presets side by side:
+Each preset names the file it follows; :data:`PRESETS` holds:
 
-- ``dare_local``: DARE's "local bench" (``scripts/eval_local_bench.sh``: the RL trainer in
-  ``val_only`` mode over the RL test parquets with ``dllm_rm``): response length 512 for math
-  and code, 256 for countdown/sudoku, block 32, steps = response length, temperature 0 (LLaDA;
-  Dream used 0.2), prompts exactly as in the parquets (no system prompt), GSM8K scored on the
-  last ``\\boxed{}``.
-- ``d1``: the d1 paper's evaluation (dllm-reasoning/d1 ``eval/``): a math-expert instruction
-  asking for ``<reasoning>``/``<answer>`` with a boxed final answer is prepended to the math
-  questions, generation length 256 with steps = length / 2, block 32, temperature 0,
-  low-confidence remasking. Countdown/Sudoku prompts already carry d1's format preamble.
+- ``dare_local``: DARE's local bench, ``scripts/eval_local_bench.sh`` (yjyddq/DARE, 83ae8a3):
+  the RL trainer in ``val_only`` mode over the RL test parquets, scored by ``dllm_rm``.
+- ``d1`` (256 tokens), ``d1_128``, ``d1_512``: d1's evaluation, ``eval/eval.py`` +
+  ``eval/{gsm8k,math500,countdown,sudoku}.py`` + ``eval/parse_and_get_acc.py``
+  (dllm-reasoning/d1, 837888f); d1 reports all three lengths.
+- ``dare_opencompass``: the OpenCompass configs behind DARE's published table,
+  ``opencompass/llada_examples/llada_instruct_gen_{gsm8k_length256_block8,
+  math_length512_block64, aime2024_length2048_block64}.py`` (yjyddq/DARE, 83ae8a3).
+
+``docs/evaluation.md`` lists, per preset, what matches the followed file and what does not.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Literal
 
-__all__ = ["D1_MATH_SYSTEM_PROMPT", "PRESETS", "DecodingSettings", "Preset", "get_preset"]
+from dllm_eval.data import Message
+from dllm_eval.prompts import (
+    D1_COUNTDOWN_TEMPLATE,
+    D1_GSM8K_PROMPT,
+    D1_GSM8K_TEMPLATE,
+    D1_MATH500_TEMPLATE,
+    D1_SUDOKU_ROWS,
+    D1_SUDOKU_TEMPLATE,
+    OC_GSM8K_SHOTS,
+    OC_GSM8K_TEMPLATE,
+    OC_MATH_TEMPLATE,
+)
+
+__all__ = ["D1_MATH_SYSTEM_PROMPT", "GROUPS", "PRESETS", "REWARD_MODE_NAMES", "DecodingSettings",
+           "Preset", "get_preset"]
+
+GROUPS: tuple[str, ...] = ("math", "code", "puzzle")
+REWARD_MODE_NAMES: tuple[str, ...] = ("default", "dare", "d1")
 
 Remasking = Literal["low_confidence", "random"]
 
@@ -34,6 +53,7 @@ class DecodingSettings:
     remasking: Remasking = "low_confidence"
     threshold: float | None = None
     cache: str | None = None
+    top_p: float | None = None
 
     def __post_init__(self) -> None:
         if self.max_new_tokens <= 0 or self.steps <= 0 or self.block_length <= 0:
@@ -54,14 +74,14 @@ class DecodingSettings:
             )
         if self.threshold is not None and not 0 < self.threshold <= 1:
             raise ValueError(f"threshold must be in (0, 1] or None, got {self.threshold}")
+        if self.top_p is not None and not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1] or None, got {self.top_p}")
+        if self.cache not in (None, "prefix", "dual"):
+            raise ValueError(f"cache={self.cache!r}; use None, 'prefix' or 'dual'")
 
 
-D1_MATH_SYSTEM_PROMPT = (
-    "You are a math expert. You will be given a question to solve. Solve it step by step. "
-    "Wrap the final answer in a \\boxed{}. \n"
-    "Respond in the following format:\n<reasoning>\nYour reasoning here\n</reasoning>\n"
-    "<answer>\n\\boxed{...}\n</answer>"
-)
+D1_MATH_SYSTEM_PROMPT = D1_GSM8K_PROMPT
+"""d1's GSM8K instruction (kept under its old name)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -71,45 +91,134 @@ class Preset:
     Args:
         name: registry key.
         decoding: settings per benchmark group (``math``, ``code``, ``puzzle``).
-        instruction: per group, text prepended to the first user turn (joined by a blank
-            line), or absent for the prompt as stored.
-        gsm8k_extraction: answer extraction used for GSM8K (``boxed``/``hash``/``last_number``).
-        source: where the protocol comes from.
+        benchmark_decoding: settings for single benchmarks, overriding their group's.
+        family_decoding: per model family (``dream``, ...), fields replaced in the decoding
+            settings (e.g. DARE validates Dream at temperature 0.2, top-p 0.95).
+        instruction: per group, text prepended to the first user turn (joined by a blank line).
+        templates: per benchmark, the text of the (only) user turn, with fields replaced
+            literally: ``{question}`` (the stored user prompt), ``{numbers}``, ``{target}``,
+            ``{puzzle}``; wins over ``instruction``.
+        shots: per benchmark, chat turns placed before the user turn (few-shot examples).
+        assistant_prefill: text appended after the chat template's generation prompt.
+        raw_decode: decode all generated tokens with special tokens kept (no EOS cut), as d1
+            does; rewards then see ``<|eot_id|>`` and padding.
+        subsets: per benchmark, the row indices evaluated (in order); absent -> all rows.
+        repeats: per benchmark, samples per prompt (accuracy is their mean).
+        max_prompt_tokens: per group, prompts longer than this are dropped (and counted in the
+            manifest), as verl's ``filter_overlong_prompts``.
+        gsm8k_extraction: answer extraction for GSM8K in the default reward mode.
+        reward_mode: reward table used for scoring (``default``, ``dare`` or ``d1``).
+        source: the file(s) the protocol follows.
     """
 
     name: str
     decoding: dict[str, DecodingSettings]
+    benchmark_decoding: dict[str, DecodingSettings] = field(default_factory=dict)
+    family_decoding: dict[str, dict[str, float]] = field(default_factory=dict)
     instruction: dict[str, str] = field(default_factory=dict)
+    templates: dict[str, str] = field(default_factory=dict)
+    shots: dict[str, tuple[Message, ...]] = field(default_factory=dict)
+    assistant_prefill: str = ""
+    raw_decode: bool = False
+    subsets: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    repeats: dict[str, int] = field(default_factory=dict)
+    max_prompt_tokens: dict[str, int] = field(default_factory=dict)
     gsm8k_extraction: str = "boxed"
+    reward_mode: str = "default"
     source: str = ""
 
     def __post_init__(self) -> None:
-        missing = {"math", "code", "puzzle"} - set(self.decoding)
+        missing = set(GROUPS) - set(self.decoding)
         if missing:
             raise ValueError(f"preset {self.name!r} lacks decoding for groups {sorted(missing)}")
         if self.gsm8k_extraction not in ("boxed", "hash", "last_number"):
             raise ValueError(f"gsm8k_extraction={self.gsm8k_extraction!r}; "
                              "use 'boxed', 'hash' or 'last_number'")
+        if self.reward_mode not in REWARD_MODE_NAMES:
+            raise ValueError(f"reward_mode={self.reward_mode!r}; use one of {REWARD_MODE_NAMES}")
+        bad = {k: v for k, v in {**self.repeats, **self.max_prompt_tokens}.items() if v < 1}
+        if bad:
+            raise ValueError(f"preset {self.name!r}: repeats/max_prompt_tokens must be >= 1, "
+                             f"got {bad}")
+        for family, fields in self.family_decoding.items():
+            unknown = set(fields) - {"temperature", "top_p"}
+            if unknown:
+                raise ValueError(f"family_decoding[{family!r}] has fields {sorted(unknown)}; "
+                                 "only 'temperature' and 'top_p' may vary by family")
+
+    def decoding_for(self, benchmark: str, group: str, family: str | None = None
+                     ) -> DecodingSettings:
+        """Decoding settings of ``benchmark`` (in ``group``) for a model of ``family``."""
+        settings = self.benchmark_decoding.get(benchmark, self.decoding[group])
+        changes = self.family_decoding.get(family or "", {})
+        if not changes:
+            return settings
+        return dataclasses.replace(settings,
+                                   temperature=changes.get("temperature", settings.temperature),
+                                   top_p=changes.get("top_p", settings.top_p))
 
 
-def _greedy(length: int, steps: int | None = None) -> DecodingSettings:
-    return DecodingSettings(max_new_tokens=length, steps=steps or length, block_length=32)
+def _d(length: int, steps: int, block: int, **kw: object) -> DecodingSettings:
+    return DecodingSettings(max_new_tokens=length, steps=steps, block_length=block,
+                            **kw)  # type: ignore[arg-type]
+
+
+def _d1(length: int) -> Preset:
+    """d1 at one generation length: steps = length / 2, block 32, greedy, no cache."""
+    greedy = _d(length, length // 2, 32)
+    return Preset(
+        name="d1" if length == 256 else f"d1_{length}",
+        decoding={"math": greedy, "code": greedy, "puzzle": greedy},
+        templates={"gsm8k": D1_GSM8K_TEMPLATE, "math500": D1_MATH500_TEMPLATE,
+                   "aime2024": D1_MATH500_TEMPLATE, "aime2025": D1_MATH500_TEMPLATE,
+                   "countdown": D1_COUNTDOWN_TEMPLATE, "sudoku": D1_SUDOKU_TEMPLATE},
+        assistant_prefill="<reasoning>",
+        raw_decode=True,
+        subsets={"sudoku": D1_SUDOKU_ROWS},
+        gsm8k_extraction="last_number",
+        reward_mode="d1",
+        source=f"dllm-reasoning/d1 eval/eval.py (gen_length {length}, diffusion_steps "
+               f"{length // 2}, block_length 32), eval/gsm8k.py, eval/math500.py, "
+               "eval/countdown.py, eval/sudoku.py, eval/parse_and_get_acc.py",
+    )
 
 
 PRESETS: dict[str, Preset] = {
     "dare_local": Preset(
         name="dare_local",
-        decoding={"math": _greedy(512), "code": _greedy(512), "puzzle": _greedy(256)},
+        decoding={"math": _d(512, 512, 32, cache="prefix"),
+                  "code": _d(512, 512, 32, cache="prefix"),
+                  "puzzle": _d(256, 256, 32, cache="prefix")},
+        family_decoding={"dream": {"temperature": 0.2, "top_p": 0.95}},
+        max_prompt_tokens={"math": 512, "puzzle": 512, "code": 1024},
         gsm8k_extraction="boxed",
-        source="DARE scripts/eval_local_bench.sh (spec section 6.2)",
+        reward_mode="dare",
+        source="yjyddq/DARE scripts/eval_local_bench.sh (val_only; use_cache=True, "
+               "dual_cache=False; val temperature 0, Dream 0.2 with top_p 0.95; "
+               "max_prompt_length 512, code 1024, filter_overlong_prompts; dllm_rm reward)",
     ),
-    "d1": Preset(
-        name="d1",
-        decoding={"math": _greedy(256, 128), "code": _greedy(256, 128),
-                  "puzzle": _greedy(256, 128)},
-        instruction={"math": D1_MATH_SYSTEM_PROMPT},
+    "d1": _d1(256),
+    "d1_128": _d1(128),
+    "d1_512": _d1(512),
+    "dare_opencompass": Preset(
+        name="dare_opencompass",
+        decoding={"math": _d(512, 512, 64, cache="prefix"),
+                  "code": _d(512, 512, 32, cache="prefix"),
+                  "puzzle": _d(256, 256, 32, cache="prefix")},
+        benchmark_decoding={
+            "gsm8k": _d(256, 256, 8, cache="prefix"),
+            "aime2024": _d(2048, 2048, 64, temperature=1.0, cache="dual"),
+            "aime2025": _d(2048, 2048, 64, temperature=1.0, cache="dual"),
+        },
+        templates={"gsm8k": OC_GSM8K_TEMPLATE, "math500": OC_MATH_TEMPLATE,
+                   "aime2024": OC_MATH_TEMPLATE, "aime2025": OC_MATH_TEMPLATE},
+        shots={"gsm8k": OC_GSM8K_SHOTS},
+        repeats={"aime2024": 8, "aime2025": 8},
         gsm8k_extraction="last_number",
-        source="d1 paper evaluation (dllm-reasoning/d1 eval/, gen length 256, steps 128)",
+        reward_mode="default",
+        source="yjyddq/DARE opencompass/llada_examples/llada_instruct_gen_gsm8k_length256_"
+               "block8.py, ..._math_length512_block64.py, ..._aime2024_length2048_block64.py "
+               "(datasets gsm8k_gen_1d7fe4, math_0shot_gen_11c4b5, aime2024_gen_repeat8_6e39a4)",
     ),
 }
 """Evaluation protocols by name."""

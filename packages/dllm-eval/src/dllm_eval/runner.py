@@ -17,8 +17,8 @@ from dllm_eval.data import Message, Row
 from dllm_eval.manifest import build_manifest
 from dllm_eval.presets import DecodingSettings, Preset, get_preset
 
-__all__ = ["BenchmarkResult", "ChatTokenizer", "GenerateFn", "SampleResult", "render_table",
-           "run_benchmark"]
+__all__ = ["BenchmarkResult", "ChatTokenizer", "GenerateFn", "SampleResult", "infer_family",
+           "render_table", "rescore", "run_benchmark", "write_result"]
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +50,13 @@ class SampleResult:
     score: float
     acc: float
     ground_truth: str
+    weight: float = 1.0
+    repeat: int = 0
+
+
+def _weighted(values: Sequence[tuple[float, float]]) -> float:
+    total = sum(w for _, w in values)
+    return sum(v * w for v, w in values) / total if total else 0.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,16 +67,17 @@ class BenchmarkResult:
     preset: str
     samples: tuple[SampleResult, ...]
     manifest: dict[str, Any]
+    reward_mode: str = "default"
 
     @property
     def mean_score(self) -> float:
-        """Mean reward (partial credit included)."""
-        return sum(s.score for s in self.samples) / max(1, len(self.samples))
+        """Mean reward (partial credit included), weighted by the samples' weights."""
+        return _weighted([(s.score, s.weight) for s in self.samples])
 
     @property
     def accuracy(self) -> float:
-        """Fraction of fully correct samples."""
-        return sum(s.acc for s in self.samples) / max(1, len(self.samples))
+        """Mean ``acc``, weighted by the samples' weights (1 except e.g. d1 Sudoku cells)."""
+        return _weighted([(s.acc, s.weight) for s in self.samples])
 
     def table(self) -> str:
         """A one-row results table (see :func:`render_table`)."""
@@ -77,12 +85,28 @@ class BenchmarkResult:
 
 
 def render_table(results: Sequence[BenchmarkResult]) -> str:
-    """Markdown table: benchmark, preset, n, accuracy (%) and mean score (%)."""
-    lines = ["| benchmark | preset | n | accuracy | mean score |", "|---|---|---|---|---|"]
+    """Markdown table: benchmark, preset, reward mode, n, accuracy (%) and mean score (%)."""
+    lines = ["| benchmark | preset | reward | n | accuracy | mean score |",
+             "|---|---|---|---|---|---|"]
     for r in results:
-        lines.append(f"| {r.benchmark} | {r.preset} | {len(r.samples)} | "
+        lines.append(f"| {r.benchmark} | {r.preset} | {r.reward_mode} | {len(r.samples)} | "
                      f"{100 * r.accuracy:.2f} | {100 * r.mean_score:.2f} |")
     return "\n".join(lines)
+
+
+def infer_family(model: Any) -> str | None:
+    """Model family name (``llada``, ``dream``, ...) from ``model.traits.family``, a config's
+    ``model_type`` or the class name; None when unknown."""
+    traits = getattr(model, "traits", None)
+    for candidate in (getattr(traits, "family", None),
+                      getattr(getattr(model, "config", None), "model_type", None),
+                      type(model).__name__):
+        if isinstance(candidate, str):
+            low = candidate.lower()
+            for name in ("llada2", "llada", "dream", "sdar"):
+                if name in low:
+                    return name
+    return None
 
 
 def _default_generate() -> GenerateFn:
@@ -91,8 +115,7 @@ def _default_generate() -> GenerateFn:
     return generate  # type: ignore[no-any-return,unused-ignore]
 
 
-def _encode(tokenizer: ChatTokenizer, messages: list[Message]) -> list[int]:
-    out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+def _ids(out: Any) -> list[int]:
     if isinstance(out, Mapping):
         out = out["input_ids"]
     if isinstance(out, torch.Tensor):
@@ -102,6 +125,18 @@ def _encode(tokenizer: ChatTokenizer, messages: list[Message]) -> list[int]:
     return [int(t) for t in out]
 
 
+def _encode(tokenizer: ChatTokenizer, messages: list[Message], prefill: str = "") -> list[int]:
+    ids = _ids(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True))
+    if prefill:
+        encode = getattr(tokenizer, "encode", None)
+        if encode is None:
+            raise TypeError("the preset pre-fills the assistant turn, so the tokenizer needs "
+                            "encode(text, add_special_tokens=False); a Hugging Face tokenizer "
+                            "has it")
+        ids += _ids(encode(prefill, add_special_tokens=False))
+    return ids
+
+
 def _eos_ids(tokenizer: ChatTokenizer) -> set[int]:
     eos = getattr(tokenizer, "eos_token_id", None)
     if eos is None:
@@ -109,18 +144,52 @@ def _eos_ids(tokenizer: ChatTokenizer) -> set[int]:
     return {int(e) for e in eos} if isinstance(eos, (list, tuple, set)) else {int(eos)}
 
 
-def _decode(tokenizer: ChatTokenizer, ids: Sequence[int], eos: set[int]) -> str:
+def _decode(tokenizer: ChatTokenizer, ids: Sequence[int], eos: set[int], raw: bool = False) -> str:
+    if raw:
+        return tokenizer.decode(list(ids), skip_special_tokens=False)
     cut = next((i for i, t in enumerate(ids) if t in eos), len(ids))
     return tokenizer.decode(list(ids[:cut]), skip_special_tokens=True).strip()
 
 
-def _write(output_dir: Path, result: BenchmarkResult) -> None:
+def write_result(output_dir: str | Path, result: BenchmarkResult) -> None:
+    """Write ``samples.jsonl``, ``manifest.json`` and ``results.md`` of ``result``."""
+    output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     with open(output_dir / "samples.jsonl", "w", encoding="utf-8") as f:
         for s in result.samples:
             f.write(json.dumps(dataclasses.asdict(s), ensure_ascii=False) + "\n")
     (output_dir / "manifest.json").write_text(json.dumps(result.manifest, indent=2, default=str))
     (output_dir / "results.md").write_text(result.table() + "\n")
+
+
+def _score(bench: Benchmark, pre: Preset, mode: str, rows: Sequence[Row],
+           responses: Sequence[str], workers: int) -> list[Any]:
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        return list(pool.map(lambda rr: bench.reward(rr[0], rr[1], pre, mode=mode),
+                             zip(responses, rows)))
+
+
+def rescore(result: BenchmarkResult, mode: str, *, score_workers: int = 4) -> BenchmarkResult:
+    """The same responses scored in another reward ``mode`` (rows looked up by index)."""
+    bench = get_benchmark(result.benchmark)
+    pre = get_preset(result.preset)
+    by_index = {r.index: r for r in bench.load()}
+    rows = [by_index[s.index] for s in result.samples]
+    rewards = _score(bench, pre, mode, rows, [s.response for s in result.samples], score_workers)
+    samples = tuple(dataclasses.replace(s, pred=rw.pred, score=rw.score, acc=rw.acc,
+                                        weight=rw.weight)
+                    for s, rw in zip(result.samples, rewards))
+    return BenchmarkResult(benchmark=result.benchmark, preset=result.preset, samples=samples,
+                           manifest={**result.manifest, "reward_mode": mode}, reward_mode=mode)
+
+
+def _generate_kwargs(settings: DecodingSettings) -> dict[str, Any]:
+    kwargs = {k: getattr(settings, k) for k in ("max_new_tokens", "steps", "block_length",
+                                                 "temperature", "remasking", "cache",
+                                                 "threshold")}
+    if settings.top_p is not None:
+        kwargs["top_p"] = settings.top_p
+    return kwargs
 
 
 def run_benchmark(
@@ -137,6 +206,9 @@ def run_benchmark(
     decoding: DecodingSettings | None = None,
     score_workers: int = 4,
     hash_weights: bool = True,
+    reward_mode: str | None = None,
+    family: str | None = None,
+    filter_overlong: bool = True,
 ) -> BenchmarkResult:
     """Generate and score a benchmark; optionally write ``samples.jsonl`` + ``manifest.json``.
 
@@ -161,46 +233,74 @@ def run_benchmark(
         decoding: overrides the preset's decoding settings for this benchmark.
         score_workers: threads used for scoring (code rewards run in the sandbox).
         hash_weights: include the SHA-256 of the weights in the manifest.
+        reward_mode: reward table (``default``, ``dare``, ``d1``); None = the preset's.
+        family: model family for the preset's per-family decoding; None = inferred from the
+            model (:func:`infer_family`).
+        filter_overlong: drop prompts over the preset's ``max_prompt_tokens`` (False keeps every
+            row, as the OpenCompass path does).
+
+    The preset also decides the rows (its subset), the prompt (template, shots, assistant
+    pre-fill), which prompts are dropped as too long, repeats per prompt and how responses are
+    decoded (``raw_decode``: all tokens, special tokens kept); see :class:`Preset`.
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     bench = get_benchmark(benchmark) if isinstance(benchmark, str) else benchmark
     pre = get_preset(preset) if isinstance(preset, str) else preset
-    settings = decoding or bench.decoding(pre)
+    mode = reward_mode or pre.reward_mode
+    fam = family or infer_family(model)
+    settings = decoding or bench.decoding(pre, fam)
     gen = generate_fn or _default_generate()
-    rows: list[Row] = bench.load(limit=limit)
-    prompts = [_encode(tokenizer, bench.messages(row, pre)) for row in rows]
+    all_rows: list[Row] = bench.load(limit=limit, preset=pre)
+    encoded = [_encode(tokenizer, bench.messages(row, pre), pre.assistant_prefill)
+               for row in all_rows]
+    max_prompt = pre.max_prompt_tokens.get(bench.group) if filter_overlong else None
+    keep = [i for i, p in enumerate(encoded) if max_prompt is None or len(p) <= max_prompt]
+    repeats = pre.repeats.get(bench.name, 1)
+    rows = [all_rows[i] for i in keep for _ in range(repeats)]
+    prompts = [encoded[i] for i in keep for _ in range(repeats)]
+    rep_ids = [r for _ in keep for r in range(repeats)]
     eos = _eos_ids(tokenizer)
     responses: list[str] = []
     for start in range(0, len(prompts), batch_size):
         batch = prompts[start:start + batch_size]
-        seeds = None if seed is None else [seed + r.index for r in rows[start:start + batch_size]]
-        out = gen(model, batch, max_new_tokens=settings.max_new_tokens, steps=settings.steps,
-                  block_length=settings.block_length, temperature=settings.temperature,
-                  remasking=settings.remasking, cache=settings.cache,
-                  threshold=settings.threshold, seed=seeds)
+        seeds = None if seed is None else [
+            seed + row.index * repeats + rep
+            for row, rep in zip(rows[start:start + batch_size], rep_ids[start:start + batch_size])]
+        out = gen(model, batch, **_generate_kwargs(settings), seed=seeds)
         ids = out.response_ids.tolist()
-        responses += [_decode(tokenizer, r, eos) for r in ids]
+        responses += [_decode(tokenizer, r, eos, pre.raw_decode) for r in ids]
         logger.info("%s: generated %d/%d", bench.name, len(responses), len(prompts))
-    with ThreadPoolExecutor(max_workers=max(1, score_workers)) as pool:
-        rewards = list(pool.map(lambda rr: bench.reward(rr[0], rr[1], pre), zip(responses, rows)))
+    rewards = _score(bench, pre, mode, rows, responses, score_workers)
     samples = tuple(
         SampleResult(index=row.index, data_source=row.data_source, prompt_tokens=len(p),
                      response=resp, pred=rw.pred, score=rw.score, acc=rw.acc,
-                     ground_truth=row.ground_truth)
-        for row, p, resp, rw in zip(rows, prompts, responses, rewards)
+                     ground_truth=row.ground_truth, weight=rw.weight, repeat=rep)
+        for row, p, resp, rw, rep in zip(rows, prompts, responses, rewards, rep_ids)
     )
+    eos_handling = ("all generated tokens decoded with skip_special_tokens=False (d1)"
+                    if pre.raw_decode else "response cut at the first EOS id "
+                    f"{sorted(eos)}; decoded with skip_special_tokens=True; stripped")
     manifest = build_manifest(
         benchmark=bench.name, preset=pre.name, decoding=dataclasses.asdict(settings),
-        eos_handling="response cut at the first EOS id "
-                     f"{sorted(eos)}; decoded with skip_special_tokens=True; stripped",
-        prompts=prompts, chat_template=getattr(tokenizer, "chat_template", None),
-        model=model, seed=seed, batch_size=batch_size, limit=limit, hash_weights=hash_weights,
+        eos_handling=eos_handling, prompts=prompts,
+        chat_template=getattr(tokenizer, "chat_template", None), model=model, seed=seed,
+        batch_size=batch_size, limit=limit, hash_weights=hash_weights,
     )
-    manifest["instruction"] = pre.instruction.get(bench.group)
-    manifest["gsm8k_extraction"] = pre.gsm8k_extraction
+    manifest.update({
+        "reward_mode": mode,
+        "model_family": fam,
+        "instruction": pre.templates.get(bench.name) or pre.instruction.get(bench.group),
+        "assistant_prefill": pre.assistant_prefill,
+        "gsm8k_extraction": pre.gsm8k_extraction,
+        "subset": list(pre.subsets[bench.name]) if bench.name in pre.subsets else None,
+        "repeats": repeats,
+        "max_prompt_tokens": max_prompt,
+        "num_dropped_overlong": len(all_rows) - len(keep),
+        "preset_source": pre.source,
+    })
     result = BenchmarkResult(benchmark=bench.name, preset=pre.name, samples=samples,
-                             manifest=manifest)
+                             manifest=manifest, reward_mode=mode)
     if output_dir is not None:
-        _write(Path(output_dir), result)
+        write_result(output_dir, result)
     return result

@@ -9,6 +9,13 @@ namespace, which also catches double-forked ``setsid`` escapees. The harness enf
 clock, kills the supervisor's process group and the program's PID-namespace init, and removes
 the host temp dir. Where the kernel refuses a namespace the run still happens, with fewer
 protections, and :attr:`ExecutionResult.isolation` says which ones applied.
+
+With ``completion_token=True`` a run only counts as passed when the program ran to its end: the
+program is executed by a small harness (``harness.py``) that reads a per-run random token from a
+file, deletes the file, runs ``solution.py`` and writes the token to stdout as the last line.
+Exiting early (``sys.exit(0)``, ``os._exit(0)``, ``raise SystemExit``, an ``atexit`` hook, killing
+the parent) leaves the token out, and the program never sees the token in its source, argv,
+environment or stdin, so it cannot print it in advance.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import json
 import logging
 import math
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -35,6 +43,26 @@ logger = logging.getLogger(__name__)
 _SUPERVISOR = str(Path(__file__).with_name("_supervisor.py"))
 _NOBODY = 65534
 _STARTUP_SLACK_S = 1.0
+_TOKEN_FILE = ".token"
+_HARNESS_FILE = "harness.py"
+_HARNESS = """import os
+import sys
+
+
+def _run():
+    with open(%(token)r, "rb") as f:
+        token = f.read()
+    os.unlink(%(token)r)
+    with open("solution.py", encoding="utf-8") as f:
+        code = compile(f.read(), "solution.py", "exec")
+    exec(code, {"__name__": "__main__", "__file__": "solution.py", "__builtins__": __builtins__})
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.write(1, b"\\n" + token + b"\\n")
+
+
+_run()
+""" % {"token": _TOKEN_FILE}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,7 +105,9 @@ class SandboxLimits:
 class ExecutionResult:
     """Outcome of one sandboxed run.
 
-    ``ok`` is True iff the program exited with status 0 within the limits. ``returncode`` is
+    ``ok`` is True iff the program exited with status 0 within the limits (and, for runs with a
+    completion token, printed the token as its last line; the token is removed from ``stdout``
+    and ``completed`` says whether it was seen). ``returncode`` is
     the program's exit status, ``128 + signal`` when a signal killed it (e.g. 137 for SIGKILL,
     152 for SIGXCPU), or -9 when the harness killed it on the wall clock. ``isolation`` lists
     the protections that applied (e.g. ``netns``, ``pidns``, ``uid-drop``).
@@ -90,6 +120,7 @@ class ExecutionResult:
     stderr: str
     wall_s: float
     isolation: tuple[str, ...]
+    completed: bool | None = None
 
 
 def _python_dirs() -> list[str]:
@@ -113,6 +144,13 @@ def _read_capped(path: Path, limit: int) -> str:
     with open(path, "rb") as f:
         data = f.read(limit)
     return data.decode("utf-8", errors="replace")
+
+
+def _read_tail(path: Path, nbytes: int) -> bytes:
+    with open(path, "rb") as f:
+        f.seek(0, os.SEEK_END)
+        f.seek(max(0, f.tell() - nbytes))
+        return f.read()
 
 
 def _kill(pgid: int, pid: int | None) -> None:
@@ -147,6 +185,7 @@ def execute_code(
     memory_mb: int = 1024,
     stdin: str | None = None,
     limits: SandboxLimits | None = None,
+    completion_token: bool = False,
 ) -> ExecutionResult:
     """Run a Python program in the sandbox and report how it ended.
 
@@ -156,6 +195,7 @@ def execute_code(
         memory_mb: address-space limit (ignored when ``limits`` is given).
         stdin: text fed to the program's standard input; empty when None.
         limits: full limit set; overrides ``timeout_s`` and ``memory_mb``.
+        completion_token: pass only if the program runs to its end (see module docstring).
 
     Returns:
         An :class:`ExecutionResult`; hostile programs yield ``ok=False``, never an exception.
@@ -165,13 +205,17 @@ def execute_code(
     host_dir = Path(tempfile.mkdtemp(prefix="dllm-sandbox-"))
     try:
         (host_dir / "solution.py").write_text(source, encoding="utf-8")
+        token = secrets.token_hex(16).encode() if completion_token else b""
+        if completion_token:
+            (host_dir / _TOKEN_FILE).write_bytes(token)
+            (host_dir / _HARNESS_FILE).write_text(_HARNESS, encoding="utf-8")
         if stdin is not None:
             (host_dir / "stdin.txt").write_text(stdin, encoding="utf-8")
         out_path, err_path = host_dir / "_stdout", host_dir / "_stderr"
         read_fd, write_fd = os.pipe()
         cfg = {
             "host_dir": str(host_dir),
-            "script": "solution.py",
+            "script": _HARNESS_FILE if completion_token else "solution.py",
             "python": sys.executable,
             "expose": _python_dirs(),
             "uid": lim.uid,
@@ -209,15 +253,23 @@ def execute_code(
             returncode = -signal.SIGKILL
         isolation = report.get("isolation", [])
         stderr = _read_capped(err_path, lim.max_output_bytes)
+        stdout = _read_capped(out_path, lim.max_output_bytes)
         cpu_killed = returncode == 128 + signal.SIGXCPU
+        completed: bool | None = None
+        if completion_token:
+            suffix = b"\n" + token + b"\n"
+            completed = _read_tail(out_path, len(suffix)) == suffix
+            if completed:
+                stdout = stdout.removesuffix(suffix.decode())
         return ExecutionResult(
-            ok=returncode == 0 and not timed_out,
+            ok=returncode == 0 and not timed_out and completed is not False,
             timed_out=timed_out or cpu_killed,
             returncode=returncode,
-            stdout=_read_capped(out_path, lim.max_output_bytes),
+            stdout=stdout,
             stderr=stderr,
             wall_s=time.monotonic() - start,
             isolation=tuple(str(x) for x in isolation) if isinstance(isolation, list) else (),
+            completed=completed,
         )
     finally:
         shutil.rmtree(host_dir, ignore_errors=True)
@@ -230,20 +282,22 @@ def execute_many(
     timeout_s: float = 5.0,
     memory_mb: int = 1024,
     limits: SandboxLimits | None = None,
+    completion_token: bool = False,
 ) -> list[ExecutionResult]:
     """Run many programs concurrently (thread pool of sandbox launches); order is preserved.
 
     Args:
         sources: program texts.
         max_workers: concurrent sandboxes; defaults to the number of CPUs.
-        timeout_s / memory_mb / limits: as in :func:`execute_code`, applied to each program.
+        timeout_s / memory_mb / limits / completion_token: as in :func:`execute_code`.
     """
     if max_workers is not None and max_workers < 1:
         raise ValueError(f"max_workers must be >= 1 or None, got {max_workers!r}")
     workers = max_workers or os.cpu_count() or 1
     with ThreadPoolExecutor(max_workers=workers) as pool:
         futures = [
-            pool.submit(execute_code, s, timeout_s=timeout_s, memory_mb=memory_mb, limits=limits)
+            pool.submit(execute_code, s, timeout_s=timeout_s, memory_mb=memory_mb, limits=limits,
+                        completion_token=completion_token)
             for s in sources
         ]
         return [f.result() for f in futures]

@@ -76,7 +76,7 @@ def write_jsonl(benchmark: str, preset: str, path: str | Path, *,
     ``extra_info`` (JSON text), ``index``. Returns the role sequence shared by all rows.
     """
     bench = get_benchmark(benchmark)
-    rows = bench.load(limit=limit)
+    rows = bench.load(limit=limit, preset=preset)
     roles: list[str] | None = None
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

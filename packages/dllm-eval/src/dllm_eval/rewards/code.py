@@ -6,9 +6,16 @@ and escaped underscores, and rejects results shorter than 10 characters. Other s
 fenced code blocks: one -> it; several -> the first containing ``def``, else the last.
 
 Program = stdlib import header + code (``__main__`` blocks removed) + test code; pass iff the
-sandboxed program exits 0. Timeout = ``per_test_timeout_s`` x number of tests (HumanEval: assert
-statements; HumanEval+: entries of ``inputs``; MBPP: assert lines), capped by ``max_timeout_s``.
+sandboxed program runs to its end: exit 0 **and** the sandbox's per-run completion token printed
+after the last test (so ``sys.exit(0)``, ``os._exit(0)`` or ``raise SystemExit`` before the tests
+score 0). Timeout = ``per_test_timeout_s`` x number of tests (HumanEval: assert statements;
+HumanEval+: entries of ``inputs``; MBPP/KodCode: assert lines), capped by ``max_timeout_s``.
 HumanEval calls ``check(<entry point>)`` once (the reference may append it twice).
+
+Competitive-programming sources (``lcbv5``, ``primeintellect``, ``taco``, ``apps``,
+``code_contests``, ``codeforces``) run stdin/stdout or call-based cases
+(:mod:`dllm_eval.rewards.stdio`); every case must pass. ``kodcode`` is MBPP-style (a JSON list
+of assert lines) with fenced-code extraction, as DARE routes it.
 """
 
 from __future__ import annotations
@@ -19,9 +26,13 @@ import re
 from dataclasses import dataclass
 
 from dllm_eval.rewards.result import RewardResult
+from dllm_eval.rewards.stdio import build_functional_program, outputs_match, parse_io_tests
 from dllm_eval.sandbox import execute_code
 
 __all__ = [
+    "ASSERT_SOURCES",
+    "CODE_SOURCES",
+    "IO_SOURCES",
     "CodeRewardConfig",
     "build_program",
     "code_reward",
@@ -54,6 +65,12 @@ _MBPP_PATTERNS = (
     r"\[BEGIN\](.*)",
     r"'(.*)'\s*\[DONE\]",
 )
+ASSERT_SOURCES: tuple[str, ...] = ("humaneval", "humanevalplus", "mbpp", "kodcode")
+"""Sources whose tests are Python code appended to the solution."""
+IO_SOURCES: tuple[str, ...] = ("lcbv5", "primeintellect", "taco", "apps", "code_contests",
+                               "codeforces")
+"""Sources whose tests are input/output cases (stdin/stdout or call-based)."""
+CODE_SOURCES: tuple[str, ...] = ASSERT_SOURCES + IO_SOURCES
 _MAIN_BLOCK = re.compile(r"^if\s+__name__\s*==\s*['\"]__main__['\"]\s*:.*?(?=^\S|\Z)",
                          re.DOTALL | re.MULTILINE)
 
@@ -110,7 +127,7 @@ def _first_def(code: str) -> str | None:
 
 
 def _count_tests(data_source: str, tests: str) -> int:
-    if data_source == "mbpp":
+    if data_source in ("mbpp", "kodcode"):
         return max(1, len(json.loads(tests)))
     try:
         tree = ast.parse(tests)
@@ -129,13 +146,14 @@ def build_program(data_source: str, code: str, tests: str, entry_point: str | No
     """The program run in the sandbox: import header + code + tests (+ ``check`` call).
 
     Args:
-        data_source: ``humaneval``, ``humanevalplus`` or ``mbpp``.
+        data_source: one of :data:`ASSERT_SOURCES`.
         code: extracted solution code.
-        tests: the ground truth (HumanEval ``check`` source, EvalPlus source, or MBPP JSON list).
+        tests: the ground truth (HumanEval ``check`` source, EvalPlus source, or MBPP/KodCode
+            JSON list of assert lines).
         entry_point: HumanEval function under test; defaults to the first ``def`` in ``code``.
     """
     code = _MAIN_BLOCK.sub("", code)
-    if data_source == "mbpp":
+    if data_source in ("mbpp", "kodcode"):
         test_src = "\n".join(json.loads(tests))
     elif data_source == "humaneval":
         name = entry_point or _first_def(code) or "solution"
@@ -144,10 +162,39 @@ def build_program(data_source: str, code: str, tests: str, entry_point: str | No
         test_src = tests
     else:
         raise ValueError(
-            f"data_source={data_source!r} has no code program builder; "
-            "use one of ('humaneval', 'humanevalplus', 'mbpp')"
+            f"data_source={data_source!r} has no assert-style program builder; use one of "
+            f"{ASSERT_SOURCES} (input/output sources {IO_SOURCES} go through code_reward)"
         )
     return f"{_IMPORT_HEADER}\n{code}\n\n{test_src}\n"
+
+
+def _timeout(cfg: CodeRewardConfig, n_tests: int) -> float:
+    return min(cfg.max_timeout_s, max(cfg.min_timeout_s, cfg.per_test_timeout_s * n_tests))
+
+
+def _io_reward(code: str, tests: str, fn_name: str | None, cfg: CodeRewardConfig) -> bool:
+    cases, fn_from_tests = parse_io_tests(tests)
+    if not cases:
+        return False
+    fn = fn_from_tests or fn_name
+    program = f"{_IMPORT_HEADER}\n{code}\n"
+    stdin_cases = [c for c in cases if not c.functional]
+    call_cases = [c for c in cases if c.functional]
+    if call_cases:
+        if fn is None:
+            raise ValueError("call-based tests need a function name: set extra_info['fn_name'] "
+                             "(or 'fn_name' in the tests dict)")
+        run = execute_code(build_functional_program(program, call_cases, fn),
+                           timeout_s=_timeout(cfg, len(call_cases)), memory_mb=cfg.memory_mb,
+                           completion_token=True)
+        if not run.ok:
+            return False
+    for case in stdin_cases:
+        run = execute_code(program, timeout_s=_timeout(cfg, 1), memory_mb=cfg.memory_mb,
+                           stdin=case.input)
+        if not (run.ok and outputs_match(run.stdout, case.output)):
+            return False
+    return True
 
 
 def code_reward(
@@ -156,15 +203,31 @@ def code_reward(
     tests: str,
     *,
     entry_point: str | None = None,
+    fn_name: str | None = None,
     config: CodeRewardConfig | None = None,
 ) -> RewardResult:
-    """1.0 if the extracted code passes all tests in the sandbox, else 0.0 (no code -> 0.0)."""
+    """1.0 if the extracted code passes all tests in the sandbox, else 0.0 (no code -> 0.0).
+
+    Args:
+        data_source: one of :data:`CODE_SOURCES`.
+        response: the model output.
+        tests: the row's ground truth (see the module docstring for each source's format).
+        entry_point: HumanEval function under test.
+        fn_name: function name for call-based input/output tests (when not in ``tests``).
+        config: execution limits.
+    """
+    if data_source not in CODE_SOURCES:
+        raise ValueError(f"data_source={data_source!r} is not a code source; use one of "
+                         f"{CODE_SOURCES}")
     cfg = config or CodeRewardConfig()
     code = extract_mbpp_code(response) if data_source == "mbpp" else extract_code(response)
     if code is None:
         return RewardResult(score=0.0, acc=0.0, pred=None)
+    if data_source in IO_SOURCES:
+        ok = _io_reward(code, tests, fn_name, cfg)
+        return RewardResult(score=float(ok), acc=float(ok), pred=code)
     program = build_program(data_source, code, tests, entry_point)
-    n_tests = _count_tests(data_source, tests)
-    timeout = min(cfg.max_timeout_s, max(cfg.min_timeout_s, cfg.per_test_timeout_s * n_tests))
-    result = execute_code(program, timeout_s=timeout, memory_mb=cfg.memory_mb)
+    timeout = _timeout(cfg, _count_tests(data_source, tests))
+    result = execute_code(program, timeout_s=timeout, memory_mb=cfg.memory_mb,
+                          completion_token=True)
     return RewardResult(score=float(result.ok), acc=float(result.ok), pred=code)

@@ -16,8 +16,11 @@ class RewardResult:
         acc: whether the answer is fully correct (1.0 / 0.0); for partial-credit rewards
             this is strict correctness, not the partial score.
         pred: the extracted answer (None when extraction failed).
+        weight: the sample's weight in a benchmark average (1 except where a protocol
+            averages over smaller units, e.g. d1's Sudoku: the number of empty cells).
     """
 
     score: float
     acc: float
     pred: str | None
+    weight: float = 1.0
