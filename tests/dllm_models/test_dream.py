@@ -49,7 +49,7 @@ def test_logits_match_transformers_qwen2_with_bidirectional_mask(tiny_dream: tor
 
 def test_traits_shift_flag_and_constants(tiny_dream: torch.nn.Module) -> None:
     t = getattr(tiny_dream, "traits")
-    assert (t.family, t.logit_shift, t.block_length) == ("Dream", 1, None)
+    assert (t.family, t.logit_shift, t.block_length) == ("dream", 1, None)
     assert (t.mask_token_id, t.eos_token_id, t.pad_token_id) == (MASK, EOS, EOS)
     # without ids in config.json, the release's constants apply
     raw = tiny_dream_config()

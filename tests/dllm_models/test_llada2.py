@@ -107,7 +107,7 @@ def test_layout_dense_first_then_moe_and_fp32_logits(tiny_llada2: torch.nn.Modul
 
 def test_traits(tiny_llada2: torch.nn.Module) -> None:
     t = getattr(tiny_llada2, "traits")
-    assert (t.family, t.block_length, t.logit_shift, t.mask_token_id) == ("llada2_moe", BLOCK, 0, 63)
+    assert (t.family, t.block_length, t.logit_shift, t.mask_token_id) == ("llada2", BLOCK, 0, 63)
     from dllm_models import build_model
 
     raw = tiny_llada2_config()
@@ -201,3 +201,15 @@ def test_logits_match_transformers_glm4_moe_block_causal(tiny_llada2: torch.nn.M
 
 def test_in_place_cache_equals_full_forward(tiny_llada2: torch.nn.Module) -> None:
     checks.check_in_place_cache(tiny_llada2, BLOCK)
+
+
+def test_rotary_dims_follow_the_release_code() -> None:
+    from dllm_models.families.llada2 import LLaDA2Config
+
+    raw = tiny_llada2_config()
+    raw.pop("rotary_dim")
+    raw.pop("partial_rotary_factor")
+    assert LLaDA2Config.from_hf(raw).rope_dim == 8  # release default factor 0.5 of head_dim 16
+    assert LLaDA2Config.from_hf(tiny_llada2_config(rotary_dim=None, partial_rotary_factor=0.25)).rope_dim == 4
+    with pytest.raises(ValueError, match="rotary_dim=12 disagrees with head_dim"):
+        LLaDA2Config.from_hf(tiny_llada2_config(rotary_dim=12))

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dllm_models import FAMILIES, build_model, load_model, save_model
+from dllm_models import FAMILIES, build_model, family_for, load_model, save_model
 from tests.dllm_models.tiny_configs import TINY_CONFIGS, build_tiny
 
 CHECKPOINTS = Path(__file__).resolve().parents[3] / "shared" / "checkpoints"
@@ -52,7 +52,7 @@ def test_meta_build_matches_release_weight_names(folder: str) -> None:
         assert raw["model_type"] == "sdar"
         expected = _qwen3_names(raw["num_hidden_layers"])
     assert set(model.state_dict()) == expected
-    assert getattr(model, "traits").family == raw["model_type"]
+    assert getattr(model, "traits").family == family_for(raw).name
     if folder in PARAMS:
         assert sum(p.numel() for p in model.parameters()) == PARAMS[folder]
     assert next(model.parameters()).dtype == torch.bfloat16
@@ -69,7 +69,7 @@ def test_release_traits_follow_the_spec_table() -> None:
     for folder, expect in want.items():
         raw = json.loads((CHECKPOINTS / folder / "config.json").read_text())
         raw["num_hidden_layers"] = 1  # traits depend on the config only; keep the build small
-        fam = FAMILIES[raw["model_type"]]
+        fam = family_for(raw)
         cfg = fam.config_cls.from_hf(raw)
         with torch.device("meta"):
             t = fam.model_cls(cfg).traits
@@ -80,16 +80,17 @@ def test_release_traits_follow_the_spec_table() -> None:
 @pytest.mark.parametrize("folder", ["Dream-v0-Instruct-7B", "SDAR-30B-A3B-Chat", "LLaDA2.0-mini"])
 def test_release_config_round_trips(folder: str) -> None:
     raw = json.loads((CHECKPOINTS / folder / "config.json").read_text())
-    fam = FAMILIES[raw["model_type"]]
+    fam = family_for(raw)
     back = fam.config_cls.from_hf(raw).to_hf()
     assert {k: back[k] for k in raw} == raw
 
 
 @pytest.mark.parametrize("family", sorted(TINY_CONFIGS))
 def test_every_family_is_registered_and_builds(family: str) -> None:
-    assert family in FAMILIES
+    fam = family_for(TINY_CONFIGS[family]())
+    assert family in fam.model_types and FAMILIES[fam.name] is fam
     model = build_model(TINY_CONFIGS[family]())
-    assert getattr(model, "traits").family == family
+    assert getattr(model, "traits").family == fam.name
     assert getattr(model, "attention_backend") == "sdpa"
 
 
@@ -119,3 +120,43 @@ def test_eager_backend_and_gradient_checkpointing_agree(family: str) -> None:
     out.float().square().mean().backward()
     torch.testing.assert_close(out.detach(), ref, rtol=1e-5, atol=1e-5)
     assert all(p.grad is not None for n, p in model.named_parameters() if "experts" not in n)
+
+
+def test_one_canonical_name_per_family() -> None:
+    from dllm_models import FAMILY_NAMES, MODEL_TYPES, family_kind, family_names, get_family
+
+    assert FAMILY_NAMES == ("llada", "dream", "sdar", "sdar_moe", "llada2")
+    assert MODEL_TYPES == {"llada": "llada", "Dream": "dream", "sdar": "sdar", "sdar_moe": "sdar_moe",
+                           "llada2_moe": "llada2"}
+    assert family_names("masked") == ("llada", "dream")
+    assert family_names("block") == ("sdar", "sdar_moe", "llada2")
+    assert family_kind("Dream") == family_kind("dream") == "masked"
+    assert get_family("llada2_moe") is get_family("llada2") is FAMILIES["llada2"]
+    with pytest.raises(ValueError, match="model family 'gpt2' is unknown; choose one of"):
+        get_family("gpt2")
+    with pytest.raises(ValueError, match="family kind"):
+        family_names("causal")
+
+
+def test_partial_checkpoint_folders_are_clear_value_errors(tmp_path: Path) -> None:
+    from dllm_models import CheckpointFilesError, load_tokenizer
+
+    with pytest.raises(ValueError, match="does not exist"):
+        load_model(tmp_path / "nowhere")
+    with pytest.raises(ValueError, match="config.json not found"):
+        load_model(tmp_path)
+    folder = tmp_path / "m"
+    save_model(build_tiny("sdar"), folder)
+    (folder / "model.safetensors").unlink()  # config only, like a folder whose weights were not copied
+    with pytest.raises(ValueError, match="has no weights"):
+        load_model(folder)
+    with pytest.raises(CheckpointFilesError, match="no tokenizer vocabulary"):
+        load_tokenizer(folder)
+    assert load_model(folder, load_weights=False) is not None
+    sharded = tmp_path / "sharded"
+    save_model(build_tiny("sdar"), sharded, max_shard_bytes=20_000)
+    shards = sorted(sharded.glob("model-*.safetensors"))
+    assert len(shards) > 1
+    shards[-1].unlink()
+    with pytest.raises(ValueError, match="shard\\(s\\) missing"):
+        load_model(sharded)

@@ -7,7 +7,9 @@ import re
 import pytest
 import torch
 
+from dllm_models import FAMILY_NAMES, FAMILIES
 from dllm_models.lora import DEFAULT_TARGETS, default_target_modules
+from tests.dllm_models.tiny_configs import TINY_CONFIGS, build_tiny
 
 
 def test_default_llada_targets_exclude_the_lm_head(tiny_llada: torch.nn.Module) -> None:
@@ -22,7 +24,7 @@ def test_default_targets_of_other_layouts() -> None:
     qwen = re.compile(DEFAULT_TARGETS["sdar"])
     assert qwen.fullmatch("model.layers.3.self_attn.o_proj") and qwen.fullmatch("model.layers.0.mlp.down_proj")
     assert not qwen.fullmatch("lm_head") and not qwen.fullmatch("model.layers.0.self_attn.q_norm")
-    l2 = re.compile(DEFAULT_TARGETS["llada2_moe"])
+    l2 = re.compile(DEFAULT_TARGETS["llada2"])
     for name in (
         "model.layers.0.attention.query_key_value", "model.layers.5.attention.dense",
         "model.layers.0.mlp.gate_proj", "model.layers.2.mlp.experts.17.up_proj",
@@ -30,6 +32,51 @@ def test_default_targets_of_other_layouts() -> None:
     ):
         assert l2.fullmatch(name), name
     assert not l2.fullmatch("model.layers.2.mlp.gate") and not l2.fullmatch("lm_head")
+
+
+def test_every_family_has_default_targets_from_the_registry() -> None:
+    assert set(DEFAULT_TARGETS) == set(FAMILY_NAMES)
+    assert all(DEFAULT_TARGETS[name] == fam.lora_targets for name, fam in FAMILIES.items())
+
+
+# every family's tiny model (config.json `model_type` keys) and the modules its default targets hit
+_HITS = {
+    "Dream": {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"},
+    "sdar": {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"},
+    "sdar_moe": {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"},
+    "llada2_moe": {"query_key_value", "dense", "gate_proj", "up_proj", "down_proj"},
+}
+
+
+@pytest.mark.parametrize("model_type", sorted(TINY_CONFIGS))
+def test_lora_applies_trains_and_merges_on_every_family(model_type: str) -> None:
+    pytest.importorskip("peft")
+    from dllm_models.lora import apply_lora, merge_lora
+
+    model = build_tiny(model_type)
+    assert getattr(model, "traits").family in FAMILY_NAMES  # the canonical name, not the model_type
+    base = set(model.state_dict())
+    pattern = re.compile(default_target_modules(model))
+    hit = {n.rsplit(".", 1)[-1] for n, _ in model.named_modules() if pattern.fullmatch(n)}
+    assert hit == _HITS[model_type]
+    model = apply_lora(model, rank=2, alpha=4)
+    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n for n in trainable)
+    assert not any("lm_head" in n or "embed" in n for n in trainable)
+    ids = torch.randint(0, 60, (2, 8), generator=torch.Generator().manual_seed(0))
+    model.train()
+    model(ids).logits.float().logsumexp(-1).mean().backward()
+    assert all(p.grad is not None for n, p in model.named_parameters() if "lora_A" in n and ".experts." not in n)
+    model.eval()
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_B" in n:  # B starts at zero: move it so the merge has something to fold in
+                p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(len(n))) * 0.1)
+        ref = model(ids).logits
+        merged = merge_lora(model)
+        assert set(merged.state_dict()) == base
+        # W + s B A folded in float32: 1e-5-scale rounding on logits of size ~5 (the adapters move them ~0.1)
+        torch.testing.assert_close(merged(ids).logits, ref, rtol=1e-4, atol=1e-4)
 
 
 def test_unknown_family_is_a_clear_error() -> None:

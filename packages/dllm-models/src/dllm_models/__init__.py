@@ -1,18 +1,33 @@
 """dllm_models: native diffusion LM families, attention backends and checkpoint I/O."""
 
 from dllm_models.attention import BACKENDS, AttentionMask, attend
-from dllm_models.checkpoint import load_model, read_config, save_model, weight_files
+from dllm_models.checkpoint import CheckpointFilesError, load_model, read_config, save_model, weight_files
 from dllm_models.families.llada import LLaDAConfig, LLaDAModel
 from dllm_models.protocol import DiffusionLM, DiffusionTraits, KVCache, ModelOutput
-from dllm_models.registry import FAMILIES, build_model, family_for
-from dllm_models.tokenizer import load_tokenizer
+from dllm_models.registry import (
+    FAMILIES,
+    FAMILY_NAMES,
+    MODEL_TYPES,
+    Family,
+    build_model,
+    family_for,
+    family_kind,
+    family_names,
+    get_family,
+)
+from dllm_models.char_tokenizer import char_tokenizer
+from dllm_models.tokenizer import has_tokenizer, load_tokenizer
 
 __all__ = [
     "BACKENDS",
     "FAMILIES",
+    "FAMILY_NAMES",
+    "MODEL_TYPES",
     "AttentionMask",
+    "CheckpointFilesError",
     "DiffusionLM",
     "DiffusionTraits",
+    "Family",
     "KVCache",
     "LLaDAConfig",
     "LLaDAModel",
@@ -20,6 +35,11 @@ __all__ = [
     "attend",
     "build_model",
     "family_for",
+    "family_kind",
+    "family_names",
+    "get_family",
+    "char_tokenizer",
+    "has_tokenizer",
     "load_model",
     "load_tokenizer",
     "read_config",
@@ -50,13 +70,15 @@ from dllm_models.logprob import (  # noqa: E402
     model_token_logprobs,
     token_logprobs,
 )
-from dllm_models.lora import adapter_state_dict, apply_lora, merge_lora  # noqa: E402
+from dllm_models.lora import adapter_state_dict, adapters_disabled, apply_lora, has_adapters, merge_lora  # noqa: E402
 from dllm_models.packing import Packed, pack, pack_like, unpack  # noqa: E402
 
 __all__ += [
     "Packed",
     "adapter_state_dict",
+    "adapters_disabled",
     "apply_lora",
+    "has_adapters",
     "available_backends",
     "bd3lm_mask",
     "final_hidden",

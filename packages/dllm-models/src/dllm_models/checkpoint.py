@@ -31,12 +31,32 @@ _TOKENIZER_FILES = (
 )
 
 
+class CheckpointFilesError(FileNotFoundError, ValueError):
+    """A checkpoint folder lacks a file it needs: an error the user fixes (a ValueError), and a
+    FileNotFoundError for callers that catch file errors."""
+
+
 def read_config(checkpoint_dir: str | os.PathLike[str]) -> dict[str, Any]:
-    """The config.json of a checkpoint folder as a dict."""
-    path = Path(checkpoint_dir) / "config.json"
+    """The config.json of a checkpoint folder as a dict.
+
+    Raises:
+        CheckpointFilesError: the folder does not exist or has no config.json.
+        ValueError: config.json is not a JSON object.
+    """
+    root = Path(checkpoint_dir)
+    if not root.is_dir():
+        raise CheckpointFilesError(f"checkpoint folder {str(root)!r} does not exist (or is not a folder); "
+                                   "pass the folder holding config.json, the safetensors and the tokenizer")
+    path = root / "config.json"
     if not path.is_file():
-        raise FileNotFoundError(f"{path} not found: a checkpoint folder needs a config.json")
-    cfg: dict[str, Any] = json.loads(path.read_text())
+        raise CheckpointFilesError(f"{path} not found: a checkpoint folder needs a config.json; pass the "
+                                   "folder holding config.json, the safetensors and the tokenizer")
+    try:
+        cfg = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path} is not valid JSON ({err}); restore the release's config.json") from None
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{path} holds a {type(cfg).__name__}, not a JSON object; restore the release's config.json")
     return cfg
 
 
@@ -55,14 +75,21 @@ def weight_files(checkpoint_dir: str | os.PathLike[str]) -> dict[str, str]:
     index = root / "model.safetensors.index.json"
     if index.is_file():
         weight_map: dict[str, str] = json.loads(index.read_text())["weight_map"]
+        missing = sorted({f for f in weight_map.values() if not (root / f).is_file()})
+        if missing:
+            raise CheckpointFilesError(
+                f"{index} lists {len(missing)} safetensors shard(s) missing from the folder "
+                f"(first: {missing[0]}); copy every shard of the release into {root}"
+            )
         return weight_map
     single = root / "model.safetensors"
     if single.is_file():
         with safe_open(str(single), framework="pt") as f:
             return {k: "model.safetensors" for k in f.keys()}
-    raise FileNotFoundError(
-        f"no model.safetensors or model.safetensors.index.json in {root}; "
-        "pass load_weights=False to build the architecture with fresh weights"
+    raise CheckpointFilesError(
+        f"checkpoint folder {root} has no weights (no model.safetensors or "
+        "model.safetensors.index.json with its shards): copy the release's safetensors files into "
+        "it, or pass load_weights=False to build the architecture with fresh weights"
     )
 
 
@@ -104,6 +131,11 @@ def load_model(
 
     Returns:
         The model in eval mode; `model.state_dict()` keys equal the checkpoint's weight names.
+
+    Raises:
+        CheckpointFilesError (a ValueError): no folder, no config.json, or (load_weights) no
+            safetensors or a missing shard.
+        ValueError: unknown `model_type`, or weights that do not fit the architecture.
     """
     root = Path(checkpoint_dir)
     raw = read_config(root)

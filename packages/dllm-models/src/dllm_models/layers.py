@@ -1,10 +1,47 @@
-"""Building blocks shared by the families: RMSNorm, rotary embeddings, SwiGLU."""
+"""Building blocks shared by the families: RMSNorm, rotary embeddings, SwiGLU.
+
+Each elementwise op has a plain PyTorch path and a fused Triton path (`dllm_models.kernels`)
+with the same numerics; `KernelConfig` picks between them per call (fused on CUDA by default).
+"""
 
 from __future__ import annotations
+
+import os
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from dllm_models import kernels as _kernels
+from dllm_models.kernels import HAS_TRITON
+
+_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """Which implementation the decoder layers' elementwise ops use (RMSNorm with the residual
+    add, per-head q/k norm + RoPE, SwiGLU).
+
+    Attributes:
+        fused: run the fused Triton kernels of `dllm_models.kernels` on CUDA tensors (and on CPU
+            under TRITON_INTERPRET=1, for tests); the plain PyTorch path otherwise. Both give the
+            same float32-accumulated numerics and output dtypes.
+    """
+
+    fused: bool = True
+
+    def use_fused(self, x: torch.Tensor) -> bool:
+        """Whether an op on `x` takes the fused path."""
+        return self.fused and HAS_TRITON and (x.is_cuda or (_INTERPRET and x.device.type == "cpu"))
+
+
+PLAIN = KernelConfig(fused=False)
+"""The plain PyTorch path (the default of every layer called on its own)."""
+
+DEFAULT_KERNELS = KernelConfig(fused=os.environ.get("DLLM_FUSED_KERNELS", "1") != "0")
+"""A model's default: fused on CUDA unless the environment sets DLLM_FUSED_KERNELS=0."""
 
 
 class RMSNorm(nn.Module):
@@ -20,12 +57,32 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.scale_in_fp32 = scale_in_fp32
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, kernels: KernelConfig = PLAIN) -> torch.Tensor:
+        """Normalise x [..., D] over its last dim; same shape, x's dtype (see the class)."""
+        if kernels.use_fused(x) and self._fusable(x):
+            return _kernels.rms_norm(x, self.weight, self.eps, scale_in_fp32=self.scale_in_fp32)
         x32 = x.float()
         normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         if self.scale_in_fp32:
             return (normed * self.weight.float()).to(x.dtype)
         return normed.to(x.dtype) * self.weight
+
+    def add_forward(
+        self, x: torch.Tensor, residual: torch.Tensor, kernels: KernelConfig = PLAIN
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(x + residual), x + residual): the pre-norm block's residual add, fused with the norm.
+
+        Args:
+            x, residual: [..., D] of one shape and dtype (the residual stream and a branch output).
+        """
+        if kernels.use_fused(x) and self._fusable(x) and residual.shape == x.shape and residual.dtype == x.dtype:
+            return _kernels.add_rms_norm(x, residual, self.weight, self.eps, scale_in_fp32=self.scale_in_fp32)
+        total = x + residual
+        return self(total), total
+
+    def _fusable(self, x: torch.Tensor) -> bool:
+        # round-then-scale promotes to the weight's dtype when it differs: keep the plain path there
+        return self.scale_in_fp32 or self.weight.dtype == x.dtype
 
 
 def rope_cos_sin(
@@ -73,8 +130,43 @@ def apply_rope(
     return torch.cat([out, x_pass], dim=-1) if x_pass.shape[-1] else out
 
 
-def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """SwiGLU activation: silu(gate) * up."""
+def rotate_heads(
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    *,
+    norm: RMSNorm | None,
+    full_precision: bool,
+    kernels: KernelConfig = PLAIN,
+) -> torch.Tensor:
+    """Per-head RMSNorm (Qwen3/SDAR, LLaDA2 q/k norm; none when `norm` is None), then RoPE.
+
+    Args:
+        x: [B, L, H, D] projected queries or keys (the last dim contiguous).
+        cos, sin: [B or 1, 1, L, R] from `rope_cos_sin`.
+        norm: the head norm over D, or None.
+        full_precision: see `apply_rope`.
+
+    Returns:
+        [B, H, L, D] (the attention layout), x's dtype.
+    """
+    if kernels.use_fused(x) and x.stride(-1) == 1 and (norm is None or norm._fusable(x)):
+        weight = norm.weight if norm is not None else None
+        eps = norm.eps if norm is not None else 0.0
+        scale = norm.scale_in_fp32 if norm is not None else False
+        out = _kernels.norm_rope(
+            x, cos, sin, weight=weight, eps=eps, scale_in_fp32=scale, full_precision=full_precision
+        )
+        return out.transpose(1, 2)
+    if norm is not None:
+        x = norm(x)
+    return apply_rope(x.transpose(1, 2), cos, sin, full_precision=full_precision)
+
+
+def swiglu(gate: torch.Tensor, up: torch.Tensor, kernels: KernelConfig = PLAIN) -> torch.Tensor:
+    """SwiGLU activation: silu(gate) * up (Shazeer, "GLU Variants Improve Transformer", 2002.05202)."""
+    if kernels.use_fused(gate) and gate.shape == up.shape and gate.dtype == up.dtype:
+        return _kernels.swiglu(gate, up)
     return F.silu(gate) * up
 
 

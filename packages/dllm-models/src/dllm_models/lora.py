@@ -7,28 +7,19 @@ forward signature; only adapter weights are trainable afterwards.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import re
 from typing import Any
 
 import torch
 from torch import nn
 
-# Default target modules per family (`traits.family`), as a regex over module names that peft
-# matches in full. LLaDA's block `ff_out` is the down projection; `model.transformer.ff_out` is
-# the LM head and is excluded by requiring the `blocks.<i>.` prefix.
-DEFAULT_TARGETS: dict[str, str] = {
-    "llada": r".*\.blocks\.\d+\.(q_proj|k_proj|v_proj|attn_out|ff_proj|up_proj|ff_out)",
-    "dream": r".*\.layers\.\d+\.(self_attn\.(q_proj|k_proj|v_proj|o_proj)|mlp\.(gate_proj|up_proj|down_proj))",
-    "sdar": r".*\.layers\.\d+\.(self_attn\.(q_proj|k_proj|v_proj|o_proj)|mlp\.(gate_proj|up_proj|down_proj))",
-    "llada2_moe": (
-        r".*\.layers\.\d+\.(attention\.(query_key_value|dense)"
-        r"|mlp\.(shared_experts\.)?(experts\.\d+\.)?(gate_proj|up_proj|down_proj))"
-    ),
-}
-DEFAULT_TARGETS["sdar_moe"] = DEFAULT_TARGETS["sdar"].replace(
-    r"mlp\.(gate_proj", r"mlp\.(experts\.\d+\.)?(gate_proj"
-)
-DEFAULT_TARGETS["llada2"] = DEFAULT_TARGETS["llada2_moe"]
+from dllm_models.registry import FAMILIES, MODEL_TYPES
+
+# Default target modules per canonical family name (`traits.family`): the registry's entries.
+DEFAULT_TARGETS: dict[str, str] = {name: fam.lora_targets for name, fam in FAMILIES.items()}
 
 _ADAPTER_MARK = "lora_"
 
@@ -44,15 +35,17 @@ def _peft() -> Any:
 
 
 def default_target_modules(model: nn.Module) -> str:
-    """The default LoRA target regex of the model's family (`model.traits.family`)."""
+    """The default LoRA target regex of the model's family (`model.traits.family`, see
+    `dllm_models.registry.FAMILIES`; a config.json `model_type` spelling is accepted too)."""
     traits = getattr(model, "traits", None)
-    family = getattr(traits, "family", None)
-    if family not in DEFAULT_TARGETS:
+    family = str(getattr(traits, "family", None))
+    name = family if family in DEFAULT_TARGETS else MODEL_TYPES.get(family)
+    if name is None:
         raise ValueError(
             f"no default LoRA target modules for family {family!r}; pass target_modules= "
-            f"(names or a regex) or use one of {sorted(DEFAULT_TARGETS)}"
+            f"(names or a regex) or use a model of one of {sorted(DEFAULT_TARGETS)}"
         )
-    return DEFAULT_TARGETS[str(family)]
+    return DEFAULT_TARGETS[name]
 
 
 def apply_lora(
@@ -121,3 +114,28 @@ def merge_lora(model: nn.Module) -> nn.Module:
 def lora_parameter_names(model: nn.Module) -> list[str]:
     """Names of the trainable adapter parameters."""
     return [n for n, p in model.named_parameters() if p.requires_grad and re.search(_ADAPTER_MARK, n)]
+
+
+def has_adapters(model: nn.Module) -> bool:
+    """Whether `model` carries LoRA adapters (`apply_lora`)."""
+    return any(_ADAPTER_MARK in n for n, _ in model.named_parameters())
+
+
+@contextmanager
+def adapters_disabled(model: nn.Module) -> Iterator[nn.Module]:
+    """Run `model` as its base weights: every LoRA adapter off inside the block, on again after.
+
+    The reference model of a LoRA run is exactly this (the frozen base), so it needs no copy.
+    """
+    tuner = _peft().tuners.tuners_utils.BaseTunerLayer
+    layers = [m for m in model.modules() if isinstance(m, tuner)]
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    for m in layers:
+        m.enable_adapters(False)
+    try:
+        yield model
+    finally:
+        for m in layers:
+            m.enable_adapters(True)
+        for n, p in model.named_parameters():  # peft re-enables adapters as trainable: keep what was
+            p.requires_grad_(n in trainable)

@@ -13,7 +13,8 @@ class DiffusionTraits:
     """Constants of a diffusion LM that samplers and trainers need.
 
     Attributes:
-        family: registry key of the family (the `model_type` of its config.json).
+        family: canonical family name (`dllm_models.registry.FAMILIES`: llada, dream, sdar,
+            sdar_moe, llada2); config.json `model_type` spellings map to it (`MODEL_TYPES`).
         mask_token_id: id of the mask token that noised positions carry.
         eos_token_id: end-of-sequence id the sampler may stop on.
         pad_token_id: id used to pad batches.

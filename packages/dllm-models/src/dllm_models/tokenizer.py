@@ -15,7 +15,9 @@ logger = logging.getLogger(__name__)
 NATIVE_TOKENIZER = {"DreamTokenizer": "Qwen2Tokenizer"}
 
 
-def _has_vocab(root: Path) -> bool:
+def has_tokenizer(checkpoint_dir: str | os.PathLike[str]) -> bool:
+    """Whether a folder holds tokenizer vocabulary files (tokenizer.json, or vocab.json + merges.txt)."""
+    root = Path(checkpoint_dir)
     return (root / "tokenizer.json").is_file() or (
         (root / "vocab.json").is_file() and (root / "merges.txt").is_file()
     )
@@ -35,14 +37,20 @@ def load_tokenizer(checkpoint_dir: str | os.PathLike[str]) -> Any:
 
     Returns:
         A transformers tokenizer.
+
+    Raises:
+        CheckpointFilesError (a ValueError and a FileNotFoundError): no vocabulary files.
     """
     import transformers
 
+    from dllm_models.checkpoint import CheckpointFilesError
+
     root = Path(checkpoint_dir)
-    if not _has_vocab(root):
-        raise FileNotFoundError(
+    if not has_tokenizer(root):
+        raise CheckpointFilesError(
             f"{root} has no tokenizer vocabulary (tokenizer.json, or vocab.json + merges.txt); "
-            "copy the release's tokenizer files into the folder"
+            "copy the release's tokenizer files (tokenizer.json or vocab.json + merges.txt, and "
+            "tokenizer_config.json) into the folder"
         )
     cfg_path = root / "tokenizer_config.json"
     cls_name = ""

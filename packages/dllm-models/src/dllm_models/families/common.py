@@ -10,7 +10,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from dllm_models.attention import AttentionMask
-from dllm_models.layers import positions_from_mask
+from dllm_models.layers import DEFAULT_KERNELS, KernelConfig, positions_from_mask
 from dllm_models.protocol import KVCache, ModelOutput
 
 C = TypeVar("C")
@@ -213,20 +213,24 @@ def run_layers(
 ) -> tuple[torch.Tensor, KVCache | None]:
     """Run the decoder stack, with gradient checkpointing when the model asks for it.
 
+    Every layer is called as `layer(x, cos, sin, mask, backend, past, kernels)`, with the
+    model's `attention_backend` and `kernels` (a `KernelConfig`).
+
     Returns:
         hidden states [B, L, H] and, with use_cache, the KVCache of this call's positions
         (post-RoPE keys; not including `past_key_values`).
     """
     backend: str = getattr(model, "attention_backend", "sdpa")
     ckpt = bool(getattr(model, "gradient_checkpointing", False)) and model.training
+    kernels: KernelConfig = getattr(model, "kernels", DEFAULT_KERNELS)
     keys: list[torch.Tensor] = []
     values: list[torch.Tensor] = []
     for i, layer in enumerate(layers):
         past = past_key_values.layer(i) if past_key_values is not None else None
         if ckpt:
-            x, kv = checkpoint(layer, x, cos, sin, mask, backend, past, use_reentrant=False)
+            x, kv = checkpoint(layer, x, cos, sin, mask, backend, past, kernels, use_reentrant=False)
         else:
-            x, kv = layer(x, cos, sin, mask, backend, past)
+            x, kv = layer(x, cos, sin, mask, backend, past, kernels)
         if use_cache:
             keys.append(kv[0])
             values.append(kv[1])
@@ -259,9 +263,13 @@ class HeadedDiffusionLM(nn.Module):
 
     Attributes:
         logits_fp32: upcast logits to float32 (LLaDA2's release does).
+        kernels: fused Triton kernels or the plain path for the layers' elementwise ops
+            (`KernelConfig`; fused on CUDA by default, `model.kernels = KernelConfig(fused=False)`
+            or DLLM_FUSED_KERNELS=0 switches them off).
     """
 
     logits_fp32: bool = False
+    kernels: KernelConfig = DEFAULT_KERNELS
 
     def hidden_states(
         self,

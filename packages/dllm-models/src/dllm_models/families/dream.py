@@ -95,7 +95,7 @@ class DreamModel(QwenStyleLM):
             make_layer=layer,
         )
         self.traits = DiffusionTraits(
-            family="Dream",
+            family="dream",
             mask_token_id=cfg.mask_token_id,
             eos_token_id=cfg.eos_token_id,
             pad_token_id=cfg.pad_token_id,

@@ -15,7 +15,7 @@ from torch import nn
 
 from dllm_models.attention import AttentionMask, attend
 from dllm_models.families.common import HeadedDiffusionLM, attention_inputs, run_layers
-from dllm_models.layers import FastEmbedding, RMSNorm, apply_rope, rope_cos_sin, swiglu
+from dllm_models.layers import PLAIN, FastEmbedding, KernelConfig, RMSNorm, rope_cos_sin, rotate_heads, swiglu
 from dllm_models.protocol import DiffusionTraits, KVCache, LayerPast
 
 MASK_TOKEN_ID = 126336
@@ -105,22 +105,21 @@ class LLaDABlock(nn.Module):
         mask: AttentionMask,
         backend: str,
         past: LayerPast | None = None,
+        kernels: KernelConfig = PLAIN,
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         b, n, _ = x.shape
         hd = self.cfg.head_dim
-        h = self.attn_norm(x)
-        q = self.q_proj(h).view(b, n, -1, hd).transpose(1, 2)
-        k = self.k_proj(h).view(b, n, -1, hd).transpose(1, 2)
-        v = self.v_proj(h).view(b, n, -1, hd).transpose(1, 2)
+        h = self.attn_norm(x, kernels)
         fp = self.cfg.rope_full_precision
-        q, k = apply_rope(q, cos, sin, full_precision=fp), apply_rope(k, cos, sin, full_precision=fp)
+        q = rotate_heads(self.q_proj(h).view(b, n, -1, hd), cos, sin, norm=None, full_precision=fp, kernels=kernels)
+        k = rotate_heads(self.k_proj(h).view(b, n, -1, hd), cos, sin, norm=None, full_precision=fp, kernels=kernels)
+        v = self.v_proj(h).view(b, n, -1, hd).transpose(1, 2)
         new_kv = (k, v)
         if past is not None:
             k, v = past.join(k, v)
         att = attend(q, k, v, mask, backend=backend).transpose(1, 2).reshape(b, n, -1)
-        x = x + self.attn_out(att)
-        h = self.ff_norm(x)
-        out: torch.Tensor = x + self.ff_out(swiglu(self.ff_proj(h), self.up_proj(h)))
+        h, x = self.ff_norm.add_forward(x, self.attn_out(att), kernels)
+        out: torch.Tensor = x + self.ff_out(swiglu(self.ff_proj(h), self.up_proj(h), kernels))
         return out, new_kv
 
 
@@ -179,5 +178,5 @@ class LLaDAModel(HeadedDiffusionLM):
         x, cache = run_layers(
             self, t.blocks, x, cos, sin, mask, past_key_values, use_cache, attention_mask
         )
-        hidden: torch.Tensor = t.ln_f(x)
+        hidden: torch.Tensor = t.ln_f(x, self.kernels)
         return hidden, cache

@@ -2,10 +2,11 @@
 
 inclusionAI, "LLaDA2.0: Scaling Up Diffusion Language Models to 100B", arXiv 2512.15745.
 Fused `query_key_value` projection split as [Q heads | K heads | V heads], per-head RMSNorm on q
-and k, partial RoPE on the first `rotary_dim` dims, block-causal attention on the grid aligned
-to absolute position 0 (block 32 by default), the first `first_k_dense_replace` layers dense and
-the rest MoE with a grouped sigmoid router and a shared expert, fp32 logits. Parameter names
-match the release checkpoint (`model.word_embeddings`, `model.layers.{i}.attention.dense`, ...).
+and k, partial RoPE on the first `head_dim * partial_rotary_factor` dims (factor 0.5 by default,
+as in the release code), block-causal attention on the grid aligned to absolute position 0 (block
+32 by default), the first `first_k_dense_replace` layers dense and the rest MoE with a grouped
+sigmoid router and a shared expert, fp32 logits. Parameter names match the release
+checkpoint (`model.word_embeddings`, `model.layers.{i}.attention.dense`, ...).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from dllm_models.families.common import (
     run_layers,
 )
 from dllm_models.families.moe import MLP, GroupLimitedSigmoidRouter, SparseMoE
-from dllm_models.layers import FastEmbedding, RMSNorm, apply_rope, rope_cos_sin
+from dllm_models.layers import PLAIN, FastEmbedding, KernelConfig, RMSNorm, rope_cos_sin, rotate_heads
 from dllm_models.protocol import DiffusionTraits, KVCache, LayerPast
 
 MASK_TOKEN_ID = 156895
@@ -55,7 +56,7 @@ class LLaDA2Config:
     routed_scaling_factor: float = 2.5
     norm_topk_prob: bool = True
     rotary_dim: int | None = None
-    partial_rotary_factor: float = 1.0
+    partial_rotary_factor: float = 0.5
     rope_theta: float = 600000.0
     rms_norm_eps: float = 1e-6
     max_position_embeddings: int = 32768
@@ -71,7 +72,16 @@ class LLaDA2Config:
     def __post_init__(self) -> None:
         if self.rope_dim % 2 or not 0 < self.rope_dim <= self.head_dim:
             raise ValueError(
-                f"rotary_dim ({self.rope_dim}) must be even and in (0, head_dim={self.head_dim}]"
+                f"head_dim * partial_rotary_factor ({self.head_dim} * {self.partial_rotary_factor} "
+                f"= {self.rope_dim} rotated dims) must be even and in (0, head_dim={self.head_dim}]; "
+                "fix partial_rotary_factor in config.json"
+            )
+        if self.rotary_dim is not None and self.rotary_dim != self.rope_dim:
+            raise ValueError(
+                f"config.json rotary_dim={self.rotary_dim} disagrees with head_dim * "
+                f"partial_rotary_factor = {self.head_dim} * {self.partial_rotary_factor} = "
+                f"{self.rope_dim}; the release code rotates head_dim * partial_rotary_factor dims "
+                "and ignores rotary_dim: make them agree (or drop rotary_dim)"
             )
         if self.num_experts % self.n_group or self.topk_group > self.n_group:
             raise ValueError(
@@ -85,9 +95,8 @@ class LLaDA2Config:
 
     @property
     def rope_dim(self) -> int:
-        """Rotated dims per head: `rotary_dim`, else head_dim * partial_rotary_factor."""
-        if self.rotary_dim is not None:
-            return self.rotary_dim
+        """Rotated dims per head: head_dim * partial_rotary_factor (default 0.5), as the release
+        code computes it; `rotary_dim` is only checked against it (`__post_init__`)."""
         return int(self.head_dim * self.partial_rotary_factor)
 
     @classmethod
@@ -124,12 +133,13 @@ class LLaDA2Attention(nn.Module):
         mask: AttentionMask,
         backend: str,
         past: LayerPast | None = None,
+        kernels: KernelConfig = PLAIN,
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         b, n, _ = x.shape
         qkv = self.query_key_value(x).view(b, n, self.n_heads + 2 * self.n_kv, self.head_dim)
         q, k, v = qkv.split([self.n_heads, self.n_kv, self.n_kv], dim=2)
-        q = apply_rope(self.query_layernorm(q).transpose(1, 2), cos, sin, full_precision=False)
-        k = apply_rope(self.key_layernorm(k).transpose(1, 2), cos, sin, full_precision=False)
+        q = rotate_heads(q, cos, sin, norm=self.query_layernorm, full_precision=False, kernels=kernels)
+        k = rotate_heads(k, cos, sin, norm=self.key_layernorm, full_precision=False, kernels=kernels)
         v = v.transpose(1, 2)
         new_kv = (k, v)
         if past is not None:
@@ -177,10 +187,12 @@ class LLaDA2DecoderLayer(nn.Module):
         mask: AttentionMask,
         backend: str,
         past: LayerPast | None = None,
+        kernels: KernelConfig = PLAIN,
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-        att, kv = self.attention(self.input_layernorm(x), cos, sin, mask, backend, past)
-        x = x + att
-        out: torch.Tensor = x + self.mlp(self.post_attention_layernorm(x))
+        h = self.input_layernorm(x, kernels)
+        att, kv = self.attention(h, cos, sin, mask, backend, past, kernels)
+        h, x = self.post_attention_layernorm.add_forward(x, att, kernels)
+        out: torch.Tensor = x + self.mlp(h, kernels)
         return out, kv
 
 
@@ -203,7 +215,7 @@ class LLaDA2Model(HeadedDiffusionLM):
         self.model = _Body(cfg)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.traits = DiffusionTraits(
-            family="llada2_moe",
+            family="llada2",
             mask_token_id=cfg.mask_token_id,
             eos_token_id=cfg.eos_token_id,
             pad_token_id=cfg.pad_token_id,
@@ -236,5 +248,5 @@ class LLaDA2Model(HeadedDiffusionLM):
         x, cache = run_layers(
             self, self.model.layers, x, cos, sin, mask, past_key_values, use_cache, attention_mask
         )
-        hidden: torch.Tensor = self.model.norm(x)
+        hidden: torch.Tensor = self.model.norm(x, self.kernels)
         return hidden, cache

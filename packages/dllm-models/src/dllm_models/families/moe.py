@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dllm_models.layers import FastLinear, swiglu
+from dllm_models.layers import PLAIN, FastLinear, KernelConfig, swiglu
 
 
 class MLP(nn.Module):
@@ -22,8 +22,8 @@ class MLP(nn.Module):
         self.up_proj = FastLinear(hidden, intermediate, bias=False)
         self.down_proj = FastLinear(intermediate, hidden, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))
+    def forward(self, x: torch.Tensor, kernels: KernelConfig = PLAIN) -> torch.Tensor:
+        out: torch.Tensor = self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x), kernels))
         return out
 
 
@@ -126,16 +126,18 @@ class SparseMoE(nn.Module):
         self.shared_experts = MLP(hidden, shared_intermediate) if shared_intermediate else None
         self.accumulate_fp32 = accumulate_fp32
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, kernels: KernelConfig = PLAIN) -> torch.Tensor:
         shape = x.shape
         flat = x.reshape(-1, shape[-1])
         ids, weights = self.gate(flat)
-        out = self._combine(flat, ids, weights).view(shape)
+        out = self._combine(flat, ids, weights, kernels).view(shape)
         if self.shared_experts is not None:
-            out = out + self.shared_experts(x)
+            out = out + self.shared_experts(x, kernels)
         return out
 
-    def _combine(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    def _combine(
+        self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, kernels: KernelConfig
+    ) -> torch.Tensor:
         t, k = ids.shape
         flat_ids = ids.reshape(-1)
         token = torch.arange(t, device=x.device).repeat_interleave(k)
@@ -144,7 +146,7 @@ class SparseMoE(nn.Module):
             slots = x.new_zeros((t * k, x.shape[-1]), dtype=torch.float32)
             for e in active:
                 sel = (flat_ids == e).nonzero().squeeze(-1)
-                slots = slots.index_copy(0, sel, self.experts[e](x[token[sel]]).float())
+                slots = slots.index_copy(0, sel, self.experts[e](x[token[sel]], kernels).float())
             mixed = (slots.view(t, k, -1) * weights.float()[..., None]).sum(dim=1)
             return mixed.to(x.dtype)
         out = torch.zeros_like(x)
@@ -152,6 +154,6 @@ class SparseMoE(nn.Module):
         for e in active:
             sel = (flat_ids == e).nonzero().squeeze(-1)
             rows = token[sel]
-            y = self.experts[e](x[rows]) * flat_w[sel, None].to(x.dtype)
+            y = self.experts[e](x[rows], kernels) * flat_w[sel, None].to(x.dtype)
             out = out.index_add(0, rows, y)
         return out

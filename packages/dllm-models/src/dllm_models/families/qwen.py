@@ -15,7 +15,7 @@ from torch import nn
 
 from dllm_models.attention import AttentionMask, attend
 from dllm_models.families.common import HeadedDiffusionLM, attention_inputs, run_layers
-from dllm_models.layers import FastEmbedding, RMSNorm, apply_rope, rope_cos_sin
+from dllm_models.layers import PLAIN, FastEmbedding, KernelConfig, RMSNorm, rope_cos_sin, rotate_heads
 from dllm_models.protocol import DiffusionTraits, KVCache, LayerPast
 
 
@@ -58,16 +58,15 @@ class QwenAttention(nn.Module):
         mask: AttentionMask,
         backend: str,
         past: LayerPast | None = None,
+        kernels: KernelConfig = PLAIN,
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         b, n, _ = x.shape
         hd = self.head_dim
         q = self.q_proj(x).view(b, n, -1, hd)
         k = self.k_proj(x).view(b, n, -1, hd)
         v = self.v_proj(x).view(b, n, -1, hd).transpose(1, 2)
-        if self.q_norm is not None and self.k_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q = apply_rope(q.transpose(1, 2), cos, sin, full_precision=False)
-        k = apply_rope(k.transpose(1, 2), cos, sin, full_precision=False)
+        q = rotate_heads(q, cos, sin, norm=self.q_norm, full_precision=False, kernels=kernels)
+        k = rotate_heads(k, cos, sin, norm=self.k_norm, full_precision=False, kernels=kernels)
         new_kv = (k, v)
         if past is not None:
             k, v = past.join(k, v)
@@ -94,10 +93,12 @@ class QwenDecoderLayer(nn.Module):
         mask: AttentionMask,
         backend: str,
         past: LayerPast | None = None,
+        kernels: KernelConfig = PLAIN,
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-        att, kv = self.self_attn(self.input_layernorm(x), cos, sin, mask, backend, past)
-        x = x + att
-        out: torch.Tensor = x + self.mlp(self.post_attention_layernorm(x))
+        h = self.input_layernorm(x, kernels)
+        att, kv = self.self_attn(h, cos, sin, mask, backend, past, kernels)
+        h, x = self.post_attention_layernorm.add_forward(x, att, kernels)
+        out: torch.Tensor = x + self.mlp(h, kernels)
         return out, kv
 
 
@@ -169,5 +170,5 @@ class QwenStyleLM(HeadedDiffusionLM):
         x, cache = run_layers(
             self, self.model.layers, x, cos, sin, mask, past_key_values, use_cache, attention_mask
         )
-        hidden: torch.Tensor = self.model.norm(x)
+        hidden: torch.Tensor = self.model.norm(x, self.kernels)
         return hidden, cache
