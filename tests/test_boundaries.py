@@ -16,6 +16,7 @@ MEMBERS = {
     "dllm_rollout": ROOT / "packages/dllm-rollout/src/dllm_rollout",
     "dllm_eval": ROOT / "packages/dllm-eval/src/dllm_eval",
     "dllm_train": ROOT / "packages/dllm-train/src/dllm_train",
+    "dllm_algorithms": ROOT / "packages/dllm-algorithms/src/dllm_algorithms",
     "dare": ROOT / "apps/dare/src/dare",
 }
 ALLOWED = {
@@ -24,7 +25,8 @@ ALLOWED = {
     "dllm_rollout": {"dllm_models"},
     "dllm_eval": {"dllm_models", "dllm_rollout"},
     "dllm_train": {"dllm_objectives", "dllm_models", "dllm_rollout", "dllm_eval"},
-    "dare": {"dllm_objectives", "dllm_models", "dllm_rollout", "dllm_eval", "dllm_train"},
+    "dllm_algorithms": {"dllm_objectives", "dllm_models", "dllm_rollout", "dllm_train"},
+    "dare": {"dllm_objectives", "dllm_models", "dllm_rollout", "dllm_eval", "dllm_train", "dllm_algorithms"},
 }
 ALGORITHM_NAMES = re.compile(
     r"\b(d1|diffu-?grpo|coupled[-_ ]?grpo|cj[-_]?grpo|spg|bgpo|ebpo|espo|mdpo|dmpo|vrpo|"
@@ -78,6 +80,25 @@ def test_model_constants_live_only_in_dllm_models(member: str) -> None:
         for i, line in enumerate(p.read_text().splitlines(), 1)
         if MODEL_CONSTANTS.search(line)
     ]
+    assert hits == []
+
+
+@pytest.mark.parametrize("member", ["dllm_train", "dllm_algorithms", "dare"])
+def test_no_string_keyed_side_channels_between_algorithms_and_workers(member: str) -> None:
+    """Algorithms and workers exchange named fields only: no `extras` dicts, no `dict[str, Any]`
+    fields on the dataclasses that travel between them."""
+    hits = []
+    for p in _sources(member):
+        tree = ast.parse(p.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr == "extras":
+                hits.append(f"{p.relative_to(ROOT)}:{node.lineno}: .extras")
+            if isinstance(node, ast.ClassDef) and any(
+                    isinstance(d, (ast.Name, ast.Call, ast.Attribute)) and "dataclass" in ast.unparse(d)
+                    for d in node.decorator_list):
+                for item in node.body:
+                    if isinstance(item, ast.AnnAssign) and re.fullmatch(r"dict\[str, *Any\]", ast.unparse(item.annotation)):
+                        hits.append(f"{p.relative_to(ROOT)}:{item.lineno}: {node.name}.{ast.unparse(item.target)}")
     assert hits == []
 
 

@@ -1,4 +1,4 @@
-"""Spawning a 2-process gloo group on CPU and collecting each rank's results."""
+"""Spawning a 2-process gloo group on CPU, and the `RankSetup` of the tiny RL runs on Ray."""
 
 from __future__ import annotations
 
@@ -11,6 +11,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+from dllm_train import OptimConfig, RLAlgorithm, RLConfig, TrainerConfig
+from tests.tiny_rl import SAMPLING, TOK, partial_reward, tiny_model
+
+TINY_SAMPLING = SAMPLING
+TINY_RL = RLConfig(prompts_per_step=2, group_size=4)
+"""The batch shape of `tests.tiny_rl.local_rl`'s defaults: 2 prompts x 4 samples."""
 
 
 def _entry(rank: int, fn: Callable[[int], Any], world: int, port: int, out: str) -> None:
@@ -33,32 +40,10 @@ def run_ranks(fn: Callable[[int], Any], world: int = 2) -> list[Any]:
         return [torch.load(Path(out) / f"rank{r}.pt", weights_only=False) for r in range(world)]
 
 
-def partial_credit(text: str, answer: str) -> float:
-    """Matching characters / answer length (an untrained model's group rewards then differ)."""
-    return sum(a == b for a, b in zip(text, answer)) / len(answer)
-
-
-def tiny_rank_setup() -> Any:
-    """`RankSetup` of the tiny addition RL setup (runs inside each Ray actor)."""
-    from dare.algorithms import build_objective
-    from dare.quickstart import build_tiny_model
-    from dare.tasks.addition import build_tokenizer
+def algorithm_rank_setup(family: str, algorithm: RLAlgorithm[Any], lora_rank: int = 0, **trainer: Any) -> Any:
+    """`RankSetup` of `algorithm` on a tiny `family` model (`tests.tiny_rl`), optionally with LoRA
+    adapters, trainer fields as keywords (runs inside each Ray actor)."""
     from dllm_train.distributed import RankSetup
-    from tests.dllm_train.helpers import tiny_config
-
-    cfg = tiny_config()
-    tok = build_tokenizer()
-    return RankSetup(model=build_tiny_model(cfg, tok), sampling=cfg.rollout, reward_fn=partial_credit,
-                     detokenize=tok.decode, objective=build_objective(cfg.algorithm, cfg.rl),
-                     optim=cfg.rl_optim, seed=cfg.trainer.seed)
-
-
-def algorithm_rank_setup(family: str, name: str, fields: dict[str, Any], lora_rank: int = 0) -> Any:
-    """`RankSetup` of algorithm `name` (registry entry with `fields` replaced) on a tiny `family`
-    model, optionally with LoRA adapters (runs inside each Ray actor)."""
-    from dllm_train import OptimConfig
-    from dllm_train.distributed import RankSetup
-    from tests.dllm_train.algo_helpers import TOK, partial_reward, tiny_model
 
     model = tiny_model(family)
     if lora_rank:
@@ -72,24 +57,15 @@ def algorithm_rank_setup(family: str, name: str, fields: dict[str, Any], lora_ra
                 if "lora_B" in n:
                     p.copy_(torch.randn(p.shape, generator=g) * 0.02)
     return RankSetup(model=model, sampling=TINY_SAMPLING, reward_fn=partial_reward, detokenize=TOK.decode,
-                     objective=algorithm_objective(name, fields), optim=OptimConfig(lr=1e-3), seed=0)
+                     algorithm=algorithm, optim=OptimConfig(lr=1e-3, grad_clip=1.0),
+                     trainer=TrainerConfig(max_steps=2, seed=0, backend="ray", num_workers=2, **trainer))
 
 
-def algorithm_objective(name: str, fields: dict[str, Any]) -> Any:
-    """The PolicyObjective of registry entry `name` with `fields` replaced, for the tiny RL batch."""
-    import dataclasses
+def tiny_rank_setup() -> Any:
+    """`RankSetup` of d1 on the tiny LLaDA model: `tests.tiny_rl.local_rl(tiny_model("llada"), D1())`'s."""
+    from dllm_algorithms import D1
 
-    from dare.algorithms import build_objective, get_algorithm
-
-    return build_objective(name, TINY_RL, dataclasses.replace(get_algorithm(name), **fields))  # type: ignore[type-var]
+    return algorithm_rank_setup("llada", D1())
 
 
-def _tiny_constants() -> tuple[Any, Any]:
-    from dllm_rollout import SamplingConfig
-    from dllm_train import RLConfig
-
-    return (SamplingConfig(max_new_tokens=4, steps=4, block_length=4, temperature=1.0),
-            RLConfig(prompts_per_step=2, group_size=4))
-
-
-TINY_SAMPLING, TINY_RL = _tiny_constants()
+__all__ = ["TINY_RL", "TINY_SAMPLING", "algorithm_rank_setup", "run_ranks", "tiny_rank_setup"]

@@ -1,45 +1,38 @@
-"""A tiny RL setup on the addition task for trainer tests."""
+"""Batches of the addition task for the trainer's SFT and preference tests (without the app).
+
+Built on `tests.tiny_rl`: its character tokenizer `TOK` and tiny models of every family.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import random
 
-from dare.algorithms import build_objective
-from dare.config import RunConfig, TinyModelConfig, apply_overrides
-from dare.quickstart import build_tiny_model
-from dare.recipes import quickstart
-from dare.tasks.addition import AdditionConfig, AdditionTask, build_tokenizer, exact_match_reward
-from dllm_train import ActorWorker, PromptBatch, RewardWorker, RLWorkflow, RolloutWorker, derive_seed
+import torch
 
-TINY = [
-    "model.d_model=32", "model.n_layers=1", "model.n_heads=2", "model.mlp_hidden_size=64",
-    "task.num_eval=20", "sft.steps=3", "sft.batch_size=8", "rl.prompts_per_step=2",
-    "rl.group_size=4", "trainer.max_steps=4", "trainer.eval_every=0", "trainer.save_every=0",
-    "rl_optim.lr=1e-3",
-]
+from dllm_train import PreferenceBatch, derive_seed
+from tests.tiny_rl import TOK
+
+PROMPT_LENGTH = 8
+"""Tokens of a prompt "123+456="; the answer "0579" follows."""
 
 
-def tiny_config(*extra: str) -> RunConfig:
-    cfg: RunConfig = apply_overrides(quickstart(), [*TINY, *extra])
-    return cfg
+def sft_batch(count: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(input_ids, attention_mask, response_valid), each [count, 12]: `count` additions with answers."""
+    rng = random.Random(seed)
+    pairs = [(rng.randrange(1000), rng.randrange(1000)) for _ in range(count)]
+    rows = [TOK(f"{a:03d}+{b:03d}={a + b:04d}", add_special_tokens=False)["input_ids"] for a, b in pairs]
+    ids = torch.tensor(rows, dtype=torch.long)
+    response = torch.zeros_like(ids, dtype=torch.bool)
+    response[:, PROMPT_LENGTH:] = True
+    return ids, torch.ones_like(ids, dtype=torch.bool), response
 
 
-def tiny_workflow(cfg: RunConfig) -> tuple[RLWorkflow, Any]:
-    tok = build_tokenizer()
-    task = AdditionTask(cfg.task, tok)
-    model = build_tiny_model(cfg, tok)
-
-    def prompts(step: int) -> PromptBatch:
-        pairs = task.train_pairs(cfg.rl.prompts_per_step, derive_seed(cfg.trainer.seed, "rl-data", step))
-        return PromptBatch([task.encode(task.prompt(a, b)) for a, b in pairs],
-                           [task.answer(a, b) for a, b in pairs], cfg.rl.group_size)
-
-    objective = build_objective(cfg.algorithm, cfg.rl)
-    wf = RLWorkflow(prompts=prompts, rollout=RolloutWorker(model, cfg.rollout, objective=objective),
-                    reward=RewardWorker(exact_match_reward, tok.decode),
-                    actor=ActorWorker(model, objective, cfg.rl_optim), objective=objective,
-                    trainer=cfg.trainer, rl=cfg.rl)
-    return wf, model
+def preference_pairs(step: int, count: int = 8) -> PreferenceBatch:
+    """Right answers (chosen) against the answers of the other rows (rejected), deterministic in step."""
+    ids, attn, resp = sft_batch(count, derive_seed(0, "pref", step))
+    wrong = ids.clone()
+    wrong[resp] = ids[resp].roll(1, 0)
+    return PreferenceBatch(ids, attn, resp, wrong, attn, resp)
 
 
-__all__ = ["AdditionConfig", "TinyModelConfig", "tiny_config", "tiny_workflow"]
+__all__ = ["PROMPT_LENGTH", "preference_pairs", "sft_batch"]

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-from dare.quickstart import build_tiny_model
-from dare.tasks.addition import build_tokenizer
+import pytest
+
 from dllm_train import PhaseSpec, Run, benchmark_validator, read_metrics
-from tests.dllm_train.helpers import tiny_config
+from tests.tiny_rl import TOK, tiny_model
 
 
 class _NoState:
@@ -19,8 +20,7 @@ class _NoState:
 
 
 def test_benchmark_validator_feeds_phase_metrics(tmp_path: Path) -> None:
-    tok = build_tokenizer()
-    model = build_tiny_model(tiny_config(), tok)
+    tok, model = TOK, tiny_model("llada")
     validate = benchmark_validator(model, tok, ["gsm8k", "sudoku"], limit=2, batch_size=2,
                                    decoding={"max_new_tokens": 8, "steps": 8, "block_length": 8})
     run = Run(tmp_path, model, progress=False)
@@ -30,3 +30,25 @@ def test_benchmark_validator_feeds_phase_metrics(tmp_path: Path) -> None:
     assert "eval/gsm8k_accuracy" not in records[0]
     assert 0.0 <= records[1]["eval/gsm8k_accuracy"] <= 1.0 and "eval/sudoku_score" in records[1]
     assert model.training  # restored after validation
+
+
+def test_validation_rows_are_the_callers_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    import dllm_train.evaluation as evaluation
+
+    seen: list[int | None] = []
+
+    def spy(*args: Any, limit: int | None, **kwargs: Any) -> Any:
+        seen.append(limit)
+        return type("Result", (), {"accuracy": 0.5, "mean_score": 0.5})()
+
+    monkeypatch.setattr(evaluation, "run_benchmark", spy)
+    tok, model = TOK, tiny_model("llada")
+    assert benchmark_validator(model, tok, ["gsm8k"], limit=3)() == {"eval/gsm8k_accuracy": 0.5,
+                                                                      "eval/gsm8k_score": 0.5}
+    benchmark_validator(model, tok, ["gsm8k"], limit=None)()
+    assert seen == [3, None]
+    with pytest.raises(TypeError):
+        benchmark_validator(model, tok, ["gsm8k"])  # type: ignore[call-arg]  # no silent default
+    with pytest.raises(ValueError, match="limit must be >= 1"):
+        benchmark_validator(model, tok, ["gsm8k"], limit=0)
+

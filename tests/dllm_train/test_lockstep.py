@@ -1,11 +1,11 @@
-"""Lockstep passes under FSDP2: ranks that need different numbers of passes (or use different
-experts) still run the same collectives (no deadlock) and get exactly the gradient of the
-single-process computation.
+"""Lockstep passes under FSDP2: ranks that need different numbers of token-budget passes (or
+use different experts) still run the same collectives (no deadlock) and get exactly the gradient
+of the single-process computation.
 
 Every case runs on 2 gloo ranks whose rows need different numbers of forward/backward passes
 (rank 0 more than rank 1). FSDP2 averages the two ranks' gradients, so the expected gradient is
 (g_0 + g_1) / 2, where g_r is the gradient of rank r's own loss computed in one process on the
-unsharded model.
+unsharded model in one forward.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def _rollout(rank: int, family: str, g: torch.Generator) -> Any:
     unmask = torch.stack([torch.randperm(r, generator=g) * steps // r for _ in range(b)])
     response_mask = torch.ones(b, r, dtype=torch.bool)
     if rank == 1:
-        response_mask[:, 2:] = False  # two counted tokens: JustGRPO replays 2 positions, not 4
+        response_mask[:, 2:] = False  # two counted tokens: fewer replay states and shorter rows
         unmask = torch.where(response_mask, unmask, -1)
     return RolloutBatch(
         prompt_ids=DIGITS[torch.randint(0, 12, (b, p), generator=g)],
@@ -42,22 +42,22 @@ def _rollout(rank: int, family: str, g: torch.Generator) -> Any:
     )
 
 
-def _experience(rank: int, family: str, objective: Any) -> Any:
-    from dllm_train import Experience
+def _prepared(rank: int, family: str, alg: Any, model: Any) -> tuple[Any, torch.Tensor]:
+    from dllm_train import Prepared, RLBatch, special_tokens
 
     g = torch.Generator().manual_seed(100 + rank)
-    rollout = _rollout(rank, family, g)
-    exp = Experience(rollout=rollout, scores=torch.zeros(4), group_ids=torch.tensor([0, 0, 1, 1]),
-                     advantages=torch.randn(4, generator=g))
-    exp.plan = objective.sample_plan(rollout, g)
-    return exp
+    batch = RLBatch(rollout=_rollout(rank, family, g), scores=torch.zeros(4), group_ids=torch.tensor([0, 0, 1, 1]),
+                    tokens=special_tokens(model))
+    return Prepared(batch=batch, data=alg.prepare(batch, g)), torch.randn(4, generator=g)
 
 
-def _update_grads(model: torch.nn.Module, scorer: Any, objective: Any, exp: Any) -> None:
-    """Old values (no grad), then the objective's own update strategy (it runs backward)."""
-    with torch.no_grad():
-        exp.old_logp = objective.score(scorer, exp)
-    objective.update(objective, scorer, exp)
+def _loss_fn(alg: Any, prepared: Any, advantages: torch.Tensor) -> Any:
+    from dllm_train import LossInputs
+
+    def loss(values: torch.Tensor) -> Any:
+        return alg.loss(values, LossInputs(batch=prepared.batch, data=prepared.data, iteration=0,
+                                           advantages=advantages, old=values.detach(), ref=None))
+    return loss
 
 
 def _full_grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -75,29 +75,35 @@ def _max_gap(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     return max(float((a[k] - b[k]).abs().max()) for k in a)
 
 
-def _algorithm_case(rank: int, family: str, name: str, fields: dict[str, Any]) -> dict[str, Any]:
+def _algorithm_case(rank: int, family: str, name: str, attention: str | None, budget: int) -> dict[str, Any]:
     import torch.distributed as dist
 
-    from dllm_train import Scorer, lockstep_passes
+    from dllm_train import Scorer, accumulate
     from dllm_train.distributed import shard_model
-    from tests.dllm_train.algo_helpers import tiny_model
-    from tests.dllm_train.distributed_helpers import algorithm_objective
+    from dllm_train.passes import split, trace
+    from tests.dllm_algorithms.cases import ALGORITHMS
+    from tests.tiny_rl import tiny_model
 
-    objective = algorithm_objective(name, fields)
+    alg = ALGORITHMS[name]
     model = tiny_model(family).train()
     local = copy.deepcopy(model)
-    exps = [_experience(r, family, objective) for r in (0, 1)]
-    chunk = fields.get("chunk_size", 1)
-    needs = [-(-e.plan.num_samples // chunk) for e in exps]  # passes of each rank's update
-    for e in exps:  # single process, unsharded: g_0 + g_1
-        _update_grads(local, Scorer(local), objective, copy.deepcopy(e))
+    cases = [_prepared(r, family, alg, model) for r in (0, 1)]
+    needs = []
+    for prepared, adv in cases:  # single process, unsharded, one forward: g_0 + g_1
+        def values(s: Any, prepared: Any = prepared) -> torch.Tensor:
+            return alg.values(s, prepared.batch, prepared.data, 0)
+        scorer = Scorer(local, attention=attention)
+        needs.append(len(split(trace(values, scorer), scorer, budget)))
+        _loss_fn(alg, prepared, adv)(values(scorer))[0].backward()
     expected = {n: p.grad / 2 for n, p in local.named_parameters() if p.grad is not None}
 
     sharded = shard_model(model)
-    scorer = Scorer(sharded, lockstep_group=dist.group.WORLD)
-    agreed = lockstep_passes(scorer, needs[rank])
-    _update_grads(sharded, scorer, objective, exps[rank])
-    return {"needs": needs, "agreed": agreed, "gap": _max_gap(_full_grads(sharded), expected),
+    scorer = Scorer(sharded, lockstep_group=dist.group.WORLD, attention=attention)
+    prepared, adv = cases[rank]
+    result = accumulate(lambda s: alg.values(s, prepared.batch, prepared.data, 0), _loss_fn(alg, prepared, adv),
+                        scorer, max_tokens=budget, row_local=alg.row_local)
+    return {"needs": needs, "agreed": result.forwards, "row_local": alg.row_local,
+            "gap": _max_gap(_full_grads(sharded), expected),
             "scale": max(float(v.abs().max()) for v in expected.values())}
 
 
@@ -107,7 +113,7 @@ def _scorer_case(rank: int) -> dict[str, Any]:
 
     from dllm_train import Scorer
     from dllm_train.distributed import shard_model
-    from tests.dllm_train.algo_helpers import TOK, tiny_model
+    from tests.tiny_rl import TOK, tiny_model
 
     model = tiny_model("sdar").train()
     local = copy.deepcopy(model)
@@ -154,34 +160,34 @@ def _nan_case(rank: int) -> dict[str, float]:
 
     import torch.distributed as dist
 
-    from dllm_train import ActorWorker, OptimConfig, Scorer
+    import dllm_algorithms as da
+    from dllm_train import ActorWorker, LossInputs, OptimConfig, Scorer
     from dllm_train.distributed import shard_model
-    from tests.dllm_train.algo_helpers import tiny_model
-    from tests.dllm_train.distributed_helpers import algorithm_objective
+    from tests.tiny_rl import tiny_model
 
-    objective = algorithm_objective("cj-grpo", {})
-    real_loss = objective.loss
+    @dataclasses.dataclass(frozen=True, kw_only=True)
+    class Poisoned(da.CJGRPO):
+        def loss(self, values: torch.Tensor, inputs: LossInputs[Any]) -> Any:
+            out, metrics = super().loss(values, inputs)
+            return (out * float("nan") if rank == 1 else out), metrics
 
-    def loss(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        out, metrics = real_loss(*args, **kwargs)
-        return (out * float("nan") if rank == 1 else out), metrics
-
-    objective = dataclasses.replace(objective, loss=loss)
+    alg = Poisoned()
     model = shard_model(tiny_model("llada"))
-    actor = ActorWorker(model, objective, OptimConfig(lr=1e-3),
-                        scorer=Scorer(model, lockstep_group=dist.group.WORLD))
-    exp = _experience(rank, "llada", objective)
-    with torch.no_grad():
-        exp.old_logp = objective.score(actor.scorer, exp)
-    return actor.update(exp)
+    actor = ActorWorker(model, alg, OptimConfig(lr=1e-3), scorer=Scorer(model, lockstep_group=dist.group.WORLD),
+                        max_tokens_per_pass=1)
+    prepared, adv = _prepared(rank, "llada", alg, model)
+    return actor.update(actor.prepare(prepared.batch, torch.Generator().manual_seed(0)), adv)
 
 
 CASES = {
-    # K replay states from each rank's step maps: 4 on rank 0, 2 on rank 1
-    "cj-grpo-llada": ("llada", "cj-grpo", {}),
-    "cj-grpo-sdar": ("sdar", "cj-grpo", {}),
-    # one chunk per position: 4 chunks on rank 0, 2 on rank 1 (old pass and update alike)
-    "justgrpo-llada": ("llada", "justgrpo", {"chunk_size": 1}),
+    # K replay states from each rank's step maps: 4 on rank 0, 2 on rank 1; one row per pass
+    "cj-grpo-llada": ("llada", "CJGRPO", None, 1),
+    "cj-grpo-sdar": ("sdar", "CJGRPO", None, 1),
+    # one state per response position: 4 on rank 0, 2 on rank 1
+    "justgrpo-llada": ("llada", "JustGRPO", None, 1),
+    # a loss coupling rows (value pass, then gradient passes): packed rows of 7 vs 5 tokens, so a
+    # 10-token budget holds one row of rank 0 but two of rank 1
+    "coupled-grpo-llada": ("llada", "CoupledGRPO", "sdpa", 10),
 }
 
 
@@ -204,7 +210,8 @@ def test_ranks_with_different_pass_counts_get_the_single_process_gradient(
     for rank_result in results:
         r = rank_result[case]
         assert r["needs"][0] > r["needs"][1], r  # the mismatch: rank 0 needs more passes
-        assert r["agreed"] == r["needs"][0], r  # both ranks run rank 0's count
+        # both ranks run rank 0's count (twice over when a value pass comes first)
+        assert r["agreed"] == r["needs"][0] * (1 if r["row_local"] else 2), r
         assert r["gap"] < 1e-6 * max(1.0, r["scale"]), r
 
 

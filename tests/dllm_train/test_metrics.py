@@ -91,3 +91,26 @@ def test_missing_wandb_names_the_extra(tmp_path: Path, monkeypatch: pytest.Monke
 def test_wandb_needs_a_project() -> None:
     with pytest.raises(ValueError, match="trainer.wandb_project"):
         TrainerConfig(wandb=True, wandb_project=" ")
+
+
+def test_curves_skip_empty_panels_and_mark_points(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import matplotlib.figure
+
+    from dllm_train.metrics import plot_curves, plotted_keys
+
+    nan = float("nan")
+    records = [{"step": i, "reward_mean": 0.1 * i, "ppo_kl": 0.0, "consistency": nan, "eval_accuracy": nan}
+               for i in range(1, 5)]
+    records[-1]["eval_accuracy"] = 0.8
+    points = {"eval_accuracy": [(0, 0.41, "after SFT")], "loss": [(0, nan, "nothing")]}
+    keys = ["reward_mean", "eval_accuracy", "ppo_kl", "consistency", "loss", "absent"]
+    # flat zeros, all-NaN curves and keys with only a NaN point get no panel
+    assert plotted_keys(records, keys, points) == ["reward_mean", "eval_accuracy"]
+    assert plotted_keys([{"step": 1}], ["x"], {"x": [(0, 0.5, "before")]}) == ["x"]  # a point alone: a panel
+    titles: list[str] = []
+    monkeypatch.setattr(matplotlib.figure.Figure, "suptitle",
+                        lambda self, t, **kw: titles.append(t))  # type: ignore[misc]
+    path = plot_curves(records, keys, tmp_path / "reward.png", title="d1: 41% -> 80%", points=points)
+    assert path is not None and path.stat().st_size > 0 and titles == ["d1: 41% -> 80%"]
+    assert plot_curves(records, ["ppo_kl", "consistency"], tmp_path / "none.png") is None
+    assert not (tmp_path / "none.png").exists()

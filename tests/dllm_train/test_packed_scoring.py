@@ -7,9 +7,8 @@ import zlib
 import pytest
 import torch
 
-from dllm_train.likelihood import Scorer
-from dllm_train.packed_scoring import training_attention, use_training_attention
 from dllm_models import build_model
+from dllm_train.likelihood import Scorer
 from tests.conftest import tiny_llada_config
 from tests.dllm_models.tiny_configs import MASK, build_tiny
 
@@ -75,9 +74,8 @@ def _check(family: str, backend: str, device: str, *, grads: bool) -> None:
         {"rtol": 1e-4, "atol": 1e-4}
     min_cos = 0.99 if low else 0.999
     clean, attn, noisy = (t.to(device) for t in _batch(family))
-    scorer = Scorer(model)
 
-    def run() -> tuple[torch.Tensor, list[torch.Tensor]]:
+    def run(scorer: Scorer) -> tuple[torch.Tensor, list[torch.Tensor]]:
         model.zero_grad()
         with torch.set_grad_enabled(grads):
             lp = scorer(noisy, attn, clean, temperature=0.7)
@@ -86,11 +84,10 @@ def _check(family: str, backend: str, device: str, *, grads: bool) -> None:
         return lp.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None]
 
     grads_on = grads
-    use_training_attention(model, None)
-    ref, ref_grads = run()
-    use_training_attention(model, backend)
-    assert training_attention(model) == backend
-    got, grads_got = run()
+    ref, ref_grads = run(Scorer(model))
+    packed = Scorer(model, attention=backend)
+    assert packed.attention == backend
+    got, grads_got = run(packed)
     assert model.attention_backend == "sdpa"  # the rollout's backend is restored after scoring
     # Dream's logit shift: a row's first real token (a prompt token, never scored by an objective)
     # reads the state of the padding before it on the padded path, its own state on the packed one
@@ -105,26 +102,36 @@ def _check(family: str, backend: str, device: str, *, grads: bool) -> None:
         else:
             torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4)
     if family in ("sdar", "llada2"):
-        # blocks without a noised token score 0 on both paths; the rest is a real log-prob
+        # the blocks of a row without a noised token of that row score 0 on both paths (a row's
+        # values never depend on the other rows); the rest is a real log-prob
         attn, noisy, clean = attn.cpu(), noisy.cpu(), clean.cpu()
         blocks = (attn.long().cumsum(-1) - 1).clamp(min=0) // 4
-        noised = torch.unique(blocks[noisy != clean])
-        quiet = attn & ~torch.isin(blocks, noised)
-        got = got.cpu()
-        assert quiet.any() and torch.all(got[quiet] == 0)
-        assert torch.all(got[attn & ~quiet] < 0)
+        quiet = torch.stack([attn[i] & ~torch.isin(blocks[i], blocks[i][noisy[i] != clean[i]])
+                             for i in range(attn.shape[0])])
+        # some quiet block of a row is noised in another row: the per-row rule is what is checked
+        batch_noised = torch.isin(blocks, blocks[noisy != clean])
+        assert (quiet & batch_noised).any()
+        for lp in (got.cpu(), ref.cpu()):
+            assert quiet.any() and torch.all(lp[quiet] == 0)
+            assert torch.all(lp[attn & ~quiet] < 0)
 
 
 def test_unknown_training_backend_is_refused() -> None:
     model = _model("llada")
     with pytest.raises(ValueError, match="training attention 'fast'"):
-        use_training_attention(model, "fast")
+        Scorer(model, attention="fast")
 
 
 def test_trainer_config_validates_train_attention() -> None:
-    from dllm_train import TrainerConfig
+    from dllm_train import TrainerConfig, resolved_attention
 
     assert TrainerConfig(train_attention="flex").train_attention == "flex"
+    # "auto": the exact fast path of the device (on CPU the padded path); "none" / "": padded
+    cpu_model = _model("llada")
+    assert resolved_attention(TrainerConfig(train_attention="auto"), cpu_model) is None
+    assert resolved_attention(TrainerConfig(train_attention="none"), cpu_model) is None
+    assert resolved_attention(TrainerConfig(), cpu_model) is None
+    assert resolved_attention(TrainerConfig(train_attention="sdpa"), cpu_model) == "sdpa"
     with pytest.raises(ValueError, match="trainer.train_attention='fused'"):
         TrainerConfig(train_attention="fused")
     with pytest.raises(ValueError, match="sequence_parallel"):
@@ -132,23 +139,25 @@ def test_trainer_config_validates_train_attention() -> None:
 
 
 def test_rl_workflow_scores_on_packed_rows_when_asked() -> None:
-    """Two RL steps of a block family scored on packed rows give the padded run's metrics."""
+    """Two RL steps of a block family scored on packed rows (`trainer.train_attention`) give the
+    padded run's metrics."""
+    from dllm_algorithms import BGPO
     from dllm_rollout import SamplingConfig
-    from tests.dllm_train.algo_helpers import tiny_model, workflow
+    from tests.tiny_rl import local_rl, tiny_model
 
     sampling = SamplingConfig(max_new_tokens=4, steps=4, block_length=4, temperature=1.0, block_diffusion=True)
 
-    def run(attention: str | None) -> list[dict[str, float]]:
-        model = tiny_model("sdar")
-        use_training_attention(model, attention)
+    def run(attention: str) -> list[dict[str, float]]:
         # a reward with spread (an untrained model's partial-match rewards are all equal)
-        wf = workflow(model, "d1", sampling=sampling,
+        wf = local_rl(tiny_model("sdar"), BGPO(mc_num=2), sampling=sampling, train_attention=attention,
                       reward=lambda text, answer: float(zlib.crc32(text.encode()) % 7) / 6)
+        assert wf.actor.scorer.attention == (attention or None)
         return [wf.step(i) for i in range(2)]
 
     # (weights are not compared: Adam turns rounding of near-zero gradients into steps of ~lr)
-    padded, packed = run(None), run("sdpa")
+    padded, packed = run(""), run("sdpa")
     assert all(m["grad_norm"] > 1e-6 for m in padded)  # advantages with signal: the updates are real
     for a, b in zip(padded, packed):
         assert a["reward_mean"] == b["reward_mean"]
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-4, abs=1e-6)
         assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)

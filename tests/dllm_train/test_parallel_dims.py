@@ -39,8 +39,8 @@ def test_batch_must_split_over_data_parallel_groups_before_any_actor_starts() ->
     # 8 ranks in sequence-parallel pairs: 4 data-parallel groups cannot share 6 rows
     rl = RLConfig(prompts_per_step=3, group_size=2)
     none: Any = None
-    with pytest.raises(ValueError, match="4 data-parallel groups"):
-        RayRLWorkflow(setup_fn=none, prompts=none, objective=none,
+    with pytest.raises(ValueError, match="number of data-parallel groups 4"):
+        RayRLWorkflow(setup_fn=none, prompts=none, algorithm=none,
                       trainer=TrainerConfig(backend="ray", num_workers=8, sequence_parallel=2), rl=rl,
                       dist=DistributedConfig(num_workers=8, sequence_parallel=2))
 
@@ -48,6 +48,6 @@ def test_batch_must_split_over_data_parallel_groups_before_any_actor_starts() ->
 def test_trainer_and_distributed_configs_must_agree_on_sequence_parallelism() -> None:
     none: Any = None
     with pytest.raises(ValueError, match="distributed.sequence_parallel=1"):
-        RayRLWorkflow(setup_fn=none, prompts=none, objective=none,
+        RayRLWorkflow(setup_fn=none, prompts=none, algorithm=none,
                       trainer=TrainerConfig(backend="ray", num_workers=2, sequence_parallel=2),
                       rl=RLConfig(prompts_per_step=2, group_size=2), dist=DistributedConfig(num_workers=2))

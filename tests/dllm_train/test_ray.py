@@ -1,4 +1,5 @@
-"""trainer.backend="ray": a 2-rank FSDP2 actor group (gloo, CPU) runs RL steps of the tiny setup."""
+"""trainer.backend="ray": a 2-rank FSDP2 actor group (gloo, CPU) runs RL steps of the tiny setup,
+through the same `dllm_train.rl_step` as one process."""
 
 from __future__ import annotations
 
@@ -8,32 +9,24 @@ from typing import Any
 import pytest
 import torch
 
-from tests.dllm_train.helpers import tiny_config, tiny_workflow
+from dllm_algorithms import BGPO, CJGRPO, D1, DMPO, EBPO, ESPO, MDPO, SPG, CoupledGRPO, DTreeRPO, JustGRPO
+from dllm_train import RLAlgorithm
+from tests.tiny_rl import addition_prompts, local_rl, tiny_model
 
 pytestmark = pytest.mark.ray
 
 
 def test_ray_workflow_runs_rl_steps_and_reports_the_local_metrics(ray_cluster: Any) -> None:
-    from dare.quickstart import build_tiny_model
-    from dare.tasks.addition import AdditionTask, build_tokenizer
-    from dllm_train import PromptBatch, derive_seed
+    from dllm_train import TrainerConfig
     from dllm_train.distributed import DistributedConfig, RayRLWorkflow
-    from tests.dllm_train.distributed_helpers import tiny_rank_setup
+    from tests.dllm_train.distributed_helpers import TINY_RL, tiny_rank_setup
 
-    cfg = tiny_config()
-    tok = build_tokenizer()
-    task = AdditionTask(cfg.task, tok)
-    local, _ = tiny_workflow(cfg)
-
-    def prompts(step: int) -> PromptBatch:
-        pairs = task.train_pairs(cfg.rl.prompts_per_step, derive_seed(cfg.trainer.seed, "rl-data", step))
-        return PromptBatch([task.encode(task.prompt(a, b)) for a, b in pairs],
-                           [task.answer(a, b) for a, b in pairs], cfg.rl.group_size)
-
-    driver_model = build_tiny_model(cfg, tok)
+    local = local_rl(tiny_model("llada"), D1())
+    driver_model = tiny_model("llada")
     before = {k: v.clone() for k, v in driver_model.state_dict().items()}
-    wf = RayRLWorkflow(setup_fn=tiny_rank_setup, prompts=prompts, objective=local.objective,
-                       trainer=cfg.trainer, rl=cfg.rl, dist=DistributedConfig(num_workers=2),
+    trainer = TrainerConfig(max_steps=2, seed=0, backend="ray", num_workers=2)
+    wf = RayRLWorkflow(setup_fn=tiny_rank_setup, prompts=addition_prompts(TINY_RL.prompts_per_step, TINY_RL.group_size),
+                       algorithm=D1(), trainer=trainer, rl=TINY_RL, dist=DistributedConfig(num_workers=2),
                        driver_model=driver_model)
     try:
         expected = set(local.step(0))
@@ -56,29 +49,20 @@ def test_ray_workflow_runs_rl_steps_and_reports_the_local_metrics(ray_cluster: A
 
 # --- algorithms beyond the quick start's, a block-diffusion family, LoRA and sequence parallelism ---
 
-def _prompts(step: int) -> Any:
-    from dllm_train import PromptBatch, derive_seed
-    from tests.dllm_train.algo_helpers import TASK
-    from tests.dllm_train.distributed_helpers import TINY_RL
-
-    pairs = TASK.train_pairs(TINY_RL.prompts_per_step, derive_seed(0, "rl-data", step))
-    return PromptBatch([TASK.encode(TASK.prompt(a, b)) for a, b in pairs],
-                       [TASK.answer(a, b) for a, b in pairs], TINY_RL.group_size)
-
-
-def _ray_run(family: str, name: str, fields: dict[str, Any], *, steps: int = 2, lora_rank: int = 0,
-             sequence_parallel: int = 1) -> tuple[list[dict[str, float]], list[dict[str, Any]], Any]:
-    """`steps` RL steps of `name` on 2 Ray ranks; (metrics per step, hand-off reports per rank, full weights)."""
+def _ray_run(family: str, algorithm: RLAlgorithm[Any], *, steps: int = 2, lora_rank: int = 0,
+             sequence_parallel: int = 1, **trainer_fields: Any) -> tuple[list[dict[str, float]], list[dict[str, Any]], Any]:
+    """`steps` RL steps of `algorithm` on 2 Ray ranks; (metrics per step, hand-off reports per rank, full weights)."""
     import functools
 
     from dllm_train import TrainerConfig
     from dllm_train.distributed import DistributedConfig, RayRLWorkflow
-    from tests.dllm_train.distributed_helpers import TINY_RL, algorithm_objective, algorithm_rank_setup
+    from tests.dllm_train.distributed_helpers import TINY_RL, algorithm_rank_setup
 
     trainer = TrainerConfig(max_steps=steps, seed=0, backend="ray", num_workers=2,
-                            sequence_parallel=sequence_parallel)
-    wf = RayRLWorkflow(setup_fn=functools.partial(algorithm_rank_setup, family, name, fields, lora_rank),
-                       prompts=_prompts, objective=algorithm_objective(name, fields), trainer=trainer, rl=TINY_RL,
+                            sequence_parallel=sequence_parallel, **trainer_fields)
+    wf = RayRLWorkflow(setup_fn=functools.partial(algorithm_rank_setup, family, algorithm, lora_rank, **trainer_fields),
+                       prompts=addition_prompts(TINY_RL.prompts_per_step, TINY_RL.group_size), algorithm=algorithm,
+                       trainer=trainer, rl=TINY_RL,
                        dist=DistributedConfig(num_workers=2, sequence_parallel=sequence_parallel))
     try:
         metrics = [wf.step(step) for step in range(steps)]
@@ -89,60 +73,60 @@ def _ray_run(family: str, name: str, fields: dict[str, Any], *, steps: int = 2, 
     return metrics, reports, weights
 
 
-def _check_run(family: str, name: str, metrics: list[dict[str, float]], reports: list[dict[str, Any]],
-               weights: dict[str, torch.Tensor]) -> None:
-    from tests.dllm_train.algo_helpers import tiny_model
-
+def _check_run(family: str, algorithm: RLAlgorithm[Any], metrics: list[dict[str, float]],
+               reports: list[dict[str, Any]], weights: dict[str, torch.Tensor]) -> None:
     for m in metrics:
         assert all(math.isfinite(v) for v in m.values()), m
         assert m["skipped"] == 0.0, m
     init = tiny_model(family).state_dict()
-    assert any(not torch.equal(init[k], v) for k, v in weights.items()), f"{name} on {family} did not train"
+    assert any(not torch.equal(init[k], v) for k, v in weights.items()), f"{algorithm.label} on {family} did not train"
     for r in reports:  # every rank's rollout replica holds exactly the actor's weights after the hand-off
         assert r["max_abs_gap"] == 0.0, r
         assert len(r["keys"]) == r["num_weights"], r  # full weights (no adapters here)
 
 
-# Every (algorithm, family) pair the app defines among llada and sdar, with registry fields that
-# keep the tiny run small. d1 on llada runs in test_ray_workflow_runs_rl_steps_and_reports_the_local_metrics.
+# Every (algorithm, family) pair `dllm_algorithms` defines among llada and sdar, with fields that
+# keep the tiny run small. D1 on llada runs in test_ray_workflow_runs_rl_steps_and_reports_the_local_metrics.
 # Measured on a shared 2-core machine: 14-22 s each (up to 33 s while a benchmark ran beside);
 # starting the two actors (a process each: torch, the packages, the model) takes most of it, not
-# the steps.
+# the steps. The fourth value: trainer fields of the run.
 RAY_CASES = [
     # sequence ELBOs on stratified count masks, per-sample backward
-    pytest.param("llada", "bgpo", {"mc_num": 2}, id="bgpo-llada"),
-    # replays the recorded trajectory, one backward per state (states padded to the ranks' max)
-    pytest.param("llada", "cj-grpo", {}, id="cj-grpo-llada"),
+    pytest.param("llada", BGPO(mc_num=2), {}, id="bgpo-llada"),
+    # replays the recorded trajectory, one backward per state; a token budget of 2 rows per
+    # forward (ranks whose pass counts differ pad to the group's max: lockstep)
+    pytest.param("llada", CJGRPO(), {"max_tokens_per_pass": 24}, id="cj-grpo-llada"),
     # an FSDP2 reference worker (k2 KL) and two off-policy updates per batch
-    pytest.param("llada", "espo", {"mc_num": 2, "num_iterations": 2}, id="espo-llada"),
+    pytest.param("llada", ESPO(mc_num=2, num_iterations=2), {}, id="espo-llada"),
     # the rollout scores its canvases with an unsharded frozen copy of the initial policy
-    pytest.param("llada", "dmpo", {"num_replicates": 2}, id="dmpo-llada", marks=pytest.mark.slow),
+    pytest.param("llada", DMPO(num_replicates=2), {}, id="dmpo-llada", marks=pytest.mark.slow),
     # block diffusion: BD3LM rows under FSDP2
-    pytest.param("sdar", "bgpo", {"mc_num": 2}, id="bgpo-sdar", marks=pytest.mark.slow),
+    pytest.param("sdar", BGPO(mc_num=2), {}, id="bgpo-sdar", marks=pytest.mark.slow),
     # complementary masks, one forward
-    pytest.param("llada", "coupled-grpo", {}, id="coupled-grpo-llada", marks=pytest.mark.slow),
-    # exact left-to-right log-probs, chunks of positions (padded to the ranks' max), each its own backward
-    pytest.param("llada", "justgrpo", {"chunk_size": 2}, id="justgrpo-llada", marks=pytest.mark.slow),
+    pytest.param("llada", CoupledGRPO(), {}, id="coupled-grpo-llada", marks=pytest.mark.slow),
+    # exact left-to-right log-probs, one row per state: a token budget of 2 rows per forward
+    pytest.param("llada", JustGRPO(), {"max_tokens_per_pass": 24}, id="justgrpo-llada", marks=pytest.mark.slow),
     # ELBO / EUBO sandwich, REINFORCE without old values
-    pytest.param("llada", "spg", {}, id="spg-llada", marks=pytest.mark.slow),
+    pytest.param("llada", SPG(), {}, id="spg-llada", marks=pytest.mark.slow),
     # rewarded intermediate predictions: the reward worker scores every step on each rank
-    pytest.param("llada", "mdpo", {"top_k_steps": 2}, id="mdpo-llada", marks=pytest.mark.slow),
+    pytest.param("llada", MDPO(top_k_steps=2), {}, id="mdpo-llada", marks=pytest.mark.slow),
     # tree rollouts (one tree per rank: branching ** depth = the group size) and an FSDP2 reference
-    pytest.param("llada", "d-treerpo", {"branching": 2, "depth": 2, "num_iterations": 2}, id="d-treerpo-llada",
+    pytest.param("llada", DTreeRPO(branching=2, depth=2, num_iterations=2), {}, id="d-treerpo-llada",
                  marks=pytest.mark.slow),
-    # composite block ELBO with proxy backward
-    pytest.param("sdar", "ebpo", {"mc_num": 2}, id="ebpo-sdar", marks=pytest.mark.slow),
+    # composite block ELBO, not row-local (values first, then passes backpropagating dL/dv)
+    pytest.param("sdar", EBPO(mc_num=2), {}, id="ebpo-sdar", marks=pytest.mark.slow),
     # block-local replay states; a state whose rows hold no noised block still runs one forward
-    pytest.param("sdar", "cj-grpo", {}, id="cj-grpo-sdar", marks=pytest.mark.slow),
+    pytest.param("sdar", CJGRPO(), {}, id="cj-grpo-sdar", marks=pytest.mark.slow),
 ]
-COVERED_ELSEWHERE = {("d1", "llada")}
+COVERED_ELSEWHERE = {(D1, "llada")}
 
 
 def test_ray_cases_cover_every_algorithm_family_pair() -> None:
-    from dare.algorithms import ALGORITHMS
+    import dllm_algorithms
 
-    defined = {(name, fam) for name, entry in ALGORITHMS.items() for fam in entry.families if fam in ("llada", "sdar")}
-    listed = [(p.values[1], p.values[0]) for p in RAY_CASES]
+    classes = [v for v in vars(dllm_algorithms).values() if isinstance(v, type) and issubclass(v, RLAlgorithm)]
+    defined = {(cls, fam) for cls in classes for fam in cls.families if fam in ("llada", "sdar")}
+    listed = [(type(p.values[1]), p.values[0]) for p in RAY_CASES]
     assert len(listed) == len(set(listed))
     assert set(listed) | COVERED_ELSEWHERE == defined
 
@@ -150,24 +134,27 @@ def test_ray_cases_cover_every_algorithm_family_pair() -> None:
 # The other two families, one case each: Dream (masked diffusion, logits shifted by one) and
 # LLaDA2 (block diffusion, MoE experts routed differently on each rank).
 OTHER_FAMILY_CASES = [
-    pytest.param("dream", "coupled-grpo", {}, id="coupled-grpo-dream", marks=pytest.mark.slow),
-    pytest.param("llada2", "cj-grpo", {}, id="cj-grpo-llada2", marks=pytest.mark.slow),
+    pytest.param("dream", CoupledGRPO(), {}, id="coupled-grpo-dream", marks=pytest.mark.slow),
+    pytest.param("llada2", CJGRPO(), {}, id="cj-grpo-llada2", marks=pytest.mark.slow),
 ]
 
 
-@pytest.mark.parametrize(("family", "name", "fields"), RAY_CASES + OTHER_FAMILY_CASES)
-def test_ray_runs_algorithm(ray_cluster: Any, family: str, name: str, fields: dict[str, Any]) -> None:
-    metrics, reports, weights = _ray_run(family, name, fields)
-    _check_run(family, name, metrics, reports, weights)
+@pytest.mark.parametrize(("family", "algorithm", "trainer"), RAY_CASES + OTHER_FAMILY_CASES)
+def test_ray_runs_algorithm(ray_cluster: Any, family: str, algorithm: RLAlgorithm[Any],
+                            trainer: dict[str, Any]) -> None:
+    metrics, reports, weights = _ray_run(family, algorithm, **trainer)
+    _check_run(family, algorithm, metrics, reports, weights)
+    if trainer.get("max_tokens_per_pass"):
+        assert all(m["update_passes"] > 1 for m in metrics), metrics  # the budget did split the passes
 
 
 @pytest.mark.slow
 def test_ray_lora_hands_off_adapter_weights_only(ray_cluster: Any) -> None:
     from tests.dllm_train.distributed_helpers import algorithm_rank_setup
 
-    metrics, reports, weights = _ray_run("llada", "d1", {}, lora_rank=4)
+    metrics, reports, weights = _ray_run("llada", D1(), lora_rank=4)
     assert all(m["skipped"] == 0.0 for m in metrics)
-    init = algorithm_rank_setup("llada", "d1", {}, 4).model.state_dict()
+    init = algorithm_rank_setup("llada", D1(), 4).model.state_dict()
     moved = {k for k, v in weights.items() if not torch.equal(init[k], v)}
     assert moved and all("lora_" in k for k in moved), sorted(moved)[:5]  # adapters trained, base frozen
     for r in reports:
@@ -180,11 +167,9 @@ def test_ray_lora_hands_off_adapter_weights_only(ray_cluster: Any) -> None:
 def test_ray_sequence_parallel_run_matches_the_local_workflow(ray_cluster: Any) -> None:
     # sequence_parallel = 2 on 2 ranks: one data-parallel group that holds the whole batch, so the
     # rollout, the plan and the update are the local workflow's, with every sequence split in two
-    from tests.dllm_train.algo_helpers import tiny_model, workflow
-
-    metrics, reports, weights = _ray_run("llada", "d1", {}, steps=2, sequence_parallel=2)
+    metrics, reports, weights = _ray_run("llada", D1(), steps=2, sequence_parallel=2)
     local_model = tiny_model("llada")
-    local = workflow(local_model, "d1")
+    local = local_rl(local_model, D1())
     expected = [local.step(step) for step in range(2)]
     for got, want in zip(metrics, expected):
         assert got["reward_mean"] == want["reward_mean"]

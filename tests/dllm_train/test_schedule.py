@@ -42,7 +42,7 @@ def test_sft_worker_follows_the_cosine() -> None:
     import torch
 
     from dllm_train import SFTConfig, SFTWorker
-    from tests.dllm_train.algo_helpers import tiny_model
+    from tests.tiny_rl import tiny_model
 
     model = tiny_model("llada")
     ids = torch.randint(0, 10, (2, 6))
@@ -60,12 +60,12 @@ def test_sft_worker_follows_the_cosine() -> None:
 
 
 def test_rl_actor_needs_decay_steps_for_a_cosine() -> None:
+    from dllm_algorithms import D1
     from dllm_train import ActorWorker
-    from tests.dllm_train.algo_helpers import tiny_model, workflow
+    from tests.tiny_rl import tiny_model
 
     model = tiny_model("llada")
-    objective = workflow(model, "d1").objective
     with pytest.raises(ValueError, match="optim.decay_steps"):
-        ActorWorker(model, objective, OptimConfig(lr=1e-3, schedule="cosine"))
-    actor = ActorWorker(model, objective, OptimConfig(lr=1e-3, schedule="cosine", decay_steps=10))
+        ActorWorker(model, D1(), OptimConfig(lr=1e-3, schedule="cosine"))
+    actor = ActorWorker(model, D1(), OptimConfig(lr=1e-3, schedule="cosine", decay_steps=10))
     assert actor.optim_cfg.decay_steps == 10

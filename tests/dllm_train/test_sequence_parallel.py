@@ -76,7 +76,7 @@ def _scorer_case(family: str) -> dict[str, float]:
     """Direct scorer calls on odd-length rows (end padding), 2-D and candidate targets."""
     from dllm_train import Scorer
     from dllm_train.distributed import ParallelDims, SequenceParallelScorer, sequence_parallel_group
-    from tests.dllm_train.algo_helpers import tiny_model
+    from tests.tiny_rl import tiny_model
 
     model = tiny_model(family)
     group = sequence_parallel_group(ParallelDims(world_size=2, sequence_parallel=2), dist.get_rank())
@@ -96,13 +96,11 @@ def _scorer_case(family: str) -> dict[str, float]:
     return {"err": err}
 
 
-def _actor_case(family: str, name: str, fields: dict[str, Any]) -> dict[str, Any]:
+def _actor_case(family: str, algorithm: Any) -> dict[str, Any]:
     """Old log-probs, loss, gradients and weights of one update: unsplit vs sp = 2 under FSDP2."""
     import copy
-    import dataclasses
 
-    from dare.algorithms import get_algorithm
-    from dllm_train import ActorWorker, Experience, OptimConfig, generator, plan_token_logp, sample_seeds
+    from dllm_train import ActorWorker, OptimConfig, Prepared, generator, plan_token_logp, sample_seeds, special_tokens
     from dllm_train.distributed import (
         ParallelDims,
         SequenceParallelScorer,
@@ -110,55 +108,62 @@ def _actor_case(family: str, name: str, fields: dict[str, Any]) -> dict[str, Any
         sequence_parallel_group,
         shard_model,
     )
-    from tests.dllm_train.algo_helpers import tiny_model, workflow
+    from tests.tiny_rl import local_rl, tiny_model
 
     model = tiny_model(family)
-    wf = workflow(model, name, algorithm=dataclasses.replace(get_algorithm(name), **fields))  # type: ignore[type-var]
-    obj = wf.objective
+    wf = local_rl(model, algorithm)
     prompts, answers, groups = wf.prompts(0).expanded()
-    rollout = wf.rollout.generate(prompts, sample_seeds(0, len(prompts), "rollout", 0))
-    scores, _ = wf.reward.score(rollout, answers)
+    rollout = wf.rank.rollout.generate(prompts, sample_seeds(0, len(prompts), "rollout", 0))
+    batch = wf.rank.reward.score(rollout, answers, groups, special_tokens(model))
     optim = OptimConfig(lr=1e-2, grad_clip=0.0)  # no clipping: the gradients themselves are compared
 
     # fixed non-zero advantages: an untrained tiny model's group rewards may all be equal
     advantages = torch.randn(len(prompts), generator=torch.Generator().manual_seed(3))
 
-    def run(actor: ActorWorker) -> tuple[Experience, torch.Tensor, dict[str, float]]:
-        exp = Experience(rollout=rollout, scores=scores, group_ids=groups)
-        actor.prepare(exp, generator(0, "plan", 0))
-        exp.advantages = advantages
-        plan = exp.plan[0] if isinstance(exp.plan, list) else exp.plan
+    def run(actor: ActorWorker[Any]) -> tuple[Prepared[Any], torch.Tensor, dict[str, float]]:
+        prepared = actor.prepare(batch, generator(0, "plan", 0))
+        plan = prepared.data
         with torch.no_grad():  # per-token log-probs of every noised copy of the plan
             tokens = plan_token_logp(actor.scorer, rollout.input_ids, rollout.attention_mask, plan)
-        return exp, tokens, actor.update(exp)
+        return prepared, tokens, actor.update(prepared, advantages)
 
+    # reuse_old=False: the old values come from their own pass, through the split forward too
     local = copy.deepcopy(model)
-    local_exp, local_tokens, local_metrics = run(ActorWorker(local, obj, optim))
+    local_prep, local_tokens, local_metrics = run(ActorWorker(local, algorithm, optim, reuse_old=False))
     local_grads = {n: p.grad for n, p in local.named_parameters() if p.grad is not None}
 
     group = sequence_parallel_group(ParallelDims(world_size=2, sequence_parallel=2), dist.get_rank())
     sharded = shard_model(copy.deepcopy(model))
-    exp, tokens, metrics = run(ActorWorker(sharded, obj, optim, scorer=SequenceParallelScorer(sharded, group)))
+    prep, tokens, metrics = run(ActorWorker(sharded, algorithm, optim, scorer=SequenceParallelScorer(sharded, group),
+                                            reuse_old=False))
     grads = {n: p.grad.full_tensor() for n, p in sharded.named_parameters() if p.grad is not None}  # type: ignore[attr-defined]
     full, ref, init = full_state_dict(sharded), local.state_dict(), model.state_dict()
+    grad_scale = max(float(g.abs().max()) for g in local_grads.values())
+    zero = torch.zeros(1)
+    assert prep.old is not None and local_prep.old is not None
     return {
-        "old": float((exp.old_logp - local_exp.old_logp).abs().max()),  # type: ignore[operator]
+        "old": max(float((a - b).abs().max()) for a, b in zip(prep.old, local_prep.old)),
         "token": float((tokens - local_tokens).abs().max()),
         "token_scale": float(local_tokens.abs().max()),
         "loss": (metrics["loss"], local_metrics["loss"]),
         "grad_norm": (metrics["grad_norm"], local_metrics["grad_norm"]),
         "grad_keys": sorted(grads) == sorted(local_grads),
         "grad": max(float((grads[n] - local_grads[n]).abs().max()) for n in local_grads),
-        "grad_scale": max(float(g.abs().max()) for g in local_grads.values()),
+        "grad_scale": grad_scale,
         "weights": max(float((full[k] - ref[k]).abs().max()) for k in ref),
+        # where the gradient stands well above rounding (Adam's first step is ~lr * sign(g) there)
+        "weights_sig": max(float(torch.cat([(full[n] - ref[n])[g.abs() > 1e-3 * grad_scale].abs(), zero]).max())
+                           for n, g in local_grads.items()),
         "moved": max(float((ref[k] - init[k]).abs().max()) for k in ref),
     }
 
 
 def _actor_cases(rank: int) -> dict[str, dict[str, Any]]:
+    from dllm_algorithms import BGPO, D1
+
     out: dict[str, dict[str, Any]] = {f"scorer-{f}": _scorer_case(f) for f in ("llada", "dream", "sdar")}
-    out["actor-llada"] = _actor_case("llada", "d1", {})
-    out["actor-sdar"] = _actor_case("sdar", "bgpo", {"mc_num": 2})
+    out["actor-llada"] = _actor_case("llada", D1())
+    out["actor-sdar"] = _actor_case("sdar", BGPO(mc_num=2))
     return out
 
 
@@ -182,7 +187,7 @@ def test_actor_with_sequence_parallel_equals_single_process(sp_actor_results: li
     for rank_result in sp_actor_results:
         r = rank_result[f"actor-{family}"]
         assert r["token"] < 1e-5 * max(1.0, r["token_scale"]), r  # per-token log-probs of the plan
-        assert r["old"] < 1e-5, r  # the objective's old values, through the split forward
+        assert r["old"] < 1e-5, r  # the algorithm's old values, through the split forward
         assert r["loss"][0] == pytest.approx(r["loss"][1], rel=1e-5, abs=1e-7), r
         assert r["loss"][0] != 0.0, r
         assert r["grad_keys"], r
@@ -190,5 +195,7 @@ def test_actor_with_sequence_parallel_equals_single_process(sp_actor_results: li
         assert r["grad"] < 1e-5 * r["grad_scale"], r  # the step's gradients: summed over ranks, not x sp
         assert r["grad_norm"][0] == pytest.approx(r["grad_norm"][1], rel=1e-5), r
         # Adam divides by sqrt(v): rounding-level gradient differences of near-zero entries move
-        # those weights by up to a fraction of lr, so the weights are compared to the step size
-        assert r["weights"] < 0.05 * r["moved"], r
+        # those weights by up to a fraction of lr (measured: 6 % of a step on SDAR), so all weights
+        # are compared to the step size, and those with a real gradient tightly
+        assert r["weights"] < 0.2 * r["moved"], r
+        assert r["weights_sig"] < 1e-3 * r["moved"], r

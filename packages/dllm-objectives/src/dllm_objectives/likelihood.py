@@ -46,7 +46,7 @@ def token_logp_from_logits(logits: Tensor, targets: Tensor, *, temperature: floa
         raise ValueError(
             f"logits {tuple(logits.shape)} must be targets {tuple(targets.shape)} plus a vocab axis."
         )
-    logp = F.log_softmax(logits.float() / temperature, dim=-1)
+    logp = F.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)) / temperature, dim=-1)
     return logp.gather(-1, targets.long().unsqueeze(-1)).squeeze(-1)
 
 

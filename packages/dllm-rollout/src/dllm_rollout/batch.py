@@ -87,4 +87,54 @@ class RolloutBatch:
                 kwargs[f.name] = {k: v[index] for k, v in value.items()}
             else:
                 kwargs[f.name] = value
-        return RolloutBatch(**kwargs)  # type: ignore[arg-type]
+        return type(self)(**kwargs)  # type: ignore[arg-type]
+
+
+def _pad_to(t: torch.Tensor, dim: int, size: int, fill: float | int | bool, *, left: bool = False) -> torch.Tensor:
+    extra = size - t.shape[dim]
+    if extra <= 0:
+        return t
+    shape = list(t.shape)
+    shape[dim] = extra
+    pad = torch.full(shape, fill, dtype=t.dtype, device=t.device)
+    return torch.cat([pad, t] if left else [t, pad], dim=dim)
+
+
+def concat_batches(batches: list[RolloutBatch], *, pad_id: int, mask_id: int) -> RolloutBatch:
+    """Rows of several batches decoded with the same config, as one batch.
+
+    Prompts are left-padded again to the widest (`pad_id`, mask False); step records are padded
+    at the end of the step axis as rows that took fewer steps are (canvases and predictions
+    with `mask_id`, confidences with NaN); `tail_ids` / `tail_unmask_step` with `mask_id` / -1.
+    """
+    if len(batches) == 1:
+        return batches[0]
+    out: dict[str, object] = {}
+    fills = {"step_canvas": mask_id, "step_x0": mask_id, "step_confidence": float("nan")}
+    for f in fields(RolloutBatch):
+        values = [getattr(b, f.name) for b in batches]
+        if f.name == "extras":
+            keys = values[0].keys()
+            extra_fill = {"tail_ids": mask_id, "tail_unmask_step": -1}
+            merged = {}
+            for k in keys:
+                parts = [v[k] for v in values]
+                if parts[0].dim() > 1:
+                    width = max(p.shape[1] for p in parts)
+                    parts = [_pad_to(p, 1, width, extra_fill.get(k, 0)) for p in parts]
+                merged[k] = torch.cat(parts)
+            out[f.name] = merged
+        elif f.name == "config":
+            out[f.name] = values[0]
+        elif values[0] is None:
+            out[f.name] = None
+        elif f.name in ("prompt_ids", "prompt_mask"):
+            width = max(v.shape[1] for v in values)
+            fill = pad_id if f.name == "prompt_ids" else False
+            out[f.name] = torch.cat([_pad_to(v, 1, width, fill, left=True) for v in values])
+        elif f.name in fills:
+            width = max(v.shape[1] for v in values)
+            out[f.name] = torch.cat([_pad_to(v, 1, width, fills[f.name]) for v in values])
+        else:
+            out[f.name] = torch.cat(values)
+    return type(batches[0])(**out)  # type: ignore[arg-type]

@@ -57,6 +57,9 @@ class SamplingConfig:
         record_trajectory: record per token the step it was committed at and its log-prob.
         record_steps: record per step the canvas, the proposals and their confidences.
         block_diffusion: set by `generate` from `model.traits.block_length`.
+        max_rows: decode at most this many rows at a time (0: the whole batch in one call), so
+            decoding memory is bounded; exact, since every row has its own seed. The trainer's
+            rollout worker reads it (`dllm_train.RolloutWorker`), and so does `decode_in_chunks`.
     """
 
     max_new_tokens: int
@@ -76,8 +79,11 @@ class SamplingConfig:
     record_trajectory: bool = False
     record_steps: bool = False
     block_diffusion: bool = False
+    max_rows: int = 0
 
     def __post_init__(self) -> None:
+        if self.max_rows < 0:
+            raise ValueError(f"rollout.max_rows must be >= 0 (0: the whole batch at once), got {self.max_rows}")
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.block_length < 1:

@@ -7,66 +7,94 @@ from dllm_train.checkpointing import (
     load_checkpoint,
     save_checkpoint,
 )
+from dllm_train.algorithm import LossInputs, RLAlgorithm, RLBatch, SpecialTokens, with_fields
 from dllm_train.config import OptimConfig, RLConfig, SFTConfig, TrainerConfig
-from dllm_train.dataflow import Experience, PromptBatch
+from dllm_train.dataflow import PromptBatch
 from dllm_train.evaluation import benchmark_validator
 from dllm_train.likelihood import Scorer, noised_token_logp, plan_token_logp
 from dllm_train.lockstep import lockstep_passes
 from dllm_train.metrics import MetricsWriter, format_line, open_wandb, plot_curves, read_metrics
-from dllm_train.objective import PolicyObjective, at_iteration, default_update
+from dllm_train.passes import ScoreCall, Update, accumulate, evaluate
 from dllm_train.preference import PreferenceBatch, PreferenceObjective, PreferenceWorker
 from dllm_train.seeding import derive_seed, generator, sample_seeds
 from dllm_train.sft import SFTWorker
+from dllm_train.step import LocalRanks, PolicyRank, RankRollout, Ranks, check_settings, rl_step
 from dllm_train.workers import (
     ActorWorker,
+    Prepared,
     ReferenceWorker,
     RewardWorker,
     RolloutWorker,
     sampling_for,
     sequence_inputs,
+    special_tokens,
 )
-from dllm_train.workflow import PhaseSpec, RLWorkflow, Run, local_rl_workflow
+from dllm_train.workflow import (
+    BaseWeightsScorer,
+    LocalRL,
+    OffloadedScorer,
+    PhaseSpec,
+    Run,
+    resolved_attention,
+    set_activation_checkpointing,
+)
 
 __all__ = [
     "ActorWorker",
+    "BaseWeightsScorer",
     "CheckpointRef",
-    "Experience",
+    "LocalRL",
+    "LocalRanks",
+    "LossInputs",
     "MetricsWriter",
+    "OffloadedScorer",
     "OptimConfig",
     "PhaseSpec",
-    "PolicyObjective",
+    "PolicyRank",
     "PreferenceBatch",
     "PreferenceObjective",
     "PreferenceWorker",
+    "Prepared",
     "PromptBatch",
+    "RLAlgorithm",
+    "RLBatch",
     "RLConfig",
-    "RLWorkflow",
+    "RankRollout",
+    "Ranks",
     "ReferenceWorker",
     "RewardWorker",
     "RolloutWorker",
     "Run",
     "SFTConfig",
     "SFTWorker",
+    "ScoreCall",
     "Scorer",
-    "at_iteration",
-    "default_update",
+    "SpecialTokens",
     "TrainerConfig",
+    "Update",
+    "accumulate",
     "benchmark_validator",
+    "check_settings",
     "derive_seed",
+    "evaluate",
     "format_line",
     "generator",
     "latest_checkpoint",
     "list_checkpoints",
-    "local_rl_workflow",
-    "lockstep_passes",
     "load_checkpoint",
+    "lockstep_passes",
     "noised_token_logp",
     "open_wandb",
     "plan_token_logp",
     "plot_curves",
     "read_metrics",
+    "resolved_attention",
+    "rl_step",
     "sample_seeds",
     "sampling_for",
     "save_checkpoint",
     "sequence_inputs",
+    "set_activation_checkpointing",
+    "special_tokens",
+    "with_fields",
 ]

@@ -81,8 +81,21 @@ class TrainerConfig:
         train_attention: attention backend of the likelihood passes (old, reference, training,
             SFT, preference) on packed rows with the fused log-prob head: "varlen" / "flash_attn"
             (CUDA; bidirectional families), "flex" (any family; block families' BD3LM layout),
-            "sdpa" (CPU too). Empty: the padded batch with full logits. The rollout keeps the
-            model's own backend. See `dllm_train.packed_scoring`.
+            "sdpa" (CPU too). "auto": varlen or flex on CUDA (the exact fast path), the padded
+            path on CPU. "none" or empty: the padded batch with full logits. The rollout keeps
+            the model's own backend. See `dllm_train.packed_scoring`.
+        max_tokens_per_pass: token budget of one forward of every likelihood pass (old,
+            reference, training; Monte-Carlo copies, BD3LM rows and replay states included): the
+            rows of a pass are split into forwards of at most this many tokens
+            (`Scorer.row_cost`) and the gradients accumulated so that loss and gradients equal
+            the single-batch ones. 0: one forward per scorer call (no limit).
+        activation_checkpointing: recompute each decoder layer's activations in the backward of
+            the training passes (less memory, about one more forward of compute).
+        reference_offload: keep the frozen reference model on the CPU between its passes
+            (moved to the GPU for each pass), so it costs no second copy of the weights on the
+            GPU. A LoRA run needs no copy at all: see `dllm_train.workers.ReferenceWorker`.
+        fsdp_cpu_offload: Ray backend: FSDP2 keeps parameters, gradients and optimizer state on
+            the CPU (`CPUOffloadPolicy`), moving each block to the GPU for its compute.
         num_threads: torch CPU threads of this process (0 keeps torch's default). Tiny models run
             fastest on one thread: OpenMP threads spin at every barrier, which costs more than the
             small matrix products gain, and collapses when another process shares the cores.
@@ -103,13 +116,23 @@ class TrainerConfig:
     wandb: bool = False
     wandb_project: str = "dare"
     wandb_run_name: str = ""
-    train_attention: str = ""
+    train_attention: str = "auto"
+    max_tokens_per_pass: int = 0
+    activation_checkpointing: bool = False
+    reference_offload: bool = False
+    fsdp_cpu_offload: bool = False
 
     def __post_init__(self) -> None:
-        if self.train_attention and self.train_attention not in PACKED_BACKENDS:
+        choices = ("", "none", "auto", *PACKED_BACKENDS)
+        if self.train_attention not in choices:
             raise ValueError(f"trainer.train_attention={self.train_attention!r} is not a packed attention backend; "
-                             f"choose one of {PACKED_BACKENDS} or leave it empty (padded path)")
-        if self.train_attention and self.sequence_parallel > 1:
+                             f"choose one of {choices[1:]} (or empty / none: the padded path)")
+        if self.max_tokens_per_pass < 0:
+            raise ValueError(f"trainer.max_tokens_per_pass must be >= 0 (0: no limit), got {self.max_tokens_per_pass}")
+        if self.fsdp_cpu_offload and self.backend != "ray":
+            raise ValueError("trainer.fsdp_cpu_offload=true shards with FSDP2 on Ray ranks; set trainer.backend=ray "
+                             "(or trainer.reference_offload=true / trainer.activation_checkpointing=true locally)")
+        if self.train_attention not in ("", "none", "auto") and self.sequence_parallel > 1:
             raise ValueError("trainer.train_attention (packed rows) and trainer.sequence_parallel > 1 cannot be "
                              "combined yet: the Ulysses split runs on the padded batch; unset one of them")
         if self.max_steps < 0:
@@ -148,14 +171,12 @@ class RLConfig:
     Attributes:
         prompts_per_step: distinct prompts per rollout batch.
         group_size: samples per prompt (G of GRPO).
-        clip_low, clip_high, dual_clip: clipped-surrogate constants.
+
+    The clipped-surrogate constants belong to each algorithm (`algorithm.clip_low`, ...).
     """
 
     prompts_per_step: int = 16
     group_size: int = 8
-    clip_low: float = 0.2
-    clip_high: float = 0.2
-    dual_clip: float = 3.0
 
     def __post_init__(self) -> None:
         if self.prompts_per_step < 1:

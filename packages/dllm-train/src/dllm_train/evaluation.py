@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from dllm_eval import DecodingSettings, get_benchmark, get_preset, run_benchmark
+
+logger = logging.getLogger(__name__)
 
 
 def benchmark_validator(
@@ -14,8 +17,8 @@ def benchmark_validator(
     tokenizer: Any,
     benchmarks: Sequence[str],
     *,
+    limit: int | None,
     preset: str = "dare_local",
-    limit: int | None = 64,
     batch_size: int = 16,
     seed: int = 0,
     decoding: dict[str, Any] | None = None,
@@ -23,13 +26,16 @@ def benchmark_validator(
     """An `eval_fn` for a training phase: held-out accuracy on dllm_eval benchmarks.
 
     Scores come from `dllm_eval.run_benchmark` (the same prompts, decoding and verifiers as
-    `dare eval`), so the validation curve of a run and a later evaluation are comparable.
+    `dare eval`), so the validation curve of a run and a later evaluation are comparable. Each
+    validation scores the first `limit` rows of every benchmark (the caller chooses: a whole
+    benchmark at every `eval_every` can cost more than the training steps between them).
 
     Args:
         model, tokenizer: the policy being trained and its chat tokenizer.
         benchmarks: benchmark names (see `dllm_eval.BENCHMARKS`).
+        limit: score the first N rows of each benchmark (the same rows at every validation);
+            None: every row. No default: the caller states it (dare: `data.eval_max_rows`).
         preset: evaluation protocol preset.
-        limit: first N rows of each benchmark.
         batch_size: prompts per generation call.
         seed: base seed of the per-sample seeds.
         decoding: DecodingSettings fields overriding the preset (e.g. max_new_tokens).
@@ -37,8 +43,12 @@ def benchmark_validator(
     Returns:
         A callable returning {"eval/<name>_accuracy": ..., "eval/<name>_score": ...}.
     """
+    if limit is not None and limit < 1:
+        raise ValueError(f"limit must be >= 1 (rows per benchmark) or None (every row), got {limit}")
     resolved = get_preset(preset)
     benches = [get_benchmark(b) for b in benchmarks]
+    logger.info("validation scores %s of %s", "every row" if limit is None else f"the first {limit} rows",
+                ", ".join(b.name for b in benches))
 
     def settings(bench: Any) -> DecodingSettings:
         base: DecodingSettings = bench.decoding(resolved)

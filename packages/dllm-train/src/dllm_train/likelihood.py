@@ -4,8 +4,9 @@
 (Dream reads position j's logit at j - 1) and, for block-diffusion families (SDAR, LLaDA2), the
 BD3LM [x_t ; x_0] layout (Arriola et al., arXiv 2503.09573): a noisy block sees itself and the
 clean earlier blocks only. Objectives receive a `Scorer` and never branch on the family.
-A model marked with `use_training_attention(model, backend)` is scored on packed rows with the
-fused log-prob head (`dllm_train.packed_scoring`); otherwise on the padded batch.
+A scorer built with a packed `attention` backend scores packed rows with the fused log-prob head
+(`dllm_train.packed_scoring`); otherwise the padded batch. How many rows one forward takes is
+decided above it (`dllm_train.passes`): `row_cost` says what each row costs a forward.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from dllm_objectives import MaskPlan, apply_mask, token_logp_from_logits
-from dllm_train.packed_scoring import packed_token_logp, training_attention
+from dllm_train.packed_scoring import PACKED_BACKENDS, packed_token_logp
 
 
 def positions(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -28,7 +29,7 @@ def logp_of_targets(logits: torch.Tensor, targets: torch.Tensor, temperature: fl
     """float32 log-probs of `targets` ([M, S] or [M, S, C]) under logits [M, S, V]."""
     if targets.dim() == logits.dim() - 1:
         return token_logp_from_logits(logits, targets, temperature=temperature)
-    logp = torch.log_softmax(logits.float() / temperature, dim=-1)
+    logp = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)) / temperature, dim=-1)
     return logp.gather(-1, targets)
 
 
@@ -45,17 +46,29 @@ class Scorer:
             passes because each forward is a collective (an FSDP2-sharded model: every forward
             all-gathers its weights); None: no such group (one process). Objectives with a
             data-dependent number of passes pad to the group's count (`dllm_train.lockstep`).
+        attention: the packed attention backend of its forwards ('varlen', 'flex', 'sdpa', ...;
+            see `dllm_train.packed_scoring`), or None for the padded batch with full logits.
     """
 
-    def __init__(self, model: Any, *, lockstep_group: dist.ProcessGroup | None = None) -> None:
+    def __init__(self, model: Any, *, lockstep_group: dist.ProcessGroup | None = None,
+                 attention: str | None = None) -> None:
+        if attention is not None and attention not in PACKED_BACKENDS:
+            raise ValueError(f"training attention {attention!r} is not a packed backend; choose one of {PACKED_BACKENDS}")
         self.model = model
         self.lockstep_group = lockstep_group
+        self.attention = attention
         traits = model.traits
         self.mask_id: int = int(traits.mask_token_id)
         self.eos_id: int = int(traits.eos_token_id)
         self.pad_id: int = int(traits.pad_token_id)
         self.block_length: int | None = traits.block_length
         self.logit_shift: int = int(traits.logit_shift or 0)
+
+    @property
+    def value_dtype(self) -> torch.dtype:
+        """dtype of the log-probs a call returns: float32, or float64 for a float64 model."""
+        dtype = next(self.model.parameters()).dtype
+        return torch.promote_types(dtype, torch.float32)
 
     def _logits(self, ids: torch.Tensor, attn: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         logits: torch.Tensor = self.model(ids, attention_mask=attn, position_ids=pos).logits
@@ -103,10 +116,11 @@ class Scorer:
             temperature: divides the logits (1 for every learner but the exact-order AR one).
 
         Returns:
-            float32 [M, S] (or [M, S, C]). Block models: 0 in blocks that hold no noised token.
+            float32 [M, S] (or [M, S, C]). Block models: 0 in the blocks of a row that hold no
+            noised token of that row (so a row's values never depend on the other rows).
         """
         attn = attention_mask.bool()
-        backend = training_attention(self.model)
+        backend = self.attention
         if backend is not None and targets.dim() == noisy_ids.dim():
             return packed_token_logp(
                 self.model, noisy_ids, attn, targets, targets if clean_ids is None else clean_ids,
@@ -117,6 +131,30 @@ class Scorer:
             return self._token_logp(noisy_ids, attn, pos, targets, temperature)
         clean = targets if clean_ids is None else clean_ids
         return self._bd3lm(noisy_ids, attn, pos, clean, targets, temperature)
+
+    def row_cost(self, noisy_ids: torch.Tensor, attention_mask: torch.Tensor,
+                 clean_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """[M] tokens one forward runs for each row (what a token budget counts).
+
+        Packed rows: the row's real tokens (twice that for the BD3LM [x_t ; x_0] layout of block
+        families). Padded rows: the batch width (times the number of the row's noised blocks
+        for block families, which run one row per noised block).
+        """
+        attn = attention_mask.bool()
+        if self.attention is not None:
+            real = attn.sum(-1)
+            return real * 2 if self.block_length is not None else real
+        width = torch.full((attn.shape[0],), attn.shape[1], dtype=torch.long, device=attn.device)
+        if self.block_length is None:
+            return width
+        pos = positions(attn)
+        bid = torch.where(attn, torch.div(pos, self.block_length, rounding_mode="floor"), -1)
+        changed = (noisy_ids != (noisy_ids if clean_ids is None else clean_ids)) & attn
+        nblocks = int(bid.max().clamp(min=0)) + 1
+        hit = torch.zeros(attn.shape[0], nblocks, dtype=torch.bool, device=attn.device)
+        rows = torch.arange(attn.shape[0], device=attn.device)[:, None].expand_as(bid)
+        hit[rows[changed], bid[changed]] = True
+        return width * hit.sum(-1).clamp(min=1)
 
     def _bd3lm(self, noisy: torch.Tensor, attn: torch.Tensor, pos: torch.Tensor, clean: torch.Tensor,
                targets: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -130,7 +168,7 @@ class Scorer:
         assert self.block_length is not None
         bid = torch.where(attn, torch.div(pos, self.block_length, rounding_mode="floor"), -1)
         changed = (noisy != clean) & attn
-        out = torch.zeros(targets.shape, dtype=torch.float32, device=noisy.device)
+        out = torch.zeros(targets.shape, dtype=self.value_dtype, device=noisy.device)
         blocks = torch.unique(bid[changed]).tolist()
         if not blocks:  # still one forward (an idle one), so every call is one pass on every rank
             return out + self.idle_pass()
@@ -144,8 +182,9 @@ class Scorer:
         pos_all = pos.repeat(len(blocks), 1)
         tgt_all = targets.repeat(len(blocks), *([1] * (targets.dim() - 1)))
         logp = self._token_logp(ids_all, attn_all, pos_all, tgt_all, temperature)
+        noised_in_row = [(changed & (bid == b)).any(-1, keepdim=True) for b in blocks]
         for i, b in enumerate(blocks):
-            sel = bid == b
+            sel = (bid == b) & noised_in_row[i]  # a block of a row without a noised token scores 0
             if targets.dim() == 3:
                 sel = sel[..., None].expand_as(out)
             out = torch.where(sel, logp[i * m:(i + 1) * m], out)

@@ -121,28 +121,70 @@ def format_line(record: dict[str, Any], keys: Sequence[str]) -> str:
     return " | ".join(parts)
 
 
-def plot_curves(records: Sequence[dict[str, Any]], keys: Sequence[str], path: Path) -> Path | None:
-    """One PNG with a panel per metric in `keys` that the records carry."""
+Point = tuple[float, float, str]
+"""(step, value, label): a marked point drawn on a metric's panel (e.g. the accuracy before RL)."""
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def plotted_keys(records: Sequence[dict[str, Any]], keys: Sequence[str],
+                 points: Mapping[str, Sequence[Point]] | None = None) -> list[str]:
+    """The keys of `keys` that get a panel: those with a finite value that is not zero, in the
+    records or among `points` (a curve with no finite value, or flat at zero, says nothing)."""
+    points = points or {}
+    return [k for k in keys
+            if any(_finite(r.get(k)) and r[k] != 0 for r in records)
+            or any(_finite(p[1]) for p in points.get(k, ()))]
+
+
+def plot_curves(records: Sequence[dict[str, Any]], keys: Sequence[str], path: Path, *, title: str = "",
+                points: Mapping[str, Sequence[Point]] | None = None) -> Path | None:
+    """One PNG with a panel per metric of `keys` that carries information (`plotted_keys`).
+
+    Args:
+        records: metric records, each with a `step`.
+        keys: metrics to plot, top to bottom.
+        path: the PNG to write.
+        title: figure title (e.g. what the run shows).
+        points: metric -> (step, value, label) points marked on its panel, such as the held-out
+            accuracy before the first step.
+
+    Returns:
+        `path`, or None when no key has a panel (nothing is written).
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    present = [k for k in keys if any(isinstance(r.get(k), (int, float)) for r in records)]
+    points = points or {}
+    present = plotted_keys(records, keys, points)
     if not present:
         return None
-    fig, axes = plt.subplots(len(present), 1, figsize=(7, 2.4 * len(present)), squeeze=False)
+    fig, axes = plt.subplots(len(present), 1, figsize=(7, 2.4 * len(present) + (0.4 if title else 0)),
+                             squeeze=False)
     for ax, key in zip(axes[:, 0], present):
-        pts = [(r["step"], r[key]) for r in records if isinstance(r.get(key), (int, float))]
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], lw=0.8, label=key)
+        pts = [(r["step"], r[key]) for r in records if _finite(r.get(key))]
+        marked = [(step, value) for step, value, _ in points.get(key, ()) if _finite(value)]
+        line = sorted(pts + marked) if len(pts) < 20 else pts  # sparse curves run through their marks
+        if line:
+            ax.plot([p[0] for p in line], [p[1] for p in line], lw=0.8, label=key,
+                    marker="." if len(line) < 20 else None)
         if len(pts) >= 20:
             w = max(5, len(pts) // 30)
             ys = [p[1] for p in pts]
             avg = [sum(ys[max(0, i - w + 1): i + 1]) / len(ys[max(0, i - w + 1): i + 1]) for i in range(len(ys))]
             ax.plot([p[0] for p in pts], avg, lw=1.8, label=f"{key} (moving avg {w})")
+        for step, value, label in points.get(key, ()):
+            if _finite(value):
+                ax.plot([step], [value], "o", ms=6, label=f"{label}: {value:.3g}")
         ax.set_ylabel(key)
         ax.legend(loc="best", fontsize=7)
     axes[-1, 0].set_xlabel("step")
+    if title:
+        fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

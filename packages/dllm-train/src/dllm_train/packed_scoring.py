@@ -8,9 +8,8 @@ BD3LM [x_t ; x_0] layout of block families) and token log-probs come from the fu
 (`dllm_models.logprob.token_logprobs`: Triton on CUDA, chunked on CPU). The result is the same
 function as the padded path (tests compare them); only padding compute and logits memory go.
 
-Switch it on per model with `use_training_attention(model, "varlen")` (or "flex", "sdpa", ...):
-the rollout keeps the model's own backend, the scorer switches to the training one around its
-forwards.
+Switch it on with `Scorer(model, attention="varlen")` (or "flex", "sdpa", ...): the rollout keeps
+the model's own backend, the scorer switches to the training one around its forwards.
 """
 
 from __future__ import annotations
@@ -22,25 +21,6 @@ from typing import Any
 import torch
 
 PACKED_BACKENDS = ("sdpa", "eager", "flex", "varlen", "flash_attn")
-
-
-def use_training_attention(model: Any, backend: str | None) -> None:
-    """Score `model` on packed rows with attention `backend` (None: back to the padded path).
-
-    Args:
-        backend: a `dllm_models.attention` backend name that accepts packed rows: 'varlen' or
-            'flash_attn' (CUDA, bidirectional families), 'flex' (any mask, block families'
-            BD3LM layout), 'sdpa'/'eager' (reference, CPU).
-    """
-    if backend is not None and backend not in PACKED_BACKENDS:
-        raise ValueError(f"training attention {backend!r} is not a packed backend; choose one of {PACKED_BACKENDS}")
-    model.training_attention = backend
-
-
-def training_attention(model: Any) -> str | None:
-    """The packed training backend set by `use_training_attention`, or None (padded path)."""
-    value = getattr(model, "training_attention", None)
-    return value if isinstance(value, str) else None
 
 
 @contextmanager
@@ -111,10 +91,11 @@ def _bd3lm(model: Any, packed: Any, attn: torch.Tensor, clean_ids: torch.Tensor,
     mask = bd3lm_mask(nonempty, block_length, device=device)
     lp2 = model_token_logprobs(model, ids[None], targets[None], temperature=temperature, attention=mask)
     lp = lp2[0, noisy_at]
-    # block ids that hold no noised token in any row score 0, as on the padded path (which runs
-    # one row set per block id noised anywhere in the batch)
+    # the blocks of a sequence that hold none of its noised tokens score 0, as on the padded path
     block = torch.div(packed.position_ids[0], block_length, rounding_mode="floor")
-    has = torch.zeros(int(block.max()) + 1 if block.numel() else 0, dtype=torch.long, device=device)
-    has.index_add_(0, block, (noisy != clean).long())
-    lp = torch.where(has[block] > 0, lp, torch.zeros_like(lp))
+    nblocks = int(block.max()) + 1 if block.numel() else 1
+    key = seq * nblocks + block
+    has = torch.zeros(len(lengths) * nblocks, dtype=torch.long, device=device)
+    has.index_add_(0, key, (noisy != clean).long())
+    lp = torch.where(has[key] > 0, lp, torch.zeros_like(lp))
     return unpack(lp[None], packed)

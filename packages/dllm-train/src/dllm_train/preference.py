@@ -18,6 +18,7 @@ import torch
 from dllm_objectives import MaskPlan, dpo_logits, dpo_loss, elbo
 from dllm_train.config import OptimConfig
 from dllm_train.likelihood import Scorer, plan_token_logp
+from dllm_train.passes import ValuesFn, accumulate, evaluate
 from dllm_train.schedule import learning_rate
 from dllm_train.seeding import generator
 from dllm_train.workers import build_optimizer
@@ -79,10 +80,14 @@ class PreferenceWorker:
         optim: optimizer settings.
         seed: root seed of the masks.
         steps: the phase's number of steps (the horizon of a cosine schedule without decay_steps).
+        attention: packed attention backend of the policy and reference passes (None: padded).
+        max_tokens_per_pass: token budget of one forward (0: each side's rows at once); the
+            gradient equals the single-batch one (`dllm_train.passes`).
     """
 
     def __init__(self, model: Any, ref_model: Any, batches: PreferenceBatchFn, objective: PreferenceObjective,
-                 optim: OptimConfig, *, seed: int, steps: int = 0) -> None:
+                 optim: OptimConfig, *, seed: int, steps: int = 0, attention: str | None = None,
+                 max_tokens_per_pass: int = 0) -> None:
         self.model = model
         self.steps = steps
         self.ref_model = ref_model.eval()
@@ -92,17 +97,18 @@ class PreferenceWorker:
         self.objective = objective
         self.optim_cfg = optim
         self.optimizer = build_optimizer(model, optim)
-        self.scorer = Scorer(model)
-        self.ref_scorer = Scorer(self.ref_model)
+        self.scorer = Scorer(model, attention=attention)
+        self.ref_scorer = Scorer(self.ref_model, attention=attention)
+        self.max_tokens = max_tokens_per_pass
         self.seed = seed
 
-    def _elbo(self, scorer: Scorer, ids: torch.Tensor, attn: torch.Tensor, plan: MaskPlan) -> torch.Tensor:
+    def _elbo(self, scorer: Any, ids: torch.Tensor, attn: torch.Tensor, plan: MaskPlan) -> torch.Tensor:
         lp = plan_token_logp(scorer, ids, attn, plan)
         norm = "padded" if self.objective.normalize_by_width else None
         return elbo(lp, plan, normalizer=norm).mean(-1)
 
-    def values(self, step: int) -> tuple[torch.Tensor, ...]:
-        """(policy chosen, policy rejected, ref chosen, ref rejected) ELBOs [B] of step `step`."""
+    def _pieces(self, step: int) -> tuple[ValuesFn, ValuesFn]:
+        """(policy values, reference values): scorer -> [2, B] chosen and rejected ELBOs."""
         obj = self.objective
         b = self.batches(step)
         gen = generator(self.seed, "preference-mask", step)
@@ -112,17 +118,34 @@ class PreferenceWorker:
             obj.sample_plan(b.chosen_response, obj.num_samples, gen),
             obj.sample_plan(b.rejected_response, obj.num_samples, gen)]
         sides = [(b.chosen_ids, b.chosen_attention), (b.rejected_ids, b.rejected_attention)]
-        with torch.no_grad():
-            ref = [self._elbo(self.ref_scorer, i, a, p) for (i, a), p in zip(sides, ref_plans)]
-        pol = [self._elbo(self.scorer, i, a, p) for (i, a), p in zip(sides, plans)]
+
+        def policy(scorer: Any) -> torch.Tensor:
+            return torch.stack([self._elbo(scorer, i, a, p) for (i, a), p in zip(sides, plans)])
+
+        def reference(scorer: Any) -> torch.Tensor:
+            return torch.stack([self._elbo(scorer, i, a, p) for (i, a), p in zip(sides, ref_plans)])
+        return policy, reference
+
+    def values(self, step: int) -> tuple[torch.Tensor, ...]:
+        """(policy chosen, policy rejected, ref chosen, ref rejected) ELBOs [B] of step `step`."""
+        policy, reference = self._pieces(step)
+        ref = evaluate(reference, self.ref_scorer, self.max_tokens)[0]
+        pol = policy(self.scorer)
         return pol[0], pol[1], ref[0], ref[1]
 
     def step(self, step: int) -> dict[str, float]:
         self.model.train()
-        pc, pr, rc, rr = self.values(step)
-        loss = dpo_loss(pc, pr, rc, rr, beta=self.objective.beta)
+        policy, reference = self._pieces(step)
+        ref = evaluate(reference, self.ref_scorer, self.max_tokens)[0]
+        beta = self.objective.beta
+
+        def loss_fn(v: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+            return dpo_loss(v[0], v[1], ref[0], ref[1], beta=beta), {}
+
         self.optimizer.zero_grad(set_to_none=True)
-        torch.autograd.backward(loss)
+        # the DPO margin couples a pair's two sides: values first, then passes backpropagating dL/dv
+        result = accumulate(policy, loss_fn, self.scorer, max_tokens=self.max_tokens, row_local=False)
+        loss, pol = result.loss, result.values
         params = [p for p in self.model.parameters() if p.requires_grad]
         clip = self.optim_cfg.grad_clip if self.optim_cfg.grad_clip > 0 else float("inf")
         norm = torch.nn.utils.clip_grad_norm_(params, clip)
@@ -131,8 +154,8 @@ class PreferenceWorker:
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
             self.optimizer.step()
-        logits = dpo_logits(pc.detach(), pr.detach(), rc, rr, beta=self.objective.beta)
-        return {"loss": float(loss.detach()), "grad_norm": float(norm),
+        logits = dpo_logits(pol[0], pol[1], ref[0], ref[1], beta=beta)
+        return {"loss": float(loss), "grad_norm": float(norm),
                 "reward_margin": float(logits.mean()), "pair_accuracy": float((logits > 0).float().mean())}
 
     def state(self) -> dict[str, Any]:

@@ -16,6 +16,7 @@ import torch
 from dllm_objectives import iid_masks, mdm_sft_loss
 from dllm_train.config import OptimConfig, SFTConfig
 from dllm_train.likelihood import Scorer, plan_token_logp
+from dllm_train.passes import LossFn, ValuesFn, accumulate
 from dllm_train.schedule import learning_rate
 from dllm_train.seeding import generator
 from dllm_train.workers import build_optimizer
@@ -35,10 +36,14 @@ class SFTWorker:
         seed: root seed of the masks.
         t_range: (t_min, t_max) of the masking ratio (LLaDA2 uses (0.3, 0.8)); default (0, 1)
             floored at `sft.eps`.
+        scorer: how the model is run (default `Scorer(model)`, the padded path).
+        max_tokens_per_pass: token budget of one forward (0: the whole batch at once); the
+            gradient equals the single-batch one (`dllm_train.passes`).
     """
 
     def __init__(self, model: Any, batches: SFTBatchFn, sft: SFTConfig, optim: OptimConfig, *, seed: int,
-                 t_range: tuple[float, float] = (0.0, 1.0)) -> None:
+                 t_range: tuple[float, float] = (0.0, 1.0), scorer: Scorer | None = None,
+                 max_tokens_per_pass: int = 0) -> None:
         if not 0.0 <= t_range[0] < t_range[1] <= 1.0:
             raise ValueError(f"t_range must satisfy 0 <= t_min < t_max <= 1, got {t_range}")
         self.model = model
@@ -46,25 +51,36 @@ class SFTWorker:
         self.sft = sft
         self.optim_cfg = optim
         self.optimizer = build_optimizer(model, optim)
-        self.scorer = Scorer(model)
+        self.scorer = scorer if scorer is not None else Scorer(model)
+        self.max_tokens = max_tokens_per_pass
         self.seed = seed
         self.t_range = t_range
 
-    def loss(self, step: int) -> torch.Tensor:
-        """The SFT loss of step `step` (with gradient)."""
+    def _pieces(self, step: int) -> tuple[ValuesFn, LossFn]:
         ids, attn, response = self.batches(step)
         plan = iid_masks(response, 1, t_min=self.t_range[0], t_max=self.t_range[1], eps=self.sft.eps,
                          generator=generator(self.seed, "sft-mask", step))
-        logp = plan_token_logp(self.scorer, ids, attn, plan)[:, 0]
         t = plan.meta["t"][:, 0]
-        return mdm_sft_loss(logp, plan.mask[:, 0], t, normalizer=self.sft.normalizer,
-                            response_mask=response, weight_by_t=self.sft.weight_by_t)
+
+        def values(scorer: Any) -> torch.Tensor:
+            return plan_token_logp(scorer, ids, attn, plan)[:, 0]
+
+        def loss(logp: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+            return mdm_sft_loss(logp, plan.mask[:, 0], t, normalizer=self.sft.normalizer,
+                                response_mask=response, weight_by_t=self.sft.weight_by_t), {}
+        return values, loss
+
+    def loss(self, step: int) -> torch.Tensor:
+        """The SFT loss of step `step` (with gradient, one forward over the whole batch)."""
+        values, loss = self._pieces(step)
+        return loss(values(self.scorer))[0]
 
     def step(self, step: int) -> dict[str, float]:
         self.model.train()
-        loss = self.loss(step)
         self.optimizer.zero_grad(set_to_none=True)
-        torch.autograd.backward(loss)
+        values, loss_fn = self._pieces(step)
+        # the NELBO is a sum of per-row terms: each pass backpropagates its own rows
+        loss = accumulate(values, loss_fn, self.scorer, max_tokens=self.max_tokens, row_local=True).loss
         params = [p for p in self.model.parameters() if p.requires_grad]
         clip = self.optim_cfg.grad_clip if self.optim_cfg.grad_clip > 0 else float("inf")
         norm = torch.nn.utils.clip_grad_norm_(params, clip)

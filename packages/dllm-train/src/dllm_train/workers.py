@@ -1,8 +1,11 @@
 """Workers: rollout, reward, actor and reference, each a plain object around one job.
 
-The same classes run in-process (local mode) and inside Ray actors (ray mode), so the update a
-user debugs locally is the update that runs distributed. None of them knows which algorithm it
-runs: everything algorithm-specific comes from the `PolicyObjective`.
+The same classes run in-process (one rank) and inside Ray actors (`dllm_train.distributed`), so
+the update a user debugs locally is the update that runs distributed. None of them knows which
+algorithm it runs: everything algorithm-specific comes from the `RLAlgorithm` object, through
+typed fields (`RLBatch`, `Prepared`, `LossInputs`). Every likelihood pass (old, reference,
+training) runs in token-budget passes (`dllm_train.passes`), so memory is bounded by
+`max_tokens_per_pass` whatever the batch, Monte-Carlo budget or replay length.
 """
 
 from __future__ import annotations
@@ -11,20 +14,21 @@ import dataclasses
 import logging
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
-from typing import Any
+from dataclasses import asdict, dataclass
+from typing import Any, Generic, TypeVar
 
 import torch
 
-from dllm_rollout import RolloutBatch, SamplingConfig, decode, left_pad
+from dllm_rollout import RolloutBatch, SamplingConfig, left_pad
+from dllm_train.algorithm import LossInputs, RLAlgorithm, RLBatch, SpecialTokens
 from dllm_train.config import OptimConfig
-from dllm_train.dataflow import Experience
 from dllm_train.likelihood import Scorer
 from dllm_train.lockstep import group_all
-from dllm_train.objective import PolicyObjective, default_update
+from dllm_train.passes import accumulate, evaluate
 from dllm_train.schedule import learning_rate
 
 logger = logging.getLogger(__name__)
+D = TypeVar("D")
 
 
 def sequence_inputs(rollout: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -36,58 +40,75 @@ def sequence_inputs(rollout: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor, 
     return rollout.input_ids, rollout.attention_mask, prompt_valid, response_valid
 
 
-def sampling_for(model: Any, sampling: SamplingConfig, objective: PolicyObjective | None) -> SamplingConfig:
-    """The run's SamplingConfig with the model's decoding mode and the objective's overrides."""
+def special_tokens(model: Any) -> SpecialTokens:
+    """The model's special ids (`model.traits`)."""
+    t = model.traits
+    return SpecialTokens(mask_id=int(t.mask_token_id), eos_id=int(t.eos_token_id), pad_id=int(t.pad_token_id))
+
+
+def sampling_for(model: Any, sampling: SamplingConfig, algorithm: RLAlgorithm[Any] | None) -> SamplingConfig:
+    """The run's SamplingConfig with the model's decoding mode and the algorithm's records."""
     block = model.traits.block_length
     fields: dict[str, Any] = {"block_diffusion": block is not None}
     if block is not None:
         fields["block_length"] = int(block)
-    if objective is not None:
-        fields.update(objective.sampling_overrides)
-    return dataclasses.replace(sampling, **fields)
+    out = dataclasses.replace(sampling, **fields)
+    return algorithm.sampling(out) if algorithm is not None else out
 
 
 class RolloutWorker:
     """Generates responses with the current policy weights.
 
     Args:
-        model: the policy module (shared with the actor in local mode).
-        sampling: the run's decoding settings.
-        objective: the algorithm; its `sampling_overrides` / `rollout` are applied.
-        ref_model: a frozen reference model scored on the rollout canvases, for objectives
+        model: the policy module (shared with the actor in one process).
+        sampling: the run's decoding settings (`max_rows` > 0 decodes that many rows at a time).
+        algorithm: its `sampling` records and `generate` are used.
+        ref_model: a frozen reference model scored on the rollout canvases, for algorithms
             with `needs_rollout_reference`.
     """
 
-    def __init__(self, model: Any, sampling: SamplingConfig, *, objective: PolicyObjective | None = None,
+    def __init__(self, model: Any, sampling: SamplingConfig, *, algorithm: RLAlgorithm[Any] | None = None,
                  ref_model: Any = None) -> None:
         self.model = model
-        self.sampling = sampling_for(model, sampling, objective)
-        self.objective = objective
+        self.sampling = sampling_for(model, sampling, algorithm)
+        self.algorithm = algorithm
         self.ref_model = ref_model
-        if objective is not None and objective.needs_rollout_reference and ref_model is None:
-            raise ValueError(f"algorithm {objective.name!r} scores rollouts with a reference model; "
+        if algorithm is not None and algorithm.needs_rollout_reference and ref_model is None:
+            raise ValueError(f"algorithm {algorithm.label} scores rollouts with a reference model; "
                              "pass RolloutWorker(..., ref_model=<frozen copy of the initial policy>)")
 
     def generate(self, prompts: Sequence[Sequence[int]], seeds: torch.Tensor) -> RolloutBatch:
         """Decode `prompts` with one seed per sample (the seeds make every sample replayable)."""
+        from dllm_rollout.batch import concat_batches
+
         was_training = self.model.training
         self.model.eval()
         device = next(self.model.parameters()).device
-        ids, mask = left_pad(prompts, self.model.traits.pad_token_id, device)
-        custom = self.objective.rollout if self.objective is not None else None
+        traits = self.model.traits
+        step = self.sampling.max_rows or len(prompts)
+        if self.algorithm is not None and step < len(prompts) and not self.algorithm.chunkable_rollout:
+            step = len(prompts)
+        parts = []
         with torch.no_grad():
-            if custom is not None:
-                batch = custom(self.model, ids, mask, seeds, self.sampling, self.ref_model)
-            else:
-                batch = decode(self.model, ids, mask, seeds, self.sampling, self.ref_model)
+            for a in range(0, len(prompts), step):
+                ids, mask = left_pad(prompts[a:a + step], traits.pad_token_id, device)
+                s = seeds[a:a + step]
+                if self.algorithm is not None:
+                    parts.append(self.algorithm.generate(self.model, ids, mask, s, self.sampling, self.ref_model))
+                else:
+                    from dllm_rollout import decode
+
+                    parts.append(decode(self.model, ids, mask, s, self.sampling, self.ref_model))
         self.model.train(was_training)
-        return batch
+        if len(parts) == 1:
+            return parts[0]
+        return concat_batches(parts, pad_id=int(traits.pad_token_id), mask_id=int(traits.mask_token_id))
 
     def load_weights(self, state: dict[str, torch.Tensor]) -> None:
         """Weight hand-off from the actor: a full state dict, or only LoRA adapter weights.
 
-        A no-op when both share one module. Keys missing from `state` keep their values, so an
-        adapter-only dict (`dllm_models.adapter_state_dict`) updates just the adapters.
+        Keys missing from `state` keep their values, so an adapter-only dict
+        (`dllm_models.adapter_state_dict`) updates just the adapters.
         """
         own = self.model.state_dict()
         unknown = [k for k in state if k not in own]
@@ -99,9 +120,8 @@ class RolloutWorker:
 class RewardWorker:
     """Scores decoded responses with a verifiable reward.
 
-    When the rollout recorded per-step clean predictions (`step_x0`), their rewards are stored
-    in `rollout.extras["step_scores"]` [B, S] (NaN past a row's last step) for objectives with
-    step-wise advantages.
+    When the rollout recorded per-step clean predictions (`step_x0`), their rewards become
+    `RLBatch.step_scores` [B, S] (NaN past a row's last step).
     """
 
     def __init__(self, reward_fn: Callable[[str, str], float], detokenize: Callable[[list[int]], str]) -> None:
@@ -111,16 +131,17 @@ class RewardWorker:
     def _text(self, ids: list[int], keep: list[bool]) -> str:
         return self.detokenize([t for t, k in zip(ids, keep) if k])
 
-    def score(self, rollout: RolloutBatch, answers: Sequence[str]) -> tuple[torch.Tensor, list[str]]:
-        """Rewards [B] and the decoded texts of the counted response tokens."""
+    def score(self, rollout: RolloutBatch, answers: Sequence[str], groups: torch.Tensor,
+              tokens: SpecialTokens) -> RLBatch:
+        """The rollout with its rewards [B], decoded texts and (with step records) step scores."""
         if len(answers) != rollout.batch_size:
             raise ValueError(f"got {len(answers)} answers for a rollout of {rollout.batch_size} samples")
         texts = [self._text(ids, keep) for ids, keep in
                  zip(rollout.response_ids.tolist(), rollout.response_mask.tolist())]
         scores = torch.tensor([self.reward_fn(t, a) for t, a in zip(texts, answers)], dtype=torch.float32)
-        if rollout.step_x0 is not None:
-            rollout.extras["step_scores"] = self._step_scores(rollout, answers)
-        return scores, texts
+        steps = self._step_scores(rollout, answers) if rollout.step_x0 is not None else None
+        return RLBatch(rollout=rollout, scores=scores, group_ids=groups, tokens=tokens, step_scores=steps,
+                       texts=texts)
 
     def _step_scores(self, rollout: RolloutBatch, answers: Sequence[str]) -> torch.Tensor:
         assert rollout.step_x0 is not None and rollout.step_canvas is not None
@@ -136,35 +157,56 @@ class RewardWorker:
         return out
 
 
+@dataclass(frozen=True)
+class Prepared(Generic[D]):
+    """A batch ready for the update: the algorithm's data, old and reference values.
+
+    Attributes:
+        batch: the rollout and rewards.
+        data: what `RLAlgorithm.prepare` derived.
+        old: per update iteration, the values under the rollout policy (None: not needed, or
+            taken from the training pass on-policy).
+        old_outputs: the raw scorer outputs of iteration 0's old pass, reused by the update of
+            a non-row-local loss as its value pass (the weights have not moved since).
+        ref: per update iteration, the values under the reference model.
+    """
+
+    batch: RLBatch
+    data: D
+    old: list[torch.Tensor] | None = None
+    old_outputs: list[torch.Tensor] | None = None
+    ref: list[torch.Tensor] | None = None
+
+
 class ReferenceWorker:
     """A frozen copy of the initial policy, for KL terms and reference likelihoods.
 
     Args:
         model: the frozen model.
         scorer: how it is run (default `Scorer(model)`; e.g. a `SequenceParallelScorer`).
+        max_tokens_per_pass: token budget of one forward (0: one forward per scorer call).
+        freeze: put `model` in eval mode with every parameter frozen (False when `model` is the
+            trained policy itself, scored as its base weights by a `BaseWeightsScorer`).
     """
 
-    def __init__(self, model: Any, *, scorer: Scorer | None = None) -> None:
-        self.model = model.eval()
-        for p in self.model.parameters():
-            p.requires_grad_(False)
+    def __init__(self, model: Any, *, scorer: Scorer | None = None, max_tokens_per_pass: int = 0,
+                 freeze: bool = True) -> None:
+        self.model = model
+        if freeze:
+            model.eval()
+            for p in model.parameters():
+                p.requires_grad_(False)
         self.scorer = scorer if scorer is not None else Scorer(self.model)
+        self.max_tokens = max_tokens_per_pass
 
-    @torch.no_grad()
-    def log_probs(self, exp: Experience, objective: PolicyObjective) -> torch.Tensor:
-        """The objective's values under the reference model (stacked over update iterations)."""
-        return _per_iteration(objective, self.scorer, exp)
-
-
-def _per_iteration(objective: PolicyObjective, scorer: Scorer, exp: Experience) -> torch.Tensor:
-    if objective.num_iterations == 1:
-        return objective.score(scorer, exp)
-    values = []
-    for i in range(objective.num_iterations):
-        exp.iteration = i
-        values.append(objective.score(scorer, exp))
-    exp.iteration = 0
-    return torch.stack(values)
+    def values(self, algorithm: RLAlgorithm[D], prepared: Prepared[D]) -> list[torch.Tensor]:
+        """The algorithm's values under the reference model, one entry per update iteration."""
+        out = []
+        for i in range(algorithm.num_iterations):
+            def fn(s: Any, i: int = i) -> torch.Tensor:
+                return algorithm.values(s, prepared.batch, prepared.data, i)
+            out.append(evaluate(fn, self.scorer, self.max_tokens)[0])
+        return out
 
 
 def build_optimizer(model: Any, cfg: OptimConfig) -> torch.optim.Optimizer:
@@ -174,32 +216,36 @@ def build_optimizer(model: Any, cfg: OptimConfig) -> torch.optim.Optimizer:
     return torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
 
 
-class ActorWorker:
+class ActorWorker(Generic[D]):
     """Holds the trainable policy and its optimizer; computes old values and updates.
 
     Args:
         model: the trainable policy.
-        objective: the algorithm.
+        algorithm: the RL algorithm.
         optim: optimizer settings.
         scorer: how the policy is run for every old and training pass (default `Scorer(model)`;
             a `SequenceParallelScorer` splits each sequence over a group of ranks).
-        reuse_old: skip the separate old pass when it is provably redundant: an objective with
-            one update per batch and the default update reads its old values from the same
-            weights, inputs and masks as its training forward, so the training forward's values
-            (detached) are the old values (importance ratio exactly 1). Saves one forward pass
-            over the batch per step.
+        max_tokens_per_pass: token budget of one forward of every old and training pass (0: one
+            forward per scorer call); the gradients equal the single-batch ones.
+        reuse_old: skip the separate old pass when it is provably redundant: a row-local loss
+            with one update per batch reads its old values from the same weights, inputs and
+            masks as its training forward, so the training forward's values (detached) are the
+            old values (ratio exactly 1). Saves one forward over the batch per step.
     """
 
-    def __init__(self, model: Any, objective: PolicyObjective, optim: OptimConfig, *,
-                 scorer: Scorer | None = None, reuse_old: bool = True) -> None:
+    def __init__(self, model: Any, algorithm: RLAlgorithm[D], optim: OptimConfig, *,
+                 scorer: Scorer | None = None, max_tokens_per_pass: int = 0, reuse_old: bool = True) -> None:
         if optim.schedule != "constant" and not optim.decay_steps:
             raise ValueError(f"optim.schedule={optim.schedule!r} in RL needs optim.decay_steps (e.g. trainer.max_steps): "
                              "the actor does not know the run's length")
+        if max_tokens_per_pass < 0:
+            raise ValueError(f"max_tokens_per_pass must be >= 0 (0: no limit), got {max_tokens_per_pass}")
         self.model = model
-        self.objective = objective
+        self.algorithm = algorithm
         self.optim_cfg = optim
         self.optimizer = build_optimizer(model, optim)
         self.scorer = scorer if scorer is not None else Scorer(model)
+        self.max_tokens = max_tokens_per_pass
         self.reuse_old = reuse_old
         self.updates = 0
         self.skipped = 0
@@ -207,47 +253,58 @@ class ActorWorker:
     @property
     def old_from_training_pass(self) -> bool:
         """Whether old values come from the training forward (see `reuse_old`)."""
-        obj = self.objective
-        return self.reuse_old and obj.needs_old and obj.num_iterations == 1 and obj.update is None
+        alg = self.algorithm
+        return self.reuse_old and alg.needs_old and alg.num_iterations == 1 and alg.row_local
 
-    def prepare(self, exp: Experience, generator: torch.Generator) -> None:
-        """Derive the objective's per-batch data, sample the shared plan, compute old values."""
-        obj = self.objective
-        exp.extras.update(updates=self.updates, mask_id=self.scorer.mask_id, eos_id=self.scorer.eos_id)
-        if obj.prepare is not None:
-            obj.prepare(exp, generator)
-        if obj.sample_plan is not None:
-            if obj.num_iterations == 1:
-                exp.plan = obj.sample_plan(exp.rollout, generator)
-            else:
-                exp.plan = [obj.sample_plan(exp.rollout, generator) for _ in range(obj.num_iterations)]
-        if self.old_from_training_pass:
-            exp.extras["old_from_training_pass"] = True
-        elif obj.needs_old:
-            was_training = self.model.training
-            self.model.eval()
-            with torch.no_grad():
-                exp.old_logp = _per_iteration(obj, self.scorer, exp)
-            self.model.train(was_training)
+    def _values_fn(self, prepared: Prepared[D], iteration: int) -> Callable[[Any], torch.Tensor]:
+        alg = self.algorithm
 
+        def fn(scorer: Any) -> torch.Tensor:
+            return alg.values(scorer, prepared.batch, prepared.data, iteration)
+        return fn
 
-    def update(self, exp: Experience) -> dict[str, float]:
-        """One optimizer step per objective iteration; a non-finite loss or gradient skips it."""
+    def prepare(self, batch: RLBatch, generator: torch.Generator) -> Prepared[D]:
+        """The algorithm's per-batch data and the old values (unless the training pass gives them)."""
+        alg = self.algorithm
+        prepared: Prepared[D] = Prepared(batch=batch, data=alg.prepare(batch, generator))
+        if not alg.needs_old or self.old_from_training_pass:
+            return prepared
+        was_training = self.model.training
+        self.model.eval()
+        old, outputs = [], None
+        for i in range(alg.num_iterations):
+            values, raw = evaluate(self._values_fn(prepared, i), self.scorer, self.max_tokens)
+            old.append(values)
+            if i == 0:
+                outputs = raw
+        self.model.train(was_training)
+        return dataclasses.replace(prepared, old=old, old_outputs=outputs)
+
+    def update(self, prepared: Prepared[D], advantages: torch.Tensor) -> dict[str, float]:
+        """One optimizer step per algorithm iteration; a non-finite loss or gradient skips it."""
         out: dict[str, float] = {}
-        for i in range(self.objective.num_iterations):
-            exp.iteration = i
-            out = self._step(exp)
-        exp.iteration = 0
+        for i in range(self.algorithm.num_iterations):
+            out = self._step(prepared, advantages, i)
         return out
 
-    def _step(self, exp: Experience) -> dict[str, float]:
+    def _step(self, prepared: Prepared[D], advantages: torch.Tensor, iteration: int) -> dict[str, float]:
+        alg = self.algorithm
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        exp.extras["updates"] = self.updates
-        strategy = self.objective.update or default_update
-        loss, metrics = strategy(self.objective, self.scorer, exp)
-        out = {k: float(v.detach()) for k, v in metrics.items()}
-        out["loss"] = float(loss.detach())
+        old = prepared.old[iteration] if prepared.old is not None else None
+        ref = prepared.ref[iteration] if prepared.ref is not None else None
+
+        def loss_fn(values: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+            previous = old if old is not None else (values.detach() if alg.needs_old else None)
+            return alg.loss(values, LossInputs(batch=prepared.batch, data=prepared.data, iteration=iteration,
+                                               advantages=advantages, old=previous, ref=ref))
+
+        reuse = prepared.old_outputs if iteration == 0 and not alg.row_local else None
+        result = accumulate(self._values_fn(prepared, iteration), loss_fn, self.scorer, max_tokens=self.max_tokens,
+                            row_local=alg.row_local, outputs=reuse)
+        out = {k: float(v) for k, v in result.metrics.items()}
+        out["loss"] = float(result.loss)
+        out["update_passes"] = float(result.forwards)
         # ranks in lockstep skip together: the gradient clipping below is a collective on them
         if not group_all(math.isfinite(out["loss"]), self.scorer.lockstep_group):
             return self._skip(out, "loss")

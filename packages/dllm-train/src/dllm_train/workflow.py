@@ -17,14 +17,14 @@ from typing import Any, Protocol
 import torch
 from tqdm import tqdm
 
+from dllm_rollout import SamplingConfig
+from dllm_train.algorithm import RLAlgorithm
 from dllm_train.checkpointing import latest_checkpoint, load_checkpoint, save_checkpoint
-from dllm_rollout import SamplingConfig, consistency_gap
-from dllm_train.config import OptimConfig, RLConfig, TrainerConfig
-from dllm_train.dataflow import Experience, PromptBatch
+from dllm_train.config import OptimConfig, TrainerConfig
+from dllm_train.likelihood import Scorer
 from dllm_train.metrics import MetricsWriter, format_line, read_metrics
-from dllm_train.objective import PolicyObjective
-from dllm_train.packed_scoring import use_training_attention
-from dllm_train.seeding import generator, sample_seeds
+from dllm_train.seeding import generator
+from dllm_train.step import LocalRanks, PolicyRank, PromptSampler, check_settings, rl_step
 from dllm_train.workers import ActorWorker, ReferenceWorker, RewardWorker, RolloutWorker
 
 logger = logging.getLogger(__name__)
@@ -149,95 +149,128 @@ class Run:
             self.wandb_run = None
 
 
-PromptSampler = Callable[[int], PromptBatch]
-"""step -> the prompts of that step (deterministic in step)."""
+class LocalRL:
+    """The RL phase in one process: one `PolicyRank` whose rollout and actor share `model`.
 
+    A frozen copy of the initial policy is made only when the algorithm needs one, for the
+    reference pass and/or for reference log-probs recorded during the rollout; with
+    `trainer.reference_offload` it waits on the CPU between its passes. `step` is the same
+    `dllm_train.rl_step` the Ray backend runs.
 
-class RLWorkflow:
-    """generate -> reward -> old log-probs (+ reference) -> advantages -> update."""
+    Args:
+        model: the policy (trained in place).
+        prompts: step -> PromptBatch.
+        sampling: the run's decoding settings.
+        reward_fn, detokenize: the verifier and the token decoder.
+        algorithm: the RL algorithm.
+        optim: the actor's optimizer settings.
+        trainer: the trainer settings (seed, token budget, attention, memory levers).
+    """
 
-    def __init__(self, *, prompts: PromptSampler, rollout: RolloutWorker, reward: RewardWorker,
-                 actor: ActorWorker, objective: PolicyObjective, trainer: TrainerConfig, rl: RLConfig,
-                 reference: ReferenceWorker | None = None) -> None:
-        if objective.needs_reference and reference is None:
-            raise ValueError(f"algorithm {objective.name!r} needs a reference model; pass reference=")
-        if trainer.consistency_every and not rollout.sampling.record_trajectory:
-            raise ValueError(
-                f"trainer.consistency_every={trainer.consistency_every} needs recorded trajectories; "
-                "set rollout.record_trajectory=true (or trainer.consistency_every=0)"
-            )
-        if rollout.sampling.editing_threshold is not None:
-            replays = [k for k in ("record_trajectory", "record_steps") if objective.sampling_overrides.get(k)]
-            if replays or trainer.consistency_every:
-                why = (f"algorithm {objective.name!r} reads the rollout's trajectory ({', '.join(replays)})"
-                       if replays else f"trainer.consistency_every={trainer.consistency_every} replays it")
-                raise ValueError(
-                    f"{why}, but rollout.editing_threshold={rollout.sampling.editing_threshold} lets the decoder "
-                    "rewrite committed tokens, which no step replay reproduces: unset rollout.editing_threshold, "
-                    "or use an algorithm that does not read trajectories (and trainer.consistency_every=0)"
-                )
+    def __init__(self, model: Any, *, prompts: PromptSampler, sampling: SamplingConfig,
+                 reward_fn: Callable[[str, str], float], detokenize: Callable[[list[int]], str],
+                 algorithm: RLAlgorithm[Any], optim: OptimConfig, trainer: TrainerConfig) -> None:
+        check_settings(algorithm, sampling, consistency_every=trainer.consistency_every)
         self.prompts = prompts
-        self.rollout = rollout
-        self.reward = reward
-        self.actor = actor
-        self.objective = objective
-        self.trainer = trainer
-        self.rl = rl
-        self.reference = reference
+        self.algorithm = algorithm
+        self.seed = trainer.seed
+        attention = resolved_attention(trainer, model)
+        set_activation_checkpointing(model, trainer.activation_checkpointing)
+        budget = trainer.max_tokens_per_pass
+        base_reference = algorithm.needs_reference and _has_adapters(model)
+        frozen = None
+        if (algorithm.needs_reference and not base_reference) or algorithm.needs_rollout_reference:
+            frozen = copy.deepcopy(model).eval()
+        reference = None
+        if base_reference:  # LoRA: the reference is the frozen base weights, adapters off; no copy
+            reference = ReferenceWorker(model, scorer=BaseWeightsScorer(model, attention=attention),
+                                        max_tokens_per_pass=budget, freeze=False)
+        elif algorithm.needs_reference and frozen is not None:
+            reference = ReferenceWorker(frozen, scorer=OffloadedScorer(frozen, attention=attention)
+                                        if trainer.reference_offload else Scorer(frozen, attention=attention),
+                                        max_tokens_per_pass=budget)
+        self.actor: ActorWorker[Any] = ActorWorker(model, algorithm, optim, scorer=Scorer(model, attention=attention),
+                                                   max_tokens_per_pass=budget)
+        self.rank = PolicyRank(
+            rollout=RolloutWorker(model, sampling, algorithm=algorithm,
+                                  ref_model=frozen if algorithm.needs_rollout_reference else None),
+            reward=RewardWorker(reward_fn, detokenize), actor=self.actor, reference=reference,
+            plan_generator=lambda step: generator(self.seed, "plan", step),
+            consistency_every=trainer.consistency_every,
+        )
+        self.ranks = LocalRanks(self.rank)
 
     def step(self, step: int) -> dict[str, float]:
-        seed = self.trainer.seed
-        batch = self.prompts(step)
-        prompts, answers, groups = batch.expanded()
-        rollout = self.rollout.generate(prompts, sample_seeds(seed, len(prompts), "rollout", step))
-        scores, texts = self.reward.score(rollout, answers)
-        exp = Experience(rollout=rollout, scores=scores, group_ids=groups, texts=texts)
-        self.actor.prepare(exp, generator(seed, "plan", step))
-        if self.reference is not None:
-            exp.ref_logp = self.reference.log_probs(exp, self.objective)
-        exp.advantages = self.objective.advantages(scores, groups)
-        gap: dict[str, float] = {}
-        every = self.trainer.consistency_every
-        if every and (step + 1) % every == 0:
-            # the trainer's replay of the rollout, with the weights that generated it (before the update)
-            gap = {f"consistency_{k}": float(v) for k, v in consistency_gap(self.actor.model, rollout).items()}
-        metrics = self.actor.update(exp)
-        metrics.update(gap)
-        lengths = rollout.response_mask.float().sum(-1)
-        metrics.update({
-            "reward_mean": float(scores.mean()),
-            "reward_std": float(scores.std()) if scores.numel() > 1 else 0.0,
-            "response_length": float(lengths.mean()),
-            "groups_all_equal": float(_all_equal_groups(scores, groups)),
-        })
-        return metrics
+        return rl_step(step, prompts=self.prompts, ranks=self.ranks, algorithm=self.algorithm, seed=self.seed)
+
+    def state(self) -> dict[str, Any]:
+        return self.actor.state()
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        self.actor.load_state(state)
 
 
-def _all_equal_groups(scores: torch.Tensor, groups: torch.Tensor) -> float:
-    """Fraction of groups whose rewards are all equal (they carry no GRPO signal)."""
-    equal = [bool((scores[groups == g] == scores[groups == g][0]).all()) for g in torch.unique(groups)]
-    return sum(equal) / max(1, len(equal))
+def resolved_attention(trainer: TrainerConfig, model: Any) -> str | None:
+    """The packed attention backend of the likelihood passes: `trainer.train_attention`, where
+    "auto" picks the exact fast path of the device (CUDA: varlen for bidirectional families,
+    flex for block families; CPU: the padded path), and "none" or "" the padded path."""
+    choice = trainer.train_attention
+    if choice in ("", "none"):
+        return None
+    if choice != "auto":
+        return choice
+    device = next(model.parameters()).device
+    if device.type != "cuda":
+        return None
+    return "flex" if model.traits.block_length is not None else "varlen"
 
 
-def local_rl_workflow(
-    model: Any, *, prompts: PromptSampler, sampling: SamplingConfig, reward_fn: Callable[[str, str], float],
-    detokenize: Callable[[list[int]], str], objective: PolicyObjective, optim: OptimConfig,
-    trainer: TrainerConfig, rl: RLConfig,
-) -> RLWorkflow:
-    """An in-process RLWorkflow whose rollout and actor share `model` (colocated, no hand-off).
+def set_activation_checkpointing(model: Any, enabled: bool) -> None:
+    """Recompute each decoder layer's activations in backward (the families' own switch)."""
+    if not hasattr(model, "gradient_checkpointing"):
+        if enabled:
+            raise ValueError(f"{type(model).__name__} has no activation checkpointing; "
+                             "set trainer.activation_checkpointing=false")
+        return
+    model.gradient_checkpointing = bool(enabled)
 
-    A frozen copy of the initial policy is made only when the objective needs one, for the
-    reference pass and/or for reference log-probs recorded during the rollout.
+
+def _has_adapters(model: Any) -> bool:
+    return any("lora_" in n for n, _ in model.named_parameters())
+
+
+class BaseWeightsScorer(Scorer):
+    """A `Scorer` of a LoRA model's base weights: every adapter off during its calls.
+
+    Under LoRA the reference policy is the frozen base model, which the policy already holds:
+    scoring it this way costs no second copy of the weights.
     """
-    use_training_attention(model, trainer.train_attention or None)
-    frozen = None
-    if objective.needs_reference or objective.needs_rollout_reference:
-        frozen = copy.deepcopy(model).eval()
-    return RLWorkflow(
-        prompts=prompts,
-        rollout=RolloutWorker(model, sampling, objective=objective,
-                              ref_model=frozen if objective.needs_rollout_reference else None),
-        reward=RewardWorker(reward_fn, detokenize),
-        actor=ActorWorker(model, objective, optim), objective=objective, trainer=trainer, rl=rl,
-        reference=ReferenceWorker(frozen) if objective.needs_reference and frozen is not None else None,
-    )
+
+    def __call__(self, noisy_ids: torch.Tensor, attention_mask: torch.Tensor, targets: torch.Tensor, *,
+                 clean_ids: torch.Tensor | None = None, temperature: float = 1.0) -> torch.Tensor:
+        from dllm_models import adapters_disabled
+
+        with adapters_disabled(self.model):
+            return super().__call__(noisy_ids, attention_mask, targets, clean_ids=clean_ids, temperature=temperature)
+
+
+class OffloadedScorer(Scorer):
+    """A `Scorer` of a frozen model kept on the CPU, moved to the accelerator for each call.
+
+    The memory lever for a reference model that would otherwise cost a second full copy on the
+    GPU: between its passes it holds no device memory (the moves cost a transfer per call).
+    """
+
+    def __init__(self, model: Any, *, attention: str | None = None, device: str | None = None) -> None:
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        super().__init__(model.to("cpu"), attention=attention)
+
+    def __call__(self, noisy_ids: torch.Tensor, attention_mask: torch.Tensor, targets: torch.Tensor, *,
+                 clean_ids: torch.Tensor | None = None, temperature: float = 1.0) -> torch.Tensor:
+        self.model.to(self.device)
+        try:
+            return super().__call__(noisy_ids.to(self.device), attention_mask.to(self.device), targets.to(self.device),
+                                    clean_ids=None if clean_ids is None else clean_ids.to(self.device),
+                                    temperature=temperature)
+        finally:
+            self.model.to("cpu")

@@ -12,8 +12,9 @@ from dllm_train.distributed.fsdp import (
     trainable_state_dict,
 )
 from dllm_train.distributed.parallel_dims import ParallelDims, sequence_parallel_group
-from dllm_train.distributed.rank import RankSetup, RankWorker, map_tensors, select_rows, shard_rows
-from dllm_train.distributed.ray_backend import DistributedConfig, RayActorGroup, RayRLWorkflow
+from dllm_train.distributed.rank import RankSetup, RankWorker, map_tensors, select_rows
+from dllm_train.step import shard_rows
+from dllm_train.distributed.ray_backend import DistributedConfig, RayActorGroup, RayRanks, RayRLWorkflow
 from dllm_train.distributed.sequence_parallel import (
     SequenceParallelScorer,
     gather_sequence,
@@ -31,6 +32,7 @@ __all__ = [
     "RankWorker",
     "RayActorGroup",
     "RayRLWorkflow",
+    "RayRanks",
     "SequenceParallelScorer",
     "broadcast_parameters",
     "full_optimizer_state",

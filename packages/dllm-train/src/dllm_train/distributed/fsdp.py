@@ -65,7 +65,7 @@ def broadcast_parameters(model: nn.Module, src: int = 0) -> None:
 
 def shard_model(model: nn.Module, *, param_dtype: torch.dtype | None = None,
                 reduce_dtype: torch.dtype | None = torch.float32,
-                reshard_after_forward: bool = True) -> nn.Module:
+                reshard_after_forward: bool = True, cpu_offload: bool = False) -> nn.Module:
     """FSDP2-shard `model` in place: each transformer block, then the root (embeddings, head).
 
     Args:
@@ -74,6 +74,8 @@ def shard_model(model: nn.Module, *, param_dtype: torch.dtype | None = None,
             the stored dtype (fp32 on CPU tests).
         reduce_dtype: dtype of the gradient reduce-scatter.
         reshard_after_forward: free gathered block weights after forward (ZeRO-3 style).
+        cpu_offload: keep sharded parameters, gradients and optimizer state on the CPU
+            (`CPUOffloadPolicy`); each block's weights move to the device for its compute.
 
     Returns:
         the same module object (its parameters are now DTensors sharded on dim 0).
@@ -85,10 +87,21 @@ def shard_model(model: nn.Module, *, param_dtype: torch.dtype | None = None,
     momentum to it, where one process would skip it).
     """
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+    extra: dict[str, Any] = {}
+    if cpu_offload:
+        from torch.distributed.fsdp import CPUOffloadPolicy
+
+        extra["offload_policy"] = CPUOffloadPolicy()
     for block in transformer_blocks(model):
-        fully_shard(block, mp_policy=mp, reshard_after_forward=reshard_after_forward)
+        fully_shard(block, mp_policy=mp, reshard_after_forward=reshard_after_forward, **extra)
     # the root (embeddings, final norm, head) stays gathered: backward starts with the head
-    fully_shard(model, mp_policy=mp, reshard_after_forward=False)
+    fully_shard(model, mp_policy=mp, reshard_after_forward=False, **extra)
+    if hasattr(model, "final_hidden"):
+        # the fused log-prob head of the packed likelihood path runs `final_hidden`, not `forward`:
+        # it must gather the root's weights too (the head weight then stays gathered, as above)
+        from torch.distributed.fsdp import register_fsdp_forward_method
+
+        register_fsdp_forward_method(model, "final_hidden")
     unused_as_zeros = getattr(model, "set_reduce_scatter_unused_params", None)  # absent in older torch
     if unused_as_zeros is not None:
         unused_as_zeros(True)

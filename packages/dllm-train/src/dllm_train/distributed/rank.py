@@ -2,7 +2,7 @@
 
 A rank holds three views of the policy: the FSDP2-sharded actor (trained), an unsharded rollout
 replica on the same device (generation; refreshed after every update with the gathered weights,
-only the adapters when the model has LoRA adapters) and, if the objective needs one, an
+only the adapters when the model has LoRA adapters) and, if the algorithm needs one, an
 FSDP2-sharded frozen reference (plus an unsharded frozen copy when the rollout itself scores with
 the reference). Generating from the unsharded replica keeps decoding free of collectives, so ranks
 may run different numbers of denoising steps without deadlocking; its cost is one extra copy of
@@ -15,7 +15,7 @@ slice of every sequence).
 
 Every forward and backward of a sharded model is a collective, so all ranks run the same passes:
 the scorers carry the world as their `lockstep_group`, each scorer call is exactly one forward,
-objectives with a data-dependent number of passes pad to the group's count
+the token-budget passes of every rank pad to the group's count
 (`dllm_train.lockstep`), and a step is skipped on every rank or on none.
 
 The same object runs inside a Ray actor (`ray_backend`) or a torchrun process.
@@ -32,8 +32,8 @@ import torch
 import torch.distributed as dist
 
 from dllm_rollout import SamplingConfig
-from dllm_train.config import OptimConfig
-from dllm_train.dataflow import Experience
+from dllm_train.algorithm import RLAlgorithm
+from dllm_train.config import OptimConfig, TrainerConfig
 from dllm_train.distributed.fsdp import (
     broadcast_parameters,
     full_optimizer_state,
@@ -46,9 +46,10 @@ from dllm_train.distributed.fsdp import (
 from dllm_train.distributed.parallel_dims import ParallelDims, sequence_parallel_group
 from dllm_train.distributed.sequence_parallel import SequenceParallelScorer
 from dllm_train.likelihood import Scorer
-from dllm_train.objective import PolicyObjective
 from dllm_train.seeding import generator
+from dllm_train.step import PolicyRank, RankRollout, shard_rows
 from dllm_train.workers import ActorWorker, ReferenceWorker, RewardWorker, RolloutWorker
+from dllm_train.workflow import BaseWeightsScorer, _has_adapters, resolved_attention, set_activation_checkpointing
 
 
 @dataclasses.dataclass
@@ -60,18 +61,18 @@ class RankSetup:
         sampling: rollout sampling config.
         reward_fn: (text, answer) -> reward.
         detokenize: token ids -> text.
-        objective: the policy objective.
+        algorithm: the RL algorithm.
         optim: actor optimizer config.
-        seed: the trainer's root seed.
+        trainer: seed, token budget, training attention, memory levers, consistency period.
     """
 
     model: Any
     sampling: SamplingConfig
     reward_fn: Callable[[str, str], float]
     detokenize: Callable[[list[int]], str]
-    objective: PolicyObjective
+    algorithm: RLAlgorithm[Any]
     optim: OptimConfig
-    seed: int
+    trainer: TrainerConfig
 
 
 def map_tensors(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
@@ -95,15 +96,6 @@ def select_rows(value: Any, rows: torch.Tensor, batch: int) -> Any:
     return map_tensors(value, lambda t: t[rows] if t.dim() and t.shape[0] == batch else t)
 
 
-def shard_rows(batch: int, world_size: int, rank: int) -> slice:
-    """Contiguous rows of `rank` when `batch` samples are split over `world_size` ranks."""
-    if batch % world_size:
-        raise ValueError(f"rollout batch {batch} (prompts_per_step x group_size) must be divisible by "
-                         f"the number of workers {world_size}")
-    per = batch // world_size
-    return slice(rank * per, (rank + 1) * per)
-
-
 class RankWorker:
     """The workers of one rank; call its methods on every rank in the same order.
 
@@ -120,34 +112,47 @@ class RankWorker:
         self.world_size = dist.get_world_size()
         self.dims = ParallelDims(world_size=self.world_size, sequence_parallel=sequence_parallel)
         self.sp_group = sequence_parallel_group(self.dims, self.rank)
-        self.seed = setup.seed
-        obj = self.objective = setup.objective
+        trainer = setup.trainer
+        self.seed = trainer.seed
+        alg = self.algorithm = setup.algorithm
         model = setup.model.to(device)
         broadcast_parameters(model)
         self.device = torch.device(device)
         replica = copy.deepcopy(model)
-        frozen = _frozen_copy(model) if obj.needs_rollout_reference else None
-        reference = copy.deepcopy(model) if obj.needs_reference else None
-        self.model = shard_model(model, param_dtype=param_dtype)
-        self.actor = ActorWorker(self.model, obj, setup.optim, scorer=self._scorer(self.model))
-        self.rollout = RolloutWorker(replica, setup.sampling, objective=obj, ref_model=frozen)
-        self.reward = RewardWorker(setup.reward_fn, setup.detokenize)
-        self.reference = None
-        if reference is not None:
-            reference = shard_model(reference, param_dtype=param_dtype)
-            self.reference = ReferenceWorker(reference, scorer=self._scorer(reference))
-        self.exp: Experience | None = None
+        frozen = _frozen_copy(model) if alg.needs_rollout_reference else None
+        base_reference = alg.needs_reference and _has_adapters(model)
+        reference = copy.deepcopy(model) if alg.needs_reference and not base_reference else None
+        attention = resolved_attention(trainer, replica) if sequence_parallel == 1 else None
+        set_activation_checkpointing(model, trainer.activation_checkpointing)
+        self.model = shard_model(model, param_dtype=param_dtype, cpu_offload=trainer.fsdp_cpu_offload)
+        budget = trainer.max_tokens_per_pass
+        self.actor: ActorWorker[Any] = ActorWorker(self.model, alg, setup.optim,
+                                                   scorer=self._scorer(self.model, attention), max_tokens_per_pass=budget)
+        self.rollout = RolloutWorker(replica, setup.sampling, algorithm=alg, ref_model=frozen)
+        ref_worker = None
+        if base_reference:  # LoRA: the sharded policy's base weights, adapters off; no copy
+            ref_worker = ReferenceWorker(self.model, scorer=BaseWeightsScorer(
+                self.model, lockstep_group=dist.group.WORLD, attention=attention), max_tokens_per_pass=budget,
+                freeze=False)
+        elif reference is not None:
+            reference = shard_model(reference, param_dtype=param_dtype, cpu_offload=trainer.fsdp_cpu_offload)
+            ref_worker = ReferenceWorker(reference, scorer=self._scorer(reference, attention), max_tokens_per_pass=budget)
+        self.policy: PolicyRank[Any] = PolicyRank(
+            rollout=self.rollout, reward=RewardWorker(setup.reward_fn, setup.detokenize), actor=self.actor,
+            reference=ref_worker, plan_generator=self._plan_generator, consistency_every=trainer.consistency_every,
+            generates=self.dims.sp_rank(self.rank) == 0, share=self._from_leader if self.sp_group is not None else None,
+        )
         self.handoff_keys: list[str] = []
 
-    def _scorer(self, model: Any) -> Scorer:
+    def _scorer(self, model: Any, attention: str | None) -> Scorer:
         # every forward of the sharded model is a collective over the world: ranks run passes in lockstep
         world = dist.group.WORLD
         if self.dims.sequence_parallel == 1:
-            return Scorer(model, lockstep_group=world)
+            return Scorer(model, lockstep_group=world, attention=attention)
         return SequenceParallelScorer(model, self.sp_group, lockstep_group=world)
 
     def _plan_generator(self, step: int) -> torch.Generator:
-        if self.dims.data_parallel == 1:  # one data-parallel group draws exactly what the local workflow draws
+        if self.dims.data_parallel == 1:  # one data-parallel group draws exactly what one process draws
             return generator(self.seed, "plan", step)
         return generator(self.seed, "plan", step, "rank", self.dims.dp_rank(self.rank))
 
@@ -159,40 +164,21 @@ class RankWorker:
         return map_tensors(box[0], lambda t: t.to(self.device))
 
     def rollout_step(self, step: int, prompts: Sequence[Sequence[int]], answers: Sequence[str],
-                     seeds: torch.Tensor, groups: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
-        """Generate, score, sample the plan and the old (and reference) log-probs of this rank's rows.
+                     seeds: torch.Tensor, groups: torch.Tensor) -> RankRollout:
+        """Generate, score, prepare (old and reference values) this rank's rows (`PolicyRank`).
 
         With sequence parallelism every rank of a group gets the group's rows; only the leader
         generates and scores them.
-
-        Returns:
-            (scores [b], response lengths [b], texts) of this rank's b = B/D rows.
         """
-        payload = None
-        if self.dims.sp_rank(self.rank) == 0:
-            rollout = self.rollout.generate(prompts, seeds)
-            payload = (rollout, *self.reward.score(rollout, answers))
-        if self.sp_group is not None:
-            payload = self._from_leader(payload)
-        assert payload is not None
-        rollout, scores, texts = payload
-        exp = Experience(rollout=rollout, scores=scores, group_ids=groups, texts=texts)
-        self.actor.prepare(exp, self._plan_generator(step))
-        if self.reference is not None:
-            exp.ref_logp = self.reference.log_probs(exp, self.objective)
-        self.exp = exp
-        return scores, rollout.response_mask.float().sum(-1), texts
+        return self.policy.rollout_step(step, prompts, answers, seeds, groups)
 
     def update(self, advantages: torch.Tensor) -> dict[str, float]:
         """One FSDP2 update on this rank's rows, then the weight hand-off to the rollout replica
         (only the adapter weights when the model has LoRA adapters)."""
-        assert self.exp is not None, "rollout_step must run before update"
-        self.exp.advantages = advantages.to(self.exp.scores.device)
-        metrics = self.actor.update(self.exp)
+        metrics = self.policy.update(advantages)
         state = handoff_state_dict(self.model)
         self.rollout.load_weights(state)
         self.handoff_keys = sorted(state)
-        self.exp = None
         return metrics
 
     def handoff_report(self) -> dict[str, Any]:

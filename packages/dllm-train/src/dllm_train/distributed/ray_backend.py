@@ -28,12 +28,11 @@ from typing import Any
 
 import torch
 
+from dllm_train.algorithm import RLAlgorithm
 from dllm_train.config import RLConfig, TrainerConfig
 from dllm_train.distributed.parallel_dims import ParallelDims
-from dllm_train.distributed.rank import RankSetup, RankWorker, shard_rows
-from dllm_train.objective import PolicyObjective
-from dllm_train.seeding import sample_seeds
-from dllm_train.workflow import PromptSampler
+from dllm_train.distributed.rank import RankSetup, RankWorker
+from dllm_train.step import PromptSampler, RankRollout, rl_step, shard_rows
 
 logger = logging.getLogger(__name__)
 
@@ -177,13 +176,32 @@ class RayActorGroup:
         remove_placement_group(self.pg)
 
 
+class RayRanks:
+    """The `dllm_train.step.Ranks` of a Ray actor group (rank r's data-parallel group: r // sp)."""
+
+    def __init__(self, group: RayActorGroup, cfg: DistributedConfig) -> None:
+        self.group = group
+        self.cfg = cfg
+        self.size = cfg.num_workers
+        self.data_parallel = cfg.dims.data_parallel
+
+    def group_of(self, rank: int) -> int:
+        return self.cfg.dims.dp_rank(rank)
+
+    def rollout(self, args: list[tuple[Any, ...]]) -> list[RankRollout]:
+        return self.group.call("rollout_step", args)
+
+    def update(self, advantages: list[torch.Tensor]) -> list[dict[str, float]]:
+        return self.group.call("update", [(a,) for a in advantages])
+
+
 class RayRLWorkflow:
-    """The RL step of `RLWorkflow` over a Ray actor group; `step` returns the same metrics.
+    """The RL phase over a Ray actor group: the same `dllm_train.rl_step` as one process.
 
     Args:
         setup_fn: builds each rank's `RankSetup` (importable on the workers).
         prompts: step -> PromptBatch, evaluated on the driver.
-        objective: the same objective the ranks build (the driver uses its advantage estimator).
+        algorithm: the same algorithm the ranks build (the driver uses its advantage estimator).
         trainer, rl: trainer and batch-shape configs.
         dist: the actor group.
         driver_model: if given, the driver's copy of the policy is refreshed with the trained
@@ -191,45 +209,26 @@ class RayRLWorkflow:
             see them), and `load_state` hands its weights to the ranks (resume).
     """
 
-    def __init__(self, *, setup_fn: SetupFn, prompts: PromptSampler, objective: PolicyObjective,
+    def __init__(self, *, setup_fn: SetupFn, prompts: PromptSampler, algorithm: RLAlgorithm[Any],
                  trainer: TrainerConfig, rl: RLConfig, dist: DistributedConfig,
                  driver_model: Any = None) -> None:
         if trainer.sequence_parallel != dist.sequence_parallel:
             raise ValueError(f"trainer.sequence_parallel={trainer.sequence_parallel} but distributed.sequence_parallel="
                              f"{dist.sequence_parallel}; build DistributedConfig(sequence_parallel="
                              "trainer.sequence_parallel)")
-        batch, dp = rl.prompts_per_step * rl.group_size, dist.dims.data_parallel
-        if dist.sequence_parallel > 1 and batch % dp:
-            raise ValueError(f"rollout batch {batch} (prompts_per_step x group_size) must be divisible by the "
-                             f"{dp} data-parallel groups (num_workers / sequence_parallel)")
-        shard_rows(batch, dp, 0)  # validate the split
+        shard_rows(rl.prompts_per_step * rl.group_size, dist.dims.data_parallel, 0)  # validate the split
         self.prompts = prompts
-        self.objective = objective
+        self.algorithm = algorithm
         self.trainer = trainer
         self.rl = rl
         self.dist = dist
         self.driver_model = driver_model
         self.group = RayActorGroup(setup_fn, dist)
+        self.ranks = RayRanks(self.group, dist)
 
     def step(self, step: int) -> dict[str, float]:
-        n, dims = self.dist.num_workers, self.dist.dims
-        prompts, answers, groups = self.prompts(step).expanded()
-        seeds = sample_seeds(self.trainer.seed, len(prompts), "rollout", step)
-        rows = [shard_rows(len(prompts), dims.data_parallel, dims.dp_rank(r)) for r in range(n)]
-        outs = self.group.call("rollout_step", [
-            (step, prompts[s], answers[s], seeds[s], groups[s]) for s in rows])
-        leaders = outs[::dims.sequence_parallel]  # the ranks of a sequence-parallel group share rows
-        scores = torch.cat([o[0] for o in leaders])
-        lengths = torch.cat([o[1] for o in leaders])
-        advantages = self.objective.advantages(scores, groups)
-        per_rank = self.group.call("update", [(advantages[s],) for s in rows])
-        metrics = {k: sum(m[k] for m in per_rank) / n for k in per_rank[0]}
-        metrics.update({
-            "reward_mean": float(scores.mean()),
-            "reward_std": float(scores.std()) if scores.numel() > 1 else 0.0,
-            "response_length": float(lengths.mean()),
-            "groups_all_equal": all_equal_groups(scores, groups),
-        })
+        metrics = rl_step(step, prompts=self.prompts, ranks=self.ranks, algorithm=self.algorithm,
+                          seed=self.trainer.seed)
         if self.driver_model is not None and self._sync_due(step + 1):
             self.pull_weights(self.driver_model)
         return metrics
@@ -262,10 +261,4 @@ class RayRLWorkflow:
         self.group.shutdown()
 
 
-def all_equal_groups(scores: torch.Tensor, groups: torch.Tensor) -> float:
-    """Fraction of groups whose rewards are all equal (they carry no GRPO signal)."""
-    equal = [bool((scores[groups == g] == scores[groups == g][0]).all()) for g in torch.unique(groups)]
-    return sum(equal) / max(1, len(equal))
-
-
-__all__ = ["DistributedConfig", "RankActor", "RayActorGroup", "RayRLWorkflow", "SetupFn", "all_equal_groups"]
+__all__ = ["DistributedConfig", "RankActor", "RayActorGroup", "RayRLWorkflow", "RayRanks", "SetupFn"]

@@ -24,7 +24,6 @@ import torch.distributed as dist
 
 from dllm_models.attention import BACKENDS, AttentionMask
 from dllm_train.likelihood import Scorer, logp_of_targets
-from dllm_train.packed_scoring import training_attention
 
 _counter = itertools.count()
 
@@ -267,7 +266,7 @@ class SequenceParallelScorer(Scorer):
     def __call__(self, noisy_ids: torch.Tensor, attention_mask: torch.Tensor, targets: torch.Tensor, *,
                  clean_ids: torch.Tensor | None = None, temperature: float = 1.0) -> torch.Tensor:
         """`Scorer.__call__` with every forward split over the group (padded rows only)."""
-        if training_attention(self.model) is not None:
+        if self.attention is not None:
             raise ValueError("sequence parallelism splits padded rows; packed training attention is not "
                              "supported with it: unset it on the model or use sequence_parallel=1")
         return super().__call__(noisy_ids, attention_mask, targets, clean_ids=clean_ids, temperature=temperature)

@@ -1,0 +1,35 @@
+"""dllm_algorithms: diffusion LLM post-training algorithms as small typed objects.
+
+Every RL algorithm implements `dllm_train.RLAlgorithm` (typed `prepare` / `values` / `loss`,
+its per-batch data its own dataclass), so `dllm_train`'s workers, or a user's own loop, run any
+of them without the `dare` app; the app keeps the registry of names, the recipes and the CLI.
+Preference algorithms build a `dllm_train.PreferenceObjective`; SFT entries configure an
+`SFTWorker`.
+
+Why a member of its own: the algorithms name papers and their hyper-parameters, which
+`dllm_train` (the execution stack every algorithm shares) must not; they need `dllm_train`'s
+scorer, typed batch and interface, so they sit above it and below the app. `dllm_objectives`
+stays the torch-only home of their pure functions.
+"""
+
+from dllm_algorithms.common import ALL_FAMILIES, BLOCK, MASKED
+from dllm_algorithms.distribution_matching import DMPO, WeightedMasks
+from dllm_algorithms.elbo_policy import BGPO, EBPO, ESPO, SPG
+from dllm_algorithms.preference import DPO, VRPO
+from dllm_algorithms.sft import SFT, LoRA
+from dllm_algorithms.token_policy import D1, CoupledGRPO, JustGRPO
+from dllm_algorithms.trajectory_policy import (
+    CJGRPO,
+    MDPO,
+    DTreeRPO,
+    TrainingRows,
+    Trajectory,
+    TreeRolloutBatch,
+    trajectory_steps,
+)
+
+__all__ = [
+    "ALL_FAMILIES", "BGPO", "BLOCK", "CJGRPO", "D1", "DMPO", "DPO", "EBPO", "ESPO", "MASKED", "MDPO", "SFT", "SPG",
+    "VRPO", "CoupledGRPO", "DTreeRPO", "JustGRPO", "LoRA", "TrainingRows", "Trajectory", "TreeRolloutBatch",
+    "WeightedMasks", "trajectory_steps",
+]

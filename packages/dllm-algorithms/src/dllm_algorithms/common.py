@@ -1,0 +1,56 @@
+"""Pieces shared by the algorithm modules: families, batch views and plan slicing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from dllm_models import family_names
+from dllm_objectives import MaskPlan
+from dllm_rollout import RolloutBatch
+from dllm_train import RLBatch, plan_token_logp, sequence_inputs
+
+MASKED = family_names("masked")
+"""Canonical names of the masked-diffusion families (bidirectional, one canvas), from dllm_models' registry."""
+BLOCK = family_names("block")
+"""Canonical names of the block-diffusion families (block-causal, BD3LM likelihood)."""
+ALL_FAMILIES = MASKED + BLOCK
+Metrics = dict[str, torch.Tensor]
+
+
+def inputs(batch: RLBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(input_ids, attention_mask, prompt_valid, response_valid) of the batch, [B, P + R]."""
+    return sequence_inputs(batch.rollout)
+
+
+def response_part(values: torch.Tensor, rollout: RolloutBatch) -> torch.Tensor:
+    """[..., P + R] -> [..., R]."""
+    return values[..., rollout.prompt_ids.shape[1]:]
+
+
+def is_block(rollout: RolloutBatch) -> bool:
+    """Whether the rollout came from a block-diffusion model."""
+    return rollout.config is not None and rollout.config.block_diffusion
+
+
+def slice_plan(plan: MaskPlan, start: int, stop: int) -> MaskPlan:
+    """Copies [start, stop) of a plan (per-copy meta tensors are sliced too)."""
+    meta = {k: (v[:, start:stop] if v.dim() >= 2 and v.shape[1] == plan.num_samples else v)
+            for k, v in plan.meta.items()}
+    return MaskPlan(mask=plan.mask[:, start:stop], p_mask=plan.p_mask[:, start:stop], meta=meta)
+
+
+def plan_logp(scorer: Any, batch: RLBatch, plan: MaskPlan, *, temperature: float = 1.0) -> torch.Tensor:
+    """[B, N, P + R] log-probs of the clean sequence under every copy of `plan` (one scorer call)."""
+    ids, attn, _, _ = inputs(batch)
+    return plan_token_logp(scorer, ids, attn, plan, temperature=temperature)
+
+
+def mean_metrics(parts: list[Metrics]) -> Metrics:
+    """Element-wise mean of metric dicts with the same keys (detached)."""
+    return {k: torch.stack([p[k].detach().float() for p in parts]).mean() for k in parts[0]} if parts else {}
+
+
+__all__ = ["ALL_FAMILIES", "BLOCK", "MASKED", "Metrics", "inputs", "is_block", "mean_metrics", "plan_logp",
+           "response_part", "slice_plan"]

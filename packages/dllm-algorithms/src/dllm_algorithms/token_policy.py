@@ -1,0 +1,141 @@
+"""Token-level policy gradients with one-step or exact per-token likelihoods.
+
+d1 (mean-field one-step log-probs), Coupled-GRPO (complementary masks) and JustGRPO (exact
+autoregressive-order log-probs): each token's log-prob enters the PPO clipped surrogate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from dllm_objectives import (
+    MaskPlan,
+    autoregressive_steps,
+    clipped_policy_loss,
+    coupled_masks,
+    coupled_token_logp,
+    one_step_masks,
+    replay_plan,
+)
+from dllm_train import LossInputs, RLAlgorithm, RLBatch
+
+from dllm_algorithms.common import MASKED, Metrics, inputs, plan_logp, response_part, slice_plan
+
+
+def _clipped(values: torch.Tensor, x: LossInputs[MaskPlan], clip_low: float, clip_high: float,
+             dual_clip: float | None) -> tuple[torch.Tensor, Metrics]:
+    assert x.old is not None
+    return clipped_policy_loss(values, x.old, x.advantages[:, None], x.batch.rollout.response_mask,
+                               clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip)
+
+
+@dataclass(frozen=True, kw_only=True)
+class D1(RLAlgorithm[MaskPlan]):
+    """d1 / diffu-GRPO (Zhao et al., arXiv 2504.12216): one-step mean-field token log-probs.
+
+    The whole response and a random 15% of the prompt are masked; one forward gives every
+    response token's log-prob; GRPO advantages; PPO clipped surrogate with dual clip.
+
+    Attributes:
+        prompt_mask_prob: fraction of the prompt tokens masked at random in the scored copy.
+        clip_low, clip_high: clip range of the ratio, [1 - clip_low, 1 + clip_high] (clip_high > clip_low:
+            DAPO's clip-higher).
+        dual_clip: dual-clip constant c > 1: the loss of a negative advantage is at most -A c (None: off).
+    """
+
+    prompt_mask_prob: float = 0.15
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    dual_clip: float | None = 3.0
+    families: ClassVar[tuple[str, ...]] = MASKED
+    row_local = True
+
+    def prepare(self, batch: RLBatch, generator: torch.Generator) -> MaskPlan:
+        _, _, prompt_valid, response_valid = inputs(batch)
+        return one_step_masks(prompt_valid, response_valid, prompt_mask_prob=self.prompt_mask_prob,
+                              generator=generator)
+
+    def values(self, scorer: object, batch: RLBatch, data: MaskPlan, iteration: int) -> torch.Tensor:
+        return response_part(plan_logp(scorer, batch, data)[:, 0], batch.rollout)
+
+    def loss(self, values: torch.Tensor, inputs: LossInputs[MaskPlan]) -> tuple[torch.Tensor, Metrics]:
+        return _clipped(values, inputs, self.clip_low, self.clip_high, self.dual_clip)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CoupledGRPO(RLAlgorithm[MaskPlan]):
+    """Coupled-GRPO (DiffuCoder, arXiv 2506.20639): complementary-mask token scores.
+
+    Per row t ~ U[t_min, t_max]; copies: whole response masked, and two complementary halves;
+    score 0.5 (l_full + l_a / t + l_b / (1 - t)) in the clipped surrogate. The three copies of a
+    token meet inside the ratio, so the loss is not row-local.
+
+    Attributes:
+        t_min, t_max: range of the per-row masking ratio t of the complementary pair.
+        clip_low, clip_high: clip range of the ratio, [1 - clip_low, 1 + clip_high] (clip_high > clip_low:
+            DAPO's clip-higher).
+        dual_clip: dual-clip constant c > 1: the loss of a negative advantage is at most -A c (None: off).
+    """
+
+    t_min: float = 0.2
+    t_max: float = 0.8
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    dual_clip: float | None = 3.0
+    families: ClassVar[tuple[str, ...]] = MASKED
+
+    def prepare(self, batch: RLBatch, generator: torch.Generator) -> MaskPlan:
+        return coupled_masks(inputs(batch)[3], t_min=self.t_min, t_max=self.t_max, include_full=True,
+                             generator=generator)
+
+    def values(self, scorer: object, batch: RLBatch, data: MaskPlan, iteration: int) -> torch.Tensor:
+        lp = plan_logp(scorer, batch, data)
+        return response_part(coupled_token_logp(lp[:, 0], lp[:, 1:], slice_plan(data, 1, 3)), batch.rollout)
+
+    def loss(self, values: torch.Tensor, inputs: LossInputs[MaskPlan]) -> tuple[torch.Tensor, Metrics]:
+        return _clipped(values, inputs, self.clip_low, self.clip_high, self.dual_clip)
+
+
+@dataclass(frozen=True, kw_only=True)
+class JustGRPO(RLAlgorithm[MaskPlan]):
+    """JustGRPO (Ni et al., arXiv 2601.15165): exact left-to-right log-probs of a dLLM.
+
+    State j = prompt + o_<j with o_>=j masked; log softmax(f / T)[o_j] with the rollout
+    temperature T; every state is one scored row (the trainer's token budget decides how many
+    run per forward). The rollout should decode left to right (block length 1, steps = response
+    length).
+
+    Attributes:
+        temperature: T of the scored log softmax(f / T); the rollout's temperature.
+        clip_low, clip_high: clip range of the ratio, [1 - clip_low, 1 + clip_high] (clip_high > clip_low:
+            DAPO's clip-higher).
+        dual_clip: dual-clip constant c > 1: the loss of a negative advantage is at most -A c (None: off).
+    """
+
+    temperature: float = 0.6
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    dual_clip: float | None = 3.0
+    families: ClassVar[tuple[str, ...]] = MASKED
+    row_local = True
+
+    def prepare(self, batch: RLBatch, generator: torch.Generator) -> MaskPlan:
+        return replay_plan(autoregressive_steps(inputs(batch)[3]))
+
+    def values(self, scorer: object, batch: RLBatch, data: MaskPlan, iteration: int) -> torch.Tensor:
+        lp = plan_logp(scorer, batch, data, temperature=self.temperature)
+        return response_part((lp * data.meta["scored"].to(lp.dtype)).sum(1), batch.rollout)
+
+    def loss(self, values: torch.Tensor, inputs: LossInputs[MaskPlan]) -> tuple[torch.Tensor, Metrics]:
+        assert inputs.old is not None
+        valid = inputs.batch.rollout.response_mask
+        total = float(valid.sum().clamp(min=1))
+        return clipped_policy_loss(values, inputs.old, inputs.advantages[:, None], valid, clip_low=self.clip_low,
+                                   clip_high=self.clip_high, dual_clip=self.dual_clip,
+                                   agg="seq-mean-token-sum-norm", norm_const=total)
+
+
+__all__ = ["CoupledGRPO", "D1", "JustGRPO"]

@@ -1,0 +1,317 @@
+"""Policy gradients that replay the rollout's own denoising path.
+
+CJ-GRPO (every step of the trajectory is an action), MDPO (intermediate predictions rewarded
+per step) and d-TreeRPO (tree search, advantages local to sibling groups).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+from dllm_objectives import (
+    MaskPlan,
+    block_ids,
+    cj_token_weights,
+    mdpo_loss,
+    mdpo_step_advantages,
+    mdpo_topk_steps,
+    replay_plan,
+    tree_active_positions,
+    tree_local_advantages,
+    tree_policy_loss,
+    tree_values,
+    weighted_policy_loss,
+)
+from dllm_rollout import RolloutBatch, SamplingConfig, tree_generate
+from dllm_train import LossInputs, RLAlgorithm, RLBatch, with_fields
+
+from dllm_algorithms.common import ALL_FAMILIES, MASKED, Metrics, inputs, is_block, plan_logp
+
+
+def trajectory_steps(rollout: RolloutBatch) -> tuple[torch.Tensor, int]:
+    """Step map [B, P + R] (-1 off the response) and the number of replay states K.
+
+    Masked models: the global unmask step. Block models: the step local to the token's block
+    (all blocks are replayed in parallel at the same local step).
+    """
+    if rollout.unmask_step is None:
+        raise ValueError("trajectory replay needs rollout.unmask_step (SamplingConfig.record_trajectory=True)")
+    step = torch.where(rollout.response_mask, rollout.unmask_step, -1)
+    full = torch.cat([torch.full_like(rollout.prompt_ids, -1), step], dim=1)
+    if is_block(rollout):
+        assert rollout.config is not None
+        ids = block_ids(rollout.attention_mask, rollout.config.block_length)
+        big = torch.iinfo(full.dtype).max
+        local = full.clone()
+        for b in torch.unique(ids[full >= 0]).tolist():
+            inside = (ids == b) & (full >= 0)
+            first = torch.where(inside, full, big).min(-1, keepdim=True).values
+            local = torch.where(inside, full - first, local)
+        full = local
+    return full, int(full.max().clamp(min=0)) + 1
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    """CJ-GRPO's replay: one plan copy per state, and each token's weight in the loss [B, K, S]."""
+
+    plan: MaskPlan
+    weights: torch.Tensor
+
+
+@dataclass(frozen=True, kw_only=True)
+class CJGRPO(RLAlgorithm[Trajectory]):
+    """CJ-GRPO (Yang et al., arXiv 2509.23924): consistency-trajectory GRPO.
+
+    Replays the recorded unmasking order: state k reveals the tokens committed before step k;
+    the tokens committed at k are scored from it (one scored row per state); per-step token
+    means (masked) or the paper-exact per-transition weights (block models).
+
+    Attributes:
+        clip_low, clip_high: clip range of the ratio, [1 - clip_low, 1 + clip_high] (clip_high > clip_low:
+            DAPO's clip-higher).
+        dual_clip: dual-clip constant c > 1: the loss of a negative advantage is at most -A c (None: off).
+    """
+
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    dual_clip: float | None = 3.0
+    families: ClassVar[tuple[str, ...]] = ALL_FAMILIES
+    row_local = True
+    replays_trajectory = True
+
+    def sampling(self, sampling: SamplingConfig) -> SamplingConfig:
+        return with_fields(sampling, record_trajectory=True)
+
+    def prepare(self, batch: RLBatch, generator: torch.Generator) -> Trajectory:
+        rollout = batch.rollout
+        step, k = trajectory_steps(rollout)
+        plan = replay_plan(step, k)
+        if is_block(rollout):
+            assert rollout.config is not None
+            ids = block_ids(rollout.attention_mask, rollout.config.block_length)
+            weights = cj_token_weights(step, k, block_ids=ids, mode="paper_exact")
+        else:
+            weights = cj_token_weights(step, k, mode="step_token_mean")
+        return Trajectory(plan=plan, weights=weights)
+
+    def values(self, scorer: object, batch: RLBatch, data: Trajectory, iteration: int) -> torch.Tensor:
+        lp = plan_logp(scorer, batch, data.plan)
+        return lp * data.plan.meta["scored"].to(lp.dtype)
+
+    def loss(self, values: torch.Tensor, inputs: LossInputs[Trajectory]) -> tuple[torch.Tensor, Metrics]:
+        assert inputs.old is not None
+        b, k, s = values.shape
+        return weighted_policy_loss(values.reshape(b, k * s), inputs.old.reshape(b, k * s), inputs.advantages[:, None],
+                                    inputs.data.weights.reshape(b, k * s), clip_low=self.clip_low,
+                                    clip_high=self.clip_high, dual_clip=self.dual_clip)
+
+
+def _rows(prompt: torch.Tensor, prompt_mask: torch.Tensor, response: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    ids = torch.cat([prompt, response], dim=1)
+    attn = torch.cat([prompt_mask, torch.ones_like(response, dtype=torch.bool)], dim=1)
+    return ids, attn
+
+
+@dataclass(frozen=True)
+class TrainingRows:
+    """Rows scored by a single scorer call: inputs, targets, and what the loss weighs them by.
+
+    Attributes:
+        noisy, clean, attention: [M, P + R] input canvas, target tokens, real positions.
+        advantages: [M] advantage of each row.
+        active: [M, R] bool, the response positions the loss counts.
+        confidence: [M, R] rollout confidence of each position (MDPO), or None.
+    """
+
+    noisy: torch.Tensor
+    clean: torch.Tensor
+    attention: torch.Tensor
+    advantages: torch.Tensor
+    active: torch.Tensor
+    confidence: torch.Tensor | None = None
+
+
+def _score_rows(scorer: Any, batch: RLBatch, rows: TrainingRows) -> torch.Tensor:
+    lp: torch.Tensor = scorer(rows.noisy, rows.attention, rows.clean)
+    return lp[:, batch.rollout.prompt_ids.shape[1]:]
+
+
+@dataclass(frozen=True, kw_only=True)
+class MDPO(RLAlgorithm[TrainingRows]):
+    """MDPO (He et al., arXiv 2508.13148): per-step rewards of intermediate predictions.
+
+    Every denoising step's clean prediction is rewarded; step scores d_t + c_t are normalised
+    per group; the top-K steps by total |A| become training rows (input = the step's canvas,
+    target = its prediction), weighted by the rollout confidence, with an inverse mask-ratio
+    factor.
+
+    Attributes:
+        top_k_steps: denoising steps per sequence (largest total |A|) kept as training rows.
+        clip: symmetric clip range of the ratio.
+    """
+
+    top_k_steps: int = 16
+    clip: float = 0.2
+    families: ClassVar[tuple[str, ...]] = MASKED
+    row_local = True
+    replays_trajectory = True
+
+    def sampling(self, sampling: SamplingConfig) -> SamplingConfig:
+        return with_fields(sampling, record_steps=True, record_trajectory=True)
+
+    def prepare(self, batch: RLBatch, generator: torch.Generator) -> TrainingRows:
+        r = batch.rollout
+        if r.step_canvas is None or r.step_x0 is None or r.step_confidence is None:
+            raise ValueError("MDPO needs step records (SamplingConfig.record_steps=True)")
+        if batch.step_scores is None:
+            raise ValueError("MDPO needs per-step rewards: score the rollout with dllm_train.RewardWorker")
+        rewards = batch.step_scores.to(batch.scores.device)
+        last = batch.scores[:, None].expand_as(rewards)
+        rewards = torch.where(torch.isnan(rewards), last, rewards)
+        adv = mdpo_step_advantages(rewards, batch.group_ids.to(rewards.device))
+        steps = mdpo_topk_steps(adv, self.top_k_steps)
+        b, k = r.batch_size, len(steps)
+        canvas = r.step_canvas[:, steps].reshape(b * k, -1)
+        target = r.step_x0[:, steps].reshape(b * k, -1)
+        prompt = r.prompt_ids.repeat_interleave(k, 0)
+        pmask = r.prompt_mask.repeat_interleave(k, 0)
+        noisy, attn = _rows(prompt, pmask, canvas)
+        clean, _ = _rows(prompt, pmask, target)
+        masked = canvas == batch.tokens.mask_id
+        conf = torch.nan_to_num(r.step_confidence[:, steps].reshape(b * k, -1), nan=0.0)
+        active = masked & (conf > 0) & r.response_mask.repeat_interleave(k, 0)
+        return TrainingRows(noisy=noisy, clean=clean, attention=attn, advantages=adv[:, steps].reshape(-1).to(noisy.device),
+                            active=active, confidence=conf)
+
+    def values(self, scorer: object, batch: RLBatch, data: TrainingRows, iteration: int) -> torch.Tensor:
+        return _score_rows(scorer, batch, data)
+
+    def loss(self, values: torch.Tensor, inputs: LossInputs[TrainingRows]) -> tuple[torch.Tensor, Metrics]:
+        d = inputs.data
+        assert inputs.old is not None and d.confidence is not None
+        return mdpo_loss(values, inputs.old, d.advantages, d.active, d.confidence, clip=self.clip,
+                         max_len=inputs.batch.rollout.response_ids.shape[1])
+
+
+@dataclass
+class TreeRolloutBatch(RolloutBatch):
+    """The leaves of a tree rollout, with each leaf's path.
+
+    Attributes:
+        tree_nodes: [B, depth + 1] node ids from the trunk to the leaf.
+        tree_canvas: [B, depth + 1, R] the response canvas of each node of the path.
+    """
+
+    tree_nodes: torch.Tensor | None = None
+    tree_canvas: torch.Tensor | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class DTreeRPO(RLAlgorithm[TrainingRows]):
+    """d-TreeRPO (Pan et al., arXiv 2512.09675): tree rollouts with sibling-local advantages.
+
+    Each prompt's group is one tree (`branching ** depth` leaves = the group size): a trunk,
+    then `branching` children at each branch step. Node value = mean of its leaves' rewards;
+    advantage = value - mean of its siblings; one row per non-trunk node scores the tokens it
+    revealed from its parent's canvas; clipped loss (eps 0.4) + k3 KL to the reference.
+    Self-distillation is not included.
+
+    Attributes:
+        branching: children per branch point.
+        depth: branch points per tree; rl.group_size must be branching ** depth.
+        clip: symmetric clip range of the ratio (no dual clip).
+        kl_coef: weight of the k3 KL to the frozen reference (0: no reference model).
+        num_iterations: optimizer steps per rollout batch.
+    """
+
+    branching: int = 4
+    depth: int = 2
+    clip: float = 0.4
+    kl_coef: float = 0.01
+    num_iterations: int = 12
+    families: ClassVar[tuple[str, ...]] = MASKED
+    row_local = True
+    chunkable_rollout = False
+
+    def __post_init__(self) -> None:
+        if self.num_iterations < 1:
+            raise ValueError(f"algorithm.num_iterations must be >= 1, got {self.num_iterations}")
+
+    @property
+    def needs_reference(self) -> bool:
+        return self.kl_coef > 0
+
+    def _branch_steps(self, steps: int) -> list[int]:
+        out = sorted({max(1, steps * k // (self.depth + 1)) for k in range(1, self.depth + 1)})
+        if len(out) != self.depth or out[-1] >= steps:
+            raise ValueError(f"d-TreeRPO: {steps} rollout steps cannot hold {self.depth} branch points; "
+                             "raise rollout.steps or lower algorithm.depth")
+        return out
+
+    def generate(self, model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, seeds: torch.Tensor,
+                 sampling: SamplingConfig, ref_model: Any) -> RolloutBatch:
+        g = self.branching ** self.depth
+        if prompt_ids.shape[0] % g:
+            raise ValueError(f"d-TreeRPO: rl.group_size must be branching ** depth = {g}, "
+                             f"got a batch of {prompt_ids.shape[0]} rows")
+        prompts = [row[m].tolist() for row, m in zip(prompt_ids[::g], prompt_mask[::g])]
+        tree = tree_generate(model, prompts, branch_steps=self._branch_steps(sampling.steps), branching=self.branching,
+                             max_new_tokens=sampling.max_new_tokens, steps=sampling.steps,
+                             block_length=sampling.block_length, temperature=sampling.temperature, seed=int(seeds[0]),
+                             remasking=sampling.remasking, eos_handling=sampling.eos_handling)
+        path = [tree.leaf_node]
+        while True:
+            up = tree.node_parent[path[0]]
+            if bool((up < 0).all()):
+                break
+            path.insert(0, up)
+        nodes = torch.stack(path, 1)  # [B, depth + 1], trunk first
+        leaves = tree.leaves
+        fields = {f: getattr(leaves, f) for f in leaves.__dataclass_fields__}
+        return TreeRolloutBatch(**fields, tree_nodes=nodes, tree_canvas=tree.node_response[nodes])
+
+    def prepare(self, batch: RLBatch, generator: torch.Generator) -> TrainingRows:
+        r = batch.rollout
+        if not isinstance(r, TreeRolloutBatch) or r.tree_nodes is None or r.tree_canvas is None:
+            raise ValueError("d-TreeRPO trains on its own tree rollouts (DTreeRPO.generate)")
+        nodes, canvas = r.tree_nodes, r.tree_canvas
+        uniq: dict[int, tuple[int, int]] = {}
+        first_row: dict[int, int] = {}
+        for i, row in enumerate(nodes.tolist()):
+            for d, n in enumerate(row):
+                if n not in uniq:
+                    uniq[n] = (row[d - 1] if d else -1, d)
+                    first_row[n] = i
+        order = sorted(uniq)
+        index = {n: j for j, n in enumerate(order)}
+        parent = torch.tensor([index[uniq[n][0]] if uniq[n][0] >= 0 else -1 for n in order])
+        leaf_reward = torch.full((len(order),), float("nan"))
+        leaf_reward[[index[n] for n in nodes[:, -1].tolist()]] = batch.scores.cpu().float()
+        adv = tree_local_advantages(parent, tree_values(parent, leaf_reward))
+        segs = [n for n in order if uniq[n][0] >= 0]
+        rows = torch.tensor([first_row[n] for n in segs], device=canvas.device)
+        depth = torch.tensor([uniq[n][1] for n in segs], device=canvas.device)
+        child = canvas[rows, depth]
+        par = canvas[rows, depth - 1]
+        noisy, attn = _rows(r.prompt_ids[rows], r.prompt_mask[rows], par)
+        clean, _ = _rows(r.prompt_ids[rows], r.prompt_mask[rows], child)
+        t = batch.tokens
+        return TrainingRows(noisy=noisy, clean=clean, attention=attn,
+                            advantages=adv[[index[n] for n in segs]].to(noisy.device),
+                            active=tree_active_positions(par, child, t.mask_id, t.eos_id))
+
+    def values(self, scorer: object, batch: RLBatch, data: TrainingRows, iteration: int) -> torch.Tensor:
+        return _score_rows(scorer, batch, data)
+
+    def loss(self, values: torch.Tensor, inputs: LossInputs[TrainingRows]) -> tuple[torch.Tensor, Metrics]:
+        d = inputs.data
+        assert inputs.old is not None
+        return tree_policy_loss(values, inputs.old, d.advantages, d.active, clip=self.clip, ref_logp=inputs.ref,
+                                kl_coef=self.kl_coef if inputs.ref is not None else 0.0)
+
+
+__all__ = ["CJGRPO", "DTreeRPO", "MDPO", "Trajectory", "TrainingRows", "TreeRolloutBatch", "trajectory_steps"]

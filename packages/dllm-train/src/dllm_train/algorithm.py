@@ -1,0 +1,162 @@
+"""What the trainer needs from an RL algorithm: a typed interface, and the typed data it reads.
+
+An algorithm is a small object (`RLAlgorithm`) with typed methods; the workers call them and never
+look at its name. Everything it needs from a step arrives in named fields (`RLBatch`,
+`LossInputs`); everything it derives per batch lives in its own typed data object (`D`, returned
+by `prepare` and handed back to `values` and `loss`). No string keys travel between the two.
+
+One step, for every backend (`dllm_train.step`):
+
+1. `sampling` / `generate`: the rollout (with what it must record);
+2. the reward worker fills `RLBatch` (scores, per-step scores when steps were recorded);
+3. `prepare(batch, generator) -> data`: the noise shared by the old, reference and current
+   passes (one entry per update iteration), training rows, step or tree advantages, weights;
+4. `values(scorer, batch, data, iteration)`: the values the loss compares, from scorer calls
+   only (old and reference values are the same function under other weights); the trainer
+   splits its scorer calls into token-budget passes (`dllm_train.passes`);
+5. `advantages(scores, group_ids)` on the whole batch (groups may straddle ranks);
+6. `loss(values, inputs) -> (loss, metrics)`.
+
+Concrete algorithms live in `dllm_algorithms`; the app keeps the registry of names.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Generic, TypeVar
+
+import torch
+
+from dllm_objectives import grpo_advantages
+from dllm_rollout import RolloutBatch, SamplingConfig, decode
+
+Metrics = dict[str, torch.Tensor]
+D = TypeVar("D")
+
+
+@dataclass(frozen=True)
+class SpecialTokens:
+    """The policy's special token ids (read from the model, never hard-coded)."""
+
+    mask_id: int
+    eos_id: int
+    pad_id: int
+
+
+@dataclass(frozen=True)
+class RLBatch:
+    """A rollout batch with its rewards: what an algorithm prepares from.
+
+    Attributes:
+        rollout: prompts, responses, masks (and trajectory records when requested).
+        scores: [B] rewards.
+        group_ids: [B] prompt index of each sample.
+        tokens: the policy's special ids.
+        step_scores: [B, S] reward of each recorded step's clean prediction (NaN past a row's
+            last step), present when the rollout recorded steps.
+        texts: decoded responses, for logging.
+    """
+
+    rollout: RolloutBatch
+    scores: torch.Tensor
+    group_ids: torch.Tensor
+    tokens: SpecialTokens
+    step_scores: torch.Tensor | None = None
+    texts: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class LossInputs(Generic[D]):
+    """Everything `RLAlgorithm.loss` reads besides the current values.
+
+    Attributes:
+        batch: the step's batch.
+        data: what `prepare` derived.
+        iteration: the update iteration (0 .. num_iterations - 1).
+        advantages: [B] outcome advantages (from `RLAlgorithm.advantages` on the whole batch).
+        old: the values under the policy that generated the batch (the detached current values
+            when the old pass was skipped on-policy); None if the algorithm needs none.
+        ref: the values under the reference model, when the algorithm has one.
+    """
+
+    batch: RLBatch
+    data: D
+    iteration: int
+    advantages: torch.Tensor
+    old: torch.Tensor | None
+    ref: torch.Tensor | None
+
+
+class RLAlgorithm(ABC, Generic[D]):
+    """An RL algorithm: typed methods the trainer calls (see the module doc for the order).
+
+    Flags (override as properties or dataclass fields):
+        needs_old: the loss compares with values under the rollout policy (a ratio).
+        needs_reference: a frozen reference model scores `values` too (a KL term).
+        needs_rollout_reference: the rollout scores its canvases with the reference model.
+        num_iterations: optimizer steps per rollout batch (each on its own `prepare` entry).
+        row_local: the loss's gradient with respect to each scorer row depends on that row
+            alone, so token-budget passes need no separate value pass (`dllm_train.passes`).
+        replays_trajectory: the algorithm reads the rollout's step records, which token editing
+            cannot reproduce.
+        chunkable_rollout: `generate` may run on any subset of rows (`rollout.max_rows`); False
+            for rollouts that couple rows (e.g. a tree over a whole group).
+    """
+
+    needs_old: bool = True
+    needs_rollout_reference: bool = False
+    num_iterations: int = 1
+    row_local: bool = False
+    replays_trajectory: bool = False
+    chunkable_rollout: bool = True
+    families: ClassVar[tuple[str, ...]] = ()
+    """Canonical family names the algorithm is defined for (see `dllm_models`' registry)."""
+
+    @property
+    def needs_reference(self) -> bool:
+        """Whether a frozen reference model scores `values` too (default: no)."""
+        return False
+
+    @property
+    def label(self) -> str:
+        """A name for logs and errors (the class name)."""
+        return type(self).__name__
+
+    def sampling(self, sampling: SamplingConfig) -> SamplingConfig:
+        """The run's SamplingConfig with what this algorithm's rollout must record."""
+        return sampling
+
+    def generate(self, model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, seeds: torch.Tensor,
+                 sampling: SamplingConfig, ref_model: Any) -> RolloutBatch:
+        """The rollout (default: the standard decoder of `dllm_rollout.decode`)."""
+        return decode(model, prompt_ids, prompt_mask, seeds, sampling, ref_model)
+
+    def advantages(self, scores: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+        """[B] outcome advantages (default: GRPO, reward minus group mean over group std)."""
+        return grpo_advantages(scores, group_ids)
+
+    @abstractmethod
+    def prepare(self, batch: RLBatch, generator: torch.Generator) -> D:
+        """Per-batch data: the shared noise of every iteration and derived tensors."""
+
+    @abstractmethod
+    def values(self, scorer: Any, batch: RLBatch, data: D, iteration: int) -> torch.Tensor:
+        """The values the loss compares, from calls of `scorer` (a `dllm_train.Scorer` or a stand-in).
+
+        Pure given its inputs: the trainer calls it several times and splits its scorer calls
+        into passes.
+        """
+
+    @abstractmethod
+    def loss(self, values: torch.Tensor, inputs: LossInputs[D]) -> tuple[torch.Tensor, Metrics]:
+        """(scalar loss, detached scalar metrics) of the current values."""
+
+
+def with_fields(sampling: SamplingConfig, **changes: Any) -> SamplingConfig:
+    """`sampling` with `changes` applied (a helper for `RLAlgorithm.sampling` overrides)."""
+    return dataclasses.replace(sampling, **changes)
+
+
+__all__ = ["LossInputs", "Metrics", "RLAlgorithm", "RLBatch", "SpecialTokens", "with_fields"]

@@ -1,0 +1,238 @@
+"""Token-budget micro-batches for every likelihood pass, with exact gradients.
+
+An algorithm computes its values (token log-probs, ELBOs, replayed steps, ...) from one or more
+`Scorer` calls, each over a set of rows (Monte-Carlo copies, BD3LM rows, replay states, tree
+segments...). Here every such call is split into passes of at most `max_tokens` tokens
+(`Scorer.row_cost`), in the spirit of verl's dynamic batch size, and the gradient of the loss is
+accumulated pass by pass so that it equals the single-batch gradient:
+
+- a *row-local* loss (its gradient with respect to a scored row depends on that row alone: token
+  PPO, per-copy ELBO surrogates, step replays, weighted cross-entropy) is evaluated once per pass,
+  with that pass's rows live and the other rows held by detached placeholders, and backpropagated:
+  one forward and one backward per row;
+- any other loss (a nonlinearity over several rows: a mean ELBO inside a clipped ratio, a DPO
+  margin) first gets every row's value without grad (the old pass, when the weights have not
+  moved since), then g = dL/d(scorer outputs) at those values, then one forward per pass
+  backpropagating g: the exact gradient for deterministic forwards.
+
+The values function is called several times (a shape trace, the passes, the final metrics) and
+must make the same scorer calls each time; it is pure given its inputs. Ranks whose forwards are
+collectives (FSDP2) agree on the number of passes first and pad with `Scorer.idle_pass`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from dllm_train.likelihood import Scorer
+from dllm_train.lockstep import group_max
+
+Metrics = dict[str, torch.Tensor]
+ValuesFn = Callable[[Any], torch.Tensor]
+"""scorer -> values; the scorer argument has the `Scorer` call signature and attributes."""
+LossFn = Callable[[torch.Tensor], tuple[torch.Tensor, Metrics]]
+"""values -> (scalar loss, metrics)."""
+
+
+@dataclass(frozen=True)
+class ScoreCall:
+    """The inputs of one scorer call (see `Scorer.__call__`)."""
+
+    noisy: torch.Tensor
+    attention: torch.Tensor
+    targets: torch.Tensor
+    clean: torch.Tensor | None
+    temperature: float
+
+    def rows(self, index: torch.Tensor) -> ScoreCall:
+        return ScoreCall(self.noisy[index], self.attention[index], self.targets[index],
+                         None if self.clean is None else self.clean[index], self.temperature)
+
+    def run(self, scorer: Scorer) -> torch.Tensor:
+        return scorer(self.noisy, self.attention, self.targets, clean_ids=self.clean, temperature=self.temperature)
+
+
+@dataclass(frozen=True)
+class Pass:
+    """One forward: rows `rows` of call `call`."""
+
+    call: int
+    rows: torch.Tensor
+
+
+class _Proxy:
+    """A stand-in scorer: the `Scorer` attributes algorithms read, and a call that `_answer`s."""
+
+    def __init__(self, scorer: Scorer) -> None:
+        self.scorer = scorer
+        self.mask_id = scorer.mask_id
+        self.eos_id = scorer.eos_id
+        self.pad_id = scorer.pad_id
+        self.block_length = scorer.block_length
+        self.lockstep_group = scorer.lockstep_group
+        self.index = 0
+
+    def __call__(self, noisy_ids: torch.Tensor, attention_mask: torch.Tensor, targets: torch.Tensor, *,
+                 clean_ids: torch.Tensor | None = None, temperature: float = 1.0) -> torch.Tensor:
+        call = ScoreCall(noisy_ids, attention_mask.bool(), targets, clean_ids, temperature)
+        out = self._answer(self.index, call)
+        self.index += 1
+        return out
+
+    def _answer(self, index: int, call: ScoreCall) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class _Tracer(_Proxy):
+    """Records the calls and answers zeros of the right shape (no model runs)."""
+
+    def __init__(self, scorer: Scorer) -> None:
+        super().__init__(scorer)
+        self.calls: list[ScoreCall] = []
+
+    def _answer(self, index: int, call: ScoreCall) -> torch.Tensor:
+        self.calls.append(call)
+        return torch.zeros(call.targets.shape, dtype=self.scorer.value_dtype, device=call.noisy.device)
+
+
+class _Replay(_Proxy):
+    """Answers call i with outputs[i] (the calls must be those of the trace)."""
+
+    def __init__(self, scorer: Scorer, outputs: list[torch.Tensor]) -> None:
+        super().__init__(scorer)
+        self.outputs = outputs
+
+    def _answer(self, index: int, call: ScoreCall) -> torch.Tensor:
+        assert index < len(self.outputs) and self.outputs[index].shape == call.targets.shape, (
+            "a values function made different scorer calls on two runs; it must be pure given its inputs")
+        return self.outputs[index]
+
+
+def trace(values: ValuesFn, scorer: Scorer) -> list[ScoreCall]:
+    """The scorer calls `values` makes (no forward runs)."""
+    tracer = _Tracer(scorer)
+    with torch.no_grad():
+        values(tracer)
+    return tracer.calls
+
+
+def split(calls: list[ScoreCall], scorer: Scorer, max_tokens: int) -> list[Pass]:
+    """Consecutive rows of each call in passes of at most `max_tokens` tokens (0: one pass per call).
+
+    A row costing more than the budget alone gets a pass of its own.
+    """
+    passes: list[Pass] = []
+    for i, call in enumerate(calls):
+        m = call.noisy.shape[0]
+        if m == 0:
+            continue
+        if max_tokens <= 0:
+            passes.append(Pass(i, torch.arange(m, device=call.noisy.device)))
+            continue
+        clean = call.clean if call.clean is not None else (call.targets if call.targets.dim() == 2 else None)
+        cost = scorer.row_cost(call.noisy, call.attention, clean).tolist()
+        start, used = 0, 0
+        for r, c in enumerate(cost):
+            if r > start and used + c > max_tokens:
+                passes.append(Pass(i, torch.arange(start, r, device=call.noisy.device)))
+                start, used = r, 0
+            used += c
+        passes.append(Pass(i, torch.arange(start, m, device=call.noisy.device)))
+    return passes
+
+
+def _lockstep(scorer: Scorer, passes: list[Pass]) -> int:
+    """Passes of padding this rank runs so that every rank of the scorer's group runs as many."""
+    return group_max(len(passes), scorer.lockstep_group) - len(passes)
+
+
+def forward_outputs(calls: list[ScoreCall], scorer: Scorer, max_tokens: int) -> list[torch.Tensor]:
+    """Every call's scorer output, without grad, in passes of at most `max_tokens` tokens."""
+    outs = [torch.zeros(c.targets.shape, dtype=scorer.value_dtype, device=c.noisy.device) for c in calls]
+    passes = split(calls, scorer, max_tokens)
+    pad = _lockstep(scorer, passes)
+    with torch.no_grad():
+        for p in passes:
+            outs[p.call][p.rows] = calls[p.call].rows(p.rows).run(scorer).to(outs[p.call].dtype)
+        for _ in range(pad):
+            scorer.idle_pass()
+    return outs
+
+
+def evaluate(values: ValuesFn, scorer: Scorer, max_tokens: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """(values, raw scorer outputs) without grad, every call micro-batched."""
+    outs = forward_outputs(trace(values, scorer), scorer, max_tokens)
+    with torch.no_grad():
+        return values(_Replay(scorer, outs)), outs
+
+
+@dataclass(frozen=True)
+class Update:
+    """What `accumulate` computed: the loss and metrics at the full batch (detached), the values
+    (detached) and the number of forwards it ran."""
+
+    loss: torch.Tensor
+    metrics: Metrics
+    values: torch.Tensor
+    forwards: int
+
+
+def accumulate(values: ValuesFn, loss: LossFn, scorer: Scorer, *, max_tokens: int, row_local: bool,
+               outputs: list[torch.Tensor] | None = None) -> Update:
+    """Backpropagate `loss(values(scorer))` pass by pass; the gradients equal the single-batch ones.
+
+    Args:
+        values: scorer -> values (see module doc: pure, same calls every time).
+        loss: values -> (loss, metrics).
+        scorer: runs the model.
+        max_tokens: token budget of one forward (0: one forward per scorer call).
+        row_local: the loss's gradient with respect to each scored row depends on that row only
+            (then no value pass is needed; see module doc).
+        outputs: every call's scorer output at the current weights, when already computed (e.g.
+            by the old pass on-policy); a non-row-local loss then runs no value pass.
+
+    Returns:
+        `Update`; the gradients are accumulated into the parameters (the caller steps).
+    """
+    calls = trace(values, scorer)
+    passes = split(calls, scorer, max_tokens)
+    pad = _lockstep(scorer, passes)
+    forwards = len(passes) + pad
+    if row_local:
+        held = [torch.zeros(c.targets.shape, dtype=scorer.value_dtype, device=c.noisy.device) for c in calls]
+        for p in passes:
+            out = calls[p.call].rows(p.rows).run(scorer)
+            mixed = list(held)
+            mixed[p.call] = held[p.call].index_put((p.rows,), out.to(held[p.call].dtype))
+            value, _ = loss(values(_Replay(scorer, mixed)))
+            torch.autograd.backward(value)
+            held[p.call][p.rows] = out.detach().to(held[p.call].dtype)
+        outputs = held
+    else:
+        if outputs is None:
+            outputs = forward_outputs(calls, scorer, max_tokens)
+            forwards *= 2
+        leaves = [o.detach().requires_grad_(True) for o in outputs]
+        value, _ = loss(values(_Replay(scorer, leaves)))
+        grads = torch.autograd.grad(value, leaves, allow_unused=True)
+        for p in passes:
+            g = grads[p.call]
+            if g is None:  # the loss does not read this call (e.g. a zero-weight term)
+                g = torch.zeros_like(leaves[p.call])
+            out = calls[p.call].rows(p.rows).run(scorer)
+            torch.autograd.backward((out * g[p.rows]).sum())
+    for _ in range(pad):
+        torch.autograd.backward(scorer.idle_pass())
+    with torch.no_grad():
+        full = values(_Replay(scorer, outputs))
+        total, metrics = loss(full)
+    return Update(loss=total.detach(), metrics={k: v.detach() for k, v in metrics.items()}, values=full.detach(),
+                  forwards=forwards)
+
+
+__all__ = ["LossFn", "Pass", "ScoreCall", "Update", "ValuesFn", "accumulate", "evaluate", "forward_outputs",
+           "split", "trace"]

@@ -1,0 +1,242 @@
+"""One RL step for every backend: the driver's half over a `Ranks` interface, the rank's half in
+`PolicyRank`.
+
+The driver (`rl_step`) expands the step's prompts and per-sample seeds, gives each data-parallel
+group its rows, gathers the rewards, computes the advantages on the whole batch (groups may
+straddle ranks) and hands each rank its share; each rank (`PolicyRank`) generates, scores,
+prepares (shared noise, old and reference values, in token-budget passes) and updates. A single
+process is one rank (`LocalRanks`); Ray runs one `PolicyRank` per actor
+(`dllm_train.distributed`). Validation (`check_settings`) and metrics are the same on both.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, Protocol, TypeVar
+
+import torch
+
+from dllm_rollout import RolloutBatch, SamplingConfig, consistency_gap
+from dllm_train.algorithm import RLAlgorithm, RLBatch
+from dllm_train.dataflow import PromptBatch
+from dllm_train.seeding import sample_seeds
+from dllm_train.workers import ActorWorker, Prepared, ReferenceWorker, RewardWorker, RolloutWorker, special_tokens
+
+D = TypeVar("D")
+PromptSampler = Callable[[int], PromptBatch]
+"""step -> the prompts of that step (deterministic in step)."""
+
+
+def check_settings(algorithm: RLAlgorithm[Any], sampling: SamplingConfig, *, consistency_every: int) -> None:
+    """Raise before any work on settings no step can honour (field, value and fix in the message)."""
+    if consistency_every and not sampling.record_trajectory:
+        raise ValueError(
+            f"trainer.consistency_every={consistency_every} needs recorded trajectories; "
+            "set rollout.record_trajectory=true (or trainer.consistency_every=0)"
+        )
+    if sampling.editing_threshold is not None and (algorithm.replays_trajectory or consistency_every):
+        why = (f"algorithm {algorithm.label} reads the rollout's trajectory" if algorithm.replays_trajectory
+               else f"trainer.consistency_every={consistency_every} replays it")
+        raise ValueError(
+            f"{why}, but rollout.editing_threshold={sampling.editing_threshold} lets the decoder "
+            "rewrite committed tokens, which no step replay reproduces: unset rollout.editing_threshold, "
+            "or use an algorithm that does not read trajectories (and trainer.consistency_every=0)"
+        )
+
+
+@dataclass(frozen=True)
+class RankRollout:
+    """What a rank reports after its rollout: rewards [b], response lengths [b], metrics."""
+
+    scores: torch.Tensor
+    lengths: torch.Tensor
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+class PolicyRank(Generic[D]):
+    """One rank's workers and its half of a step (the same object locally and on Ray).
+
+    Args:
+        rollout, reward, actor: the workers (the rollout model may be the actor's, locally).
+        reference: the reference worker, for algorithms with `needs_reference`.
+        plan_generator: step -> the generator of this rank's `prepare` noise.
+        consistency_every: every N steps, replay the rollout's trajectory without cache on the
+            rollout model before the update and report the gap (0: never).
+        share: hands the rollout of a sequence-parallel group's leader to the other ranks of the
+            group (identity without sequence parallelism); `generates` says whether this rank
+            decodes.
+    """
+
+    def __init__(self, *, rollout: RolloutWorker, reward: RewardWorker, actor: ActorWorker[D],
+                 reference: ReferenceWorker | None, plan_generator: Callable[[int], torch.Generator],
+                 consistency_every: int = 0, generates: bool = True,
+                 share: Callable[[Any], Any] | None = None) -> None:
+        algorithm = actor.algorithm
+        if algorithm.needs_reference and reference is None:
+            raise ValueError(f"algorithm {algorithm.label} needs a reference model; pass reference=")
+        check_settings(algorithm, rollout.sampling, consistency_every=consistency_every)
+        self.rollout = rollout
+        self.reward = reward
+        self.actor = actor
+        self.reference = reference
+        self.plan_generator = plan_generator
+        self.consistency_every = consistency_every
+        self.generates = generates
+        self.share = share
+        self.prepared: Prepared[D] | None = None
+        self.timings: dict[str, float] = {}
+
+    def rollout_step(self, step: int, prompts: Sequence[Sequence[int]], answers: Sequence[str],
+                     seeds: torch.Tensor, groups: torch.Tensor) -> RankRollout:
+        """Generate, score and prepare this rank's rows (old and reference values included).
+
+        Its metrics include the seconds of each part (`rollout_s`, `old_s`, `reference_s`) and,
+        on CUDA, the peak GiB allocated since the step began (`peak_gib`, completed by `update`).
+        """
+        payload: tuple[RolloutBatch, RLBatch] | None = None
+        metrics: dict[str, float] = {}
+        clock = _Clock()
+        if self.generates:
+            rollout = self.rollout.generate(prompts, seeds)
+            metrics["rollout_s"] = clock.lap()
+            batch = self.reward.score(rollout, answers, groups, special_tokens(self.rollout.model))
+            every = self.consistency_every
+            if every and (step + 1) % every == 0:
+                # the replay of the rollout with the weights that generated it (before the update)
+                gap = consistency_gap(self.rollout.model, rollout)
+                metrics.update({f"consistency_{k}": float(v) for k, v in gap.items()})
+            payload = (rollout, batch)
+        if self.share is not None:
+            payload, metrics = self.share((payload, metrics))
+        assert payload is not None
+        rollout, batch = payload
+        clock.lap()
+        prepared = self.actor.prepare(batch, self.plan_generator(step))
+        metrics["old_s"] = clock.lap()
+        if self.reference is not None:
+            from dataclasses import replace
+
+            prepared = replace(prepared, ref=self.reference.values(self.actor.algorithm, prepared))
+            metrics["reference_s"] = clock.lap()
+        self.prepared = prepared
+        self.timings = {k: v for k, v in metrics.items() if k.endswith("_s")}
+        return RankRollout(scores=batch.scores, lengths=rollout.response_mask.float().sum(-1),
+                           metrics={k: v for k, v in metrics.items() if not k.endswith("_s")})
+
+    def update(self, advantages: torch.Tensor) -> dict[str, float]:
+        """The actor's update on this rank's prepared rows; its metrics carry this rank's timings."""
+        assert self.prepared is not None, "rollout_step must run before update"
+        prepared, self.prepared = self.prepared, None
+        clock = _Clock()
+        out = self.actor.update(prepared, advantages.to(prepared.batch.rollout.response_mask.device))
+        out.update(self.timings, update_s=clock.lap())
+        if torch.cuda.is_available():
+            out["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+            torch.cuda.reset_peak_memory_stats()
+        return out
+
+
+class _Clock:
+    """Seconds between laps (the device synchronised first, so GPU work is counted where it ran)."""
+
+    def __init__(self) -> None:
+        self.t = self._now()
+
+    @staticmethod
+    def _now() -> float:
+        if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    def lap(self) -> float:
+        now = self._now()
+        out, self.t = now - self.t, now
+        return out
+
+
+class Ranks(Protocol):
+    """The ranks of a run, seen from the driver: `data_parallel` groups of rows, and the calls."""
+
+    @property
+    def data_parallel(self) -> int: ...
+
+    def group_of(self, rank: int) -> int:
+        """The data-parallel group of `rank`."""
+        ...
+
+    @property
+    def size(self) -> int: ...
+
+    def rollout(self, args: list[tuple[Any, ...]]) -> list[RankRollout]: ...
+
+    def update(self, advantages: list[torch.Tensor]) -> list[dict[str, float]]: ...
+
+
+class LocalRanks:
+    """One process: a single `PolicyRank`."""
+
+    def __init__(self, rank: PolicyRank[Any]) -> None:
+        self.rank = rank
+
+    data_parallel = 1
+    size = 1
+
+    def group_of(self, rank: int) -> int:
+        return 0
+
+    def rollout(self, args: list[tuple[Any, ...]]) -> list[RankRollout]:
+        return [self.rank.rollout_step(*args[0])]
+
+    def update(self, advantages: list[torch.Tensor]) -> list[dict[str, float]]:
+        return [self.rank.update(advantages[0])]
+
+
+def shard_rows(batch: int, groups: int, group: int) -> slice:
+    """Contiguous rows of data-parallel group `group` when `batch` samples are split over `groups`."""
+    if batch % groups:
+        raise ValueError(f"rollout batch {batch} (prompts_per_step x group_size) must be divisible by "
+                         f"the number of data-parallel groups {groups}")
+    per = batch // groups
+    return slice(group * per, (group + 1) * per)
+
+
+def all_equal_groups(scores: torch.Tensor, groups: torch.Tensor) -> float:
+    """Fraction of groups whose rewards are all equal (they carry no GRPO signal)."""
+    equal = [bool((scores[groups == g] == scores[groups == g][0]).all()) for g in torch.unique(groups)]
+    return sum(equal) / max(1, len(equal))
+
+
+def rl_step(step: int, *, prompts: PromptSampler, ranks: Ranks, algorithm: RLAlgorithm[Any],
+            seed: int) -> dict[str, float]:
+    """One RL step on `ranks`: rollout, rewards, advantages on the whole batch, update; its metrics.
+
+    Per-rank metrics are averaged over ranks (the peak memory is the largest rank's); reward
+    statistics are over the whole batch.
+    """
+    expanded, answers, groups = prompts(step).expanded()
+    seeds = sample_seeds(seed, len(expanded), "rollout", step)
+    rows = [shard_rows(len(expanded), ranks.data_parallel, ranks.group_of(r)) for r in range(ranks.size)]
+    outs = ranks.rollout([(step, expanded[s], answers[s], seeds[s], groups[s]) for s in rows])
+    firsts = [outs[r] for r in range(ranks.size) if r == 0 or ranks.group_of(r) != ranks.group_of(r - 1)]
+    scores = torch.cat([o.scores.cpu() for o in firsts])
+    lengths = torch.cat([o.lengths.cpu() for o in firsts])
+    advantages = algorithm.advantages(scores, groups)
+    per_rank = ranks.update([advantages[s] for s in rows])
+    metrics = {k: (max(m[k] for m in per_rank) if k == "peak_gib" else sum(m[k] for m in per_rank) / len(per_rank))
+               for k in per_rank[0]}
+    for o in firsts:  # consistency gaps of the groups' rows, averaged
+        for k, v in o.metrics.items():
+            metrics[k] = metrics.get(k, 0.0) + v / len(firsts)
+    metrics.update({
+        "reward_mean": float(scores.mean()),
+        "reward_std": float(scores.std()) if scores.numel() > 1 else 0.0,
+        "response_length": float(lengths.mean()),
+        "groups_all_equal": all_equal_groups(scores, groups),
+    })
+    return metrics
+
+
+__all__ = ["LocalRanks", "PolicyRank", "PromptSampler", "RankRollout", "Ranks", "all_equal_groups",
+           "check_settings", "rl_step", "shard_rows"]

@@ -1,0 +1,40 @@
+"""A Ray rank that fails surfaces as an error in bounded time, not as a hang of the driver."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(180)]
+
+
+def failing_rank_setup() -> Any:
+    """A rank setup that raises on rank 1 only (runs inside each Ray actor)."""
+    import torch.distributed as dist
+
+    from tests.dllm_train.distributed_helpers import tiny_rank_setup
+
+    if dist.get_rank() == 1:
+        raise RuntimeError("rank 1 fails on purpose")
+    return tiny_rank_setup()
+
+
+def test_a_failing_rank_is_an_error_not_a_hang(ray_cluster: Any) -> None:
+    from ray._raylet import PlacementGroupID
+    from ray.util.placement_group import PlacementGroup, placement_group_table, remove_placement_group
+
+    from dllm_train.distributed import DistributedConfig
+    from dllm_train.distributed.ray_backend import RayActorGroup
+
+    before = set(placement_group_table())
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(Exception, match="rank 1 fails on purpose"):
+            RayActorGroup(failing_rank_setup, DistributedConfig(num_workers=2))
+        assert time.monotonic() - t0 < 120  # surfaced, not left waiting for the lost rank
+    finally:  # free the failed group's CPUs for the tests after this one
+        for pg_id, info in placement_group_table().items():
+            if pg_id not in before and info.get("state") != "REMOVED":
+                remove_placement_group(PlacementGroup(PlacementGroupID(bytes.fromhex(pg_id))))
