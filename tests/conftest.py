@@ -11,6 +11,16 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
+RAY_TEST_TIMEOUT_S = 240
+"""Per-test bound of `ray` tests (14-33 s each on a shared 2-core machine, mostly actor start-up),
+well under the suite's global 600 s: a hung rank fails its test, not the whole suite."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Give every `ray` test the `RAY_TEST_TIMEOUT_S` bound unless it sets its own timeout."""
+    for item in items:
+        if item.get_closest_marker("ray") is not None and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(RAY_TEST_TIMEOUT_S))
 
 
 @pytest.fixture(scope="session")

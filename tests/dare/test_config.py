@@ -1,13 +1,19 @@
-"""Run configs: dotted overrides, validation messages, JSON round trip."""
+"""Run configs: dotted overrides, validation messages, JSON round trip, sections per kind of run,
+the typed algorithm section, and `dare show`."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
-from dare.config import apply_overrides, load_config, save_config
-from dare.recipes import get_recipe, quickstart
+from dare.cli import main
+from dare.config import RunConfig, apply_overrides, load_config, save_config, to_dict
+from dare.recipes import RECIPES, get_recipe, quickstart
+from dare.show import field_docs
+from dllm_algorithms import BGPO
+from dllm_train import TrainerConfig
 
 
 def test_overrides_reach_nested_fields_with_types() -> None:
@@ -40,3 +46,126 @@ def test_config_json_round_trip(tmp_path: Path) -> None:
     cfg = apply_overrides(quickstart(), ["sft.steps=11"])
     save_config(cfg, tmp_path / "c.json")
     assert load_config(tmp_path / "c.json") == cfg
+
+
+def test_algorithm_section_is_an_ordinary_dotted_override() -> None:
+    cfg = apply_overrides(get_recipe("llada-bgpo"), ["algorithm.mc_num=4", "algorithm.clip_high=0.28"])
+    assert cfg.algorithm == BGPO(mc_num=4, clip_high=0.28)  # the entry the run trains with
+    with pytest.raises(ValueError, match="algorithm.mc_num: expected an integer, got 'four'"):
+        apply_overrides(cfg, ["algorithm.mc_num=four"])
+    with pytest.raises(ValueError, match=r"unknown config key 'algorithm.mc_nm': algorithm 'bgpo' has "
+                                         r"\['clip_high', 'clip_low', 'dual_clip', 'mc_num'\]"):
+        apply_overrides(cfg, ["algorithm.mc_nm=4"])
+    with pytest.raises(ValueError, match="algorithm.num_iterations must be >= 1"):  # the entry's own validation
+        apply_overrides(get_recipe("llada-espo"), ["algorithm.num_iterations=0"])
+
+
+def test_algorithm_name_switches_the_section_to_its_defaults() -> None:
+    cfg = apply_overrides(quickstart(), ["algorithm=bgpo", "algorithm.mc_num=2"])
+    assert cfg.algorithm_name == "bgpo" and cfg.algorithm == BGPO(mc_num=2)
+    assert apply_overrides(cfg, ["algorithm_name=d1"]).algorithm.clip_low == 0.2
+    with pytest.raises(ValueError, match="algorithm 'nosuch' is unknown; choose one of"):
+        apply_overrides(quickstart(), ["algorithm=nosuch"])
+    with pytest.raises(ValueError, match="not an RL algorithm"):
+        apply_overrides(quickstart(), ["algorithm=vrpo"])
+    with pytest.raises(ValueError, match=r"algorithm 'ebpo' is defined for \['sdar'.*not family 'llada'"):
+        apply_overrides(quickstart(), ["algorithm=ebpo"])  # block families only; the tiny model is LLaDA
+    with pytest.raises(ValueError, match="is a preference recipe.*not rl, rl_optim.*such as llada-vrpo"):
+        apply_overrides(get_recipe("llada-d1"), ["algorithm=vrpo"])
+
+
+def test_clip_settings_live_on_the_algorithm_only() -> None:
+    with pytest.raises(ValueError, match=r"unknown config key 'rl.clip_low': RLConfig has \['group_size'"):
+        apply_overrides(quickstart(), ["rl.clip_low=0.1"])
+    assert apply_overrides(quickstart(), ["algorithm.clip_low=0.1"]).algorithm.clip_low == 0.1
+
+
+def test_a_run_has_only_the_sections_of_its_kind(tmp_path: Path) -> None:
+    assert {"task", "model", "sft", "eval"} <= set(to_dict(quickstart()))
+    for name, keys in [("llada-d1", {"checkpoint", "data", "rl", "rl_optim"}),
+                       ("llada-sft", {"checkpoint", "data", "sft", "sft_optim"}),
+                       ("llada-vrpo", {"checkpoint", "data", "preference", "preference_optim"})]:
+        save_config(get_recipe(name), tmp_path / f"{name}.json")
+        saved = json.loads((tmp_path / f"{name}.json").read_text())
+        assert set(saved) == {"recipe", "algorithm_name", "algorithm", "rollout", "trainer", *keys}, name
+    with pytest.raises(ValueError, match="config key 'preference.pairs_per_step': recipe 'llada-d1' is an RL "
+                                         "recipe, which has no 'preference' section"):
+        apply_overrides(get_recipe("llada-d1"), ["preference.pairs_per_step=8"])
+    with pytest.raises(ValueError, match="config key 'task.digits': recipe 'llada-sft' is an SFT recipe"):
+        apply_overrides(get_recipe("llada-sft"), ["task.digits=2"])
+
+
+def test_sft_loss_settings_have_one_home() -> None:
+    cfg = get_recipe("llada-lora-sft")
+    assert set(to_dict(cfg)["algorithm"]) == {"t_range"}
+    with pytest.raises(ValueError, match="set sft.normalizer instead"):
+        apply_overrides(cfg, ["algorithm.normalizer=response"])
+    with pytest.raises(ValueError, match="set checkpoint.lora_rank and checkpoint.lora_alpha instead"):
+        apply_overrides(cfg, ["algorithm.lora=null"])
+    cfg = apply_overrides(cfg, ["sft.normalizer=response", "checkpoint.lora_rank=4"])
+    assert cfg.algorithm.normalizer == "response" and cfg.algorithm.lora.rank == 4
+
+
+@pytest.mark.parametrize("name", ["quickstart", "llada-bgpo", "llada2-lora-sft", "dream-vrpo"])
+def test_every_kind_round_trips_through_config_json(name: str, tmp_path: Path) -> None:
+    cfg = apply_overrides(get_recipe(name), ["trainer.seed=3"])
+    if cfg.kind in ("rl", "quickstart"):
+        cfg = apply_overrides(cfg, ["algorithm.clip_low=0.1"])
+    save_config(cfg, tmp_path / "c.json")
+    again = load_config(tmp_path / "c.json")
+    assert again == cfg
+    save_config(again, tmp_path / "d.json")
+    assert (tmp_path / "d.json").read_text() == (tmp_path / "c.json").read_text()
+
+
+def test_config_json_of_the_string_algorithm_era_still_loads(tmp_path: Path) -> None:
+    data = to_dict(quickstart())
+    del data["algorithm_name"]
+    data["algorithm"] = "bgpo"
+    (tmp_path / "old.json").write_text(json.dumps(data))
+    assert load_config(tmp_path / "old.json").algorithm == BGPO()
+
+
+def test_train_config_repeats_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import dare.quickstart
+
+    seen: list[RunConfig] = []
+    monkeypatch.setattr(dare.quickstart, "run_quickstart", lambda cfg, *a, **k: seen.append(cfg) or {
+        "eval_accuracy_before_rl": 0.0, "eval_accuracy_after_rl": 0.0, "num_eval_prompts": 1})
+    first = apply_overrides(quickstart(), ["algorithm=bgpo", "algorithm.mc_num=2", "rl_optim.lr=1e-5"])
+    save_config(first, tmp_path / "config.json")
+    assert main(["train", "--config", str(tmp_path / "config.json"), "--output-dir", str(tmp_path / "run")]) == 0
+    assert seen == [first]
+
+
+def test_field_docs_read_the_attributes_sections() -> None:
+    docs = field_docs(TrainerConfig)
+    assert docs["max_steps"] == "number of optimizer steps of the RL phase."
+    assert docs["num_threads"].startswith("torch CPU threads of this process (0 keeps torch's default). Tiny")
+    from dare.config import TinyModelConfig
+
+    assert field_docs(TinyModelConfig)["n_heads"] == "shape."  # `d_model, n_layers, n_heads, ...: shape.`
+
+
+def test_show_and_train_help_list_every_field_with_its_value_and_doc(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["show", "llada-bgpo", "algorithm.mc_num=4"]) == 0
+    out = capsys.readouterr().out
+    assert "LLaDA (masked diffusion), RL: BGPO" in out.splitlines()[0]
+    lines = {line.split("=")[0].strip(): line for line in out.splitlines() if " = " in line}
+    assert lines["algorithm.mc_num"].split("=")[1].split()[0] == "4"
+    assert "Monte-Carlo masks per sequence" in lines["algorithm.mc_num"]  # the algorithm class's own doc
+    assert "learning rate" in lines["rl_optim.lr"] and "5e-07" in lines["rl_optim.lr"]
+    assert "number of optimizer steps" in lines["trainer.max_steps"]
+    cfg = to_dict(apply_overrides(get_recipe("llada-bgpo"), ["algorithm.mc_num=4"]))
+    flat = {f"{s}.{k}" for s, v in cfg.items() if isinstance(v, dict) for k in v} | {k for k, v in cfg.items()
+                                                                                     if not isinstance(v, dict)}
+    assert set(lines) == flat  # every field, nothing else (no quick-start task or model)
+    assert main(["train", "llada-vrpo", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "--output-dir" in out and "preference.pairs_per_step = 64" in out and "algorithm.beta = 0.2" in out
+
+
+def test_every_recipe_shows(capsys: pytest.CaptureFixture[str]) -> None:
+    for name in RECIPES:
+        assert main(["show", name]) == 0, name
+    assert "task.digits = 3" in capsys.readouterr().out

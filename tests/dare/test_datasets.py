@@ -26,7 +26,7 @@ TOK = build_tokenizer()  # characters 0-9 + = (ids 0-11), EOS 12, mask 13; plain
 
 
 def test_verl_sft_layout_reads_question_and_answer(tmp_path: Path) -> None:
-    # the shipped gsm8k_train.parquet layout (spec §5.2): the prompt column carries an instruction
+    # the shipped gsm8k_train.parquet layout (docs/data.md#sft-parquet): the prompt column carries an instruction
     # the SFT prompt leaves out, the response is extra_info.answer
     path = tmp_path / "gsm8k.parquet"
     pq.write_table(pa.table({

@@ -28,7 +28,7 @@ from dare.tasks.addition import build_tokenizer
 from dllm_models import build_model, load_model, save_model
 from dllm_train import PhaseSpec
 from tests.dllm_models.tiny_configs import tiny_sdar_config
-from tests.dllm_train.helpers import tiny_config
+from tests.dare.helpers import tiny_config
 
 TOK = build_tokenizer()
 
@@ -62,10 +62,12 @@ def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 def _args(recipe: str, folders: dict[str, Path], out: Path, *extra: str) -> list[str]:
     family, _, algorithm = recipe.partition("-")
-    data = folders["preference"] if algorithm in ("dpo", "vrpo") else folders["sft"]
+    preference = algorithm in ("dpo", "vrpo")  # each kind has its own sections (no sft.* in a preference run)
+    data = folders["preference"] if preference else folders["sft"]
+    phase = (["preference.pairs_per_step=8", "preference_optim.lr=1e-2"] if preference else
+             ["sft.batch_size=16", "sft_optim.lr=3e-3", "sft_optim.warmup_steps=0"])
     return ["train", recipe, f"checkpoint.checkpoint={folders[family]}", "checkpoint.dtype=float32",
-            f"data.train_files={data}", "sft.batch_size=16", "sft_optim.lr=3e-3", "sft_optim.warmup_steps=0",
-            "preference.pairs_per_step=8", "rl_optim.lr=1e-2", *extra, "--output-dir", str(out), "--no-progress"]
+            f"data.train_files={data}", *phase, *extra, "--output-dir", str(out), "--no-progress"]
 
 
 def _metrics(out: Path) -> list[dict[str, Any]]:
@@ -106,7 +108,7 @@ def test_lora_sft_trains_only_the_adapters(folders: dict[str, Path], tmp_path: P
     assert changed and all(k.replace(".weight", ".base_layer.weight") in trained for k in changed)
 
 
-@pytest.mark.parametrize(("algorithm", "extra"), [("dpo", 'algorithm_args=["mc_num=4"]'), ("vrpo", "")])
+@pytest.mark.parametrize(("algorithm", "extra"), [("dpo", "algorithm.mc_num=4"), ("vrpo", "")])
 def test_preference_training_raises_the_margin(algorithm: str, extra: str, folders: dict[str, Path],
                                                tmp_path: Path) -> None:
     out = tmp_path / "run"
@@ -127,7 +129,8 @@ class _Stop(Exception):
                                               ("llada-vrpo", "")])
 def test_resume_after_a_crash_equals_an_uninterrupted_run(recipe: str, extra: str, folders: dict[str, Path],
                                                          tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    steps = ["sft.steps=8", "trainer.max_steps=8", "trainer.save_every=2", *([extra] if extra else [])]
+    steps = ["sft.steps=8" if recipe.endswith("sft") else "trainer.max_steps=8", "trainer.save_every=2",
+             *([extra] if extra else [])]
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     assert main(_args(recipe, folders, straight, *steps)) == 0
 
@@ -174,7 +177,8 @@ def test_bad_columns_name_the_column_and_the_fix(folders: dict[str, Path], tmp_p
     ("checkpoint.lora_rank=0", "set checkpoint.lora_rank=16"),
     ("sft.steps=0", "set sft.steps=N"),
     ("checkpoint.checkpoint=/nonexistent", "is not a model folder"),
-    ("algorithm_args=[\"normalizer=response\"]", "set sft.normalizer instead"),
+    ("algorithm.normalizer=response", "set sft.normalizer instead"),
+    ("algorithm.t_rang=[0.3, 0.8]", "algorithm 'lora-sft' has ['t_range']"),
 ])
 def test_bad_config_fails_before_work(override: str, needle: str, folders: dict[str, Path], tmp_path: Path,
                                       capsys: pytest.CaptureFixture[str]) -> None:

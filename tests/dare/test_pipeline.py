@@ -15,7 +15,7 @@ from dare.cli import main
 from dare.quickstart import build_tiny_model
 from dare.tasks.addition import build_tokenizer
 from dllm_models import load_model, save_model
-from tests.dllm_train.helpers import tiny_config
+from tests.dare.helpers import measured, tiny_config
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +82,7 @@ def test_rl_recipe_resumes_exactly_on_each_backend(backend: str, tiny_checkpoint
     # two off-policy optimizer steps per batch
     def train(out: Path, steps: int) -> int:
         return main(["train", "llada-espo", f"checkpoint.checkpoint={tiny_checkpoint}", "checkpoint.dtype=float32",
-                     'algorithm_args=["num_iterations=2"]',
+                     "algorithm.num_iterations=2",
                      f"data.train_files={sums_parquet}", "rollout.max_new_tokens=4", "rollout.steps=4",
                      "rollout.block_length=4", "rl.prompts_per_step=2", "rl.group_size=2", "rl_optim.lr=1e-3",
                      f"trainer.backend={backend}", "trainer.num_workers=2", f"trainer.max_steps={steps}",
@@ -94,9 +94,20 @@ def test_rl_recipe_resumes_exactly_on_each_backend(backend: str, tiny_checkpoint
     assert train(resumed, 2) == 0  # the same folder again: resumes after its step-1 checkpoint
     # every step ran on the Ray ranks, and the resumed run only step 2
     assert ray_steps == ([0, 1, 0, 1] if backend == "ray" else [])
-    assert (resumed / "metrics.jsonl").read_text() == (straight / "metrics.jsonl").read_text()
+    assert measured(resumed / "metrics.jsonl") == measured(straight / "metrics.jsonl")  # (without timings)
     assert json.loads((straight / "metrics.jsonl").read_text().splitlines()[1])["kl"] > 0  # a reference at work
     a, b = load_model(straight / "model").state_dict(), load_model(resumed / "model").state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
     start = load_model(tiny_checkpoint).state_dict()
     assert any(not torch.equal(a[k], start[k]) for k in a)  # the trained weights reached the export
+
+
+def test_rl_recipe_honours_num_threads(tiny_checkpoint: Path, sums_parquet: Path, tmp_path: Path,
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    threads: list[int] = []
+    monkeypatch.setattr(torch, "set_num_threads", threads.append)  # recorded, not applied to the test process
+    assert main(["train", "llada-d1", f"checkpoint.checkpoint={tiny_checkpoint}", "checkpoint.dtype=float32",
+                 f"data.train_files={sums_parquet}", "rollout.max_new_tokens=4", "rollout.steps=4",
+                 "rollout.block_length=4", "rl.prompts_per_step=2", "rl.group_size=2", "trainer.max_steps=1",
+                 "trainer.num_threads=3", "--output-dir", str(tmp_path / "run"), "--no-progress"]) == 0
+    assert threads == [3]

@@ -124,3 +124,14 @@ def test_dare_local_follows_the_local_bench_script() -> None:
     assert get_benchmark("countdown").decoding("dare_local").max_new_tokens == 256
     with pytest.raises(ValueError, match="reward_mode"):
         Preset(name="x", decoding=pre.decoding, reward_mode="nope")
+
+
+def test_a_block_model_decodes_a_preset_on_its_own_block_grid() -> None:
+    from dllm_eval.presets import DecodingSettings, for_model
+
+    d1_like = DecodingSettings(max_new_tokens=256, steps=128, block_length=32)
+    assert for_model(d1_like, None) == d1_like  # masked diffusion: as the preset says
+    sdar = for_model(d1_like, 4)  # two tokens a step, as the preset: 2 steps per block of 4
+    assert (sdar.max_new_tokens, sdar.block_length, sdar.steps, sdar.cache) == (256, 4, 2, "prefix")
+    llada2 = for_model(DecodingSettings(max_new_tokens=256, steps=256, block_length=8, cache="dual"), 32)
+    assert (llada2.block_length, llada2.steps, llada2.cache) == (32, 32, "dual")

@@ -325,25 +325,25 @@ def test_tiny_model_kernels_on_vs_off_on_gpu(family: str, dtype: torch.dtype) ->
 
 @pytest.mark.gpu
 @needs_cuda
-def test_bf16_rounding_matches_plain_bit_for_bit_mostly_on_gpu() -> None:
-    """The fused forward rounds where the plain path rounds: almost every bf16 output is equal."""
-    g = torch.Generator(device="cuda").manual_seed(0)
-    x = torch.randn(64, 4096, generator=g, device="cuda").bfloat16()
-    r = torch.randn(64, 4096, generator=g, device="cuda").bfloat16()
-    for scale in (False, True):
-        norm = RMSNorm(4096, 1e-6, scale_in_fp32=scale).cuda().bfloat16()
-        nn.init.normal_(norm.weight, 1.0, 0.3, generator=g)
-        y_f, _ = norm.add_forward(x, r, KernelConfig())
-        y_p, _ = norm.add_forward(x, r, PLAIN)
-        assert (y_f != y_p).float().mean() < 1e-3
-    q = torch.randn(2, 128, 32, 128, generator=g, device="cuda").bfloat16()
-    cos, sin = rope_cos_sin(torch.arange(128, device="cuda")[None], 128, 1e6)
-    for full in (False, True):
-        a = rotate_heads(q, cos, sin, norm=None, full_precision=full, kernels=KernelConfig())
-        b = rotate_heads(q, cos, sin, norm=None, full_precision=full, kernels=PLAIN)
-        assert (a != b).float().mean() < 1e-3
-    gate = torch.randn(64, 4096, generator=g, device="cuda").bfloat16()
-    assert (swiglu(gate, r, KernelConfig()) != swiglu(gate, r, PLAIN)).float().mean() < 1e-3
+@pytest.mark.parametrize("family", DENSE)
+def test_bf16_fused_error_against_float32_is_no_worse_than_plain_on_gpu(family: str) -> None:
+    """bf16 with the kernels is as close to the float32 model as bf16 without them.
+
+    The fused kernels keep float32 in registers where the plain path rounds intermediate products
+    to bf16, so their bf16 outputs are not bit-equal to the plain ones; what matters is that they
+    are no further from the exact (float32) function.
+    """
+    ref = _tiny(family, torch.float32, "cuda").eval()
+    ids = torch.randint(0, 40, (4, 48), generator=torch.Generator().manual_seed(3)).cuda()
+    with torch.no_grad():
+        exact = ref(ids).logits.float()
+        errors = {}
+        for fused in (True, False):
+            model = _tiny(family, torch.bfloat16, "cuda").eval()
+            if not fused:
+                model.kernels = PLAIN  # type: ignore[assignment]
+            errors[fused] = _rel(model(ids).logits.float(), exact)
+    assert errors[True] <= 1.25 * errors[False] + 1e-3, (family, errors)
 
 
 @pytest.mark.gpu

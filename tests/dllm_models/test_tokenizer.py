@@ -1,4 +1,5 @@
-"""Release tokenizers load without remote code; chat templates and mask ids follow spec §1.2."""
+"""Release tokenizers load without remote code; chat templates and mask ids follow
+docs/models.md#tokenizers."""
 
 from __future__ import annotations
 

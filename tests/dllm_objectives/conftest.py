@@ -1,4 +1,5 @@
-"""Shared fixtures for dllm_objectives tests: a toy joint with exact conditionals (spec §1.6)."""
+"""Shared fixtures for dllm_objectives tests: a toy joint with exact conditionals
+(docs/algorithms.md#elbo)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Tests for dllm_objectives.advantages (spec §1.1, §7.11)."""
+"""Tests for dllm_objectives.advantages (docs/algorithms.md#advantages)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Tests for dllm_objectives.block (spec §3, §2.7 EBPO masking M6)."""
+"""Tests for dllm_objectives.block (docs/algorithms.md#block-diffusion, #ebpo masking M6)."""
 
 from __future__ import annotations
 

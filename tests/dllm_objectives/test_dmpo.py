@@ -1,4 +1,4 @@
-"""Tests for dllm_objectives.dmpo (spec §2.12)."""
+"""Tests for dllm_objectives.dmpo (docs/algorithms.md#dmpo)."""
 
 from __future__ import annotations
 

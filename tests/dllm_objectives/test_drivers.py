@@ -1,4 +1,4 @@
-"""Tests for dllm_objectives.drivers: model-in-the-loop protocols equal plain autograd (spec §7.9)."""
+"""Tests for dllm_objectives.drivers: model-in-the-loop protocols equal plain autograd."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Tests for dllm_objectives.kl (spec §1.4, §7.12)."""
+"""Tests for dllm_objectives.kl (docs/algorithms.md#kl)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Tests for dllm_objectives.likelihood: hand cases and ELBO exactness relations (spec §1.6, §7.1-2)."""
+"""Tests for dllm_objectives.likelihood: hand cases and ELBO exactness relations
+(docs/algorithms.md#elbo, #invariants)."""
 
 from __future__ import annotations
 

@@ -55,7 +55,8 @@ def test_coupled_masks_partition_valid_positions() -> None:
 
 def test_coupled_fixed_seed_parity_reproduces_dare_quirk() -> None:
     # DARE: set_seed(42); t = random.uniform(0.2, 0.8); u = torch.rand((1, l)) -> identical for
-    # every row and every call (spec §8.1). t = 0.2 + 0.6 * 0.6394267984578837 = 0.58366
+    # every row and every call (docs/algorithms.md#quirk-coupled-seed).
+    # t = 0.2 + 0.6 * 0.6394267984578837 = 0.58366
     _, resp = _rows()
     resp = torch.ones(3, 8, dtype=torch.bool)
     p1 = do.coupled_masks(resp, fixed_seed=42, generator=torch.Generator().manual_seed(1))

@@ -1,4 +1,4 @@
-"""Tests for dllm_objectives.policy (spec §1.2-1.3, §2.4, §2.6-2.7, §7.7-7.10)."""
+"""Tests for dllm_objectives.policy (docs/algorithms.md#clipped-surrogate, #invariants)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Tests for dllm_objectives.preference (spec §2.3, §5, §7.14)."""
+"""Tests for dllm_objectives.preference (docs/algorithms.md#dpo, #vrpo)."""
 
 from __future__ import annotations
 

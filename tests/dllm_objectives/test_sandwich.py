@@ -1,4 +1,4 @@
-"""Tests for dllm_objectives.sandwich (SPG, spec §2.5, §7.13)."""
+"""Tests for dllm_objectives.sandwich (SPG, docs/algorithms.md#spg)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Tests for dllm_objectives.sft (spec §4, §7.16)."""
+"""Tests for dllm_objectives.sft (docs/algorithms.md#sft)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Tests for dllm_objectives.trajectory (CJ-GRPO, JustGRPO, MDPO; spec §2.8-2.11, §7.15)."""
+"""Tests for dllm_objectives.trajectory (CJ-GRPO, JustGRPO, MDPO; docs/algorithms.md#cj-grpo)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Tests for dllm_objectives.tree (d-TreeRPO, spec §2.10)."""
+"""Tests for dllm_objectives.tree (d-TreeRPO, docs/algorithms.md#d-treerpo)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Dream's decoding algorithms against a direct re-implementation of their definitions (spec 2.3)."""
+"""Dream's decoding algorithms against a direct re-implementation of their definitions
+(docs/generation.md#dream)."""
 
 from __future__ import annotations
 

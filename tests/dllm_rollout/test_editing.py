@@ -1,4 +1,7 @@
-"""Token editing (LLaDA2.1 joint-threshold decoding, spec 2.5) against a plain per-row reference loop."""
+"""Token editing (LLaDA2.1 joint-threshold decoding) against a plain per-row reference loop.
+
+The algorithm: docs/generation.md#llada2.
+"""
 
 from __future__ import annotations
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -52,3 +53,19 @@ def test_model_with_lora_adapters_resumes(tmp_path: Path, tiny_llada: torch.nn.M
     ref = latest_checkpoint(tmp_path)
     assert ref is not None and load_checkpoint(ref, model) == {"step": 1}
     assert all(torch.equal(v, saved[k]) for k, v in model.state_dict().items())
+
+
+def test_a_failed_checkpoint_write_says_why_and_leaves_no_partial_folder(tmp_path: Path, monkeypatch: Any) -> None:
+    import torch
+
+    from dllm_train import list_checkpoints, save_checkpoint
+    from tests.tiny_rl import tiny_model
+
+    def full_disk(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 3261214848 vs 3261214740")
+
+    monkeypatch.setattr(torch, "save", full_disk)
+    with pytest.raises(OSError, match="free disk space"):
+        save_checkpoint(tmp_path, order=0, phase="rl", step=1, model=tiny_model("llada"), state={})
+    assert list_checkpoints(tmp_path) == []
+    assert not [p for p in (tmp_path / "checkpoints").iterdir()]

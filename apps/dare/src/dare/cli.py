@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -13,10 +14,11 @@ from typing import Any
 from tqdm import tqdm
 
 from dare.algorithms import describe
-from dare.config import apply_overrides, load_config
+from dare.config import RunConfig, apply_overrides, load_config
 from dare.evaluate import add_eval_parser
-from dare.recipes import RECIPES, get_recipe
-from dare.run_config_ext import RecipeRunConfig
+from dare.inputs import check_eval_inputs
+from dare.recipes import RECIPE_DOCS, RECIPES, get_recipe
+from dare.run_folder import check_run_folder, config_change_allowed
 
 
 class _TqdmHandler(logging.Handler):
@@ -34,39 +36,41 @@ def _setup_logging(verbose: bool) -> None:
     root.setLevel(logging.INFO if not verbose else logging.DEBUG)
 
 
-def _run_recipe(cfg: RecipeRunConfig, out: Path, *, progress: bool) -> dict[str, Any]:
-    """Run a checkpoint recipe through the pipeline of its algorithm's kind (RL, SFT, preference)."""
-    from dare.algorithms import ALGORITHMS, PREFERENCE_ALGORITHMS, SFT_ALGORITHMS
-
-    if cfg.algorithm in ALGORITHMS:
+def _run_recipe(cfg: RunConfig, out: Path, *, progress: bool) -> dict[str, Any]:
+    """Run a checkpoint recipe through the pipeline of its kind (RL, SFT, preference)."""
+    if cfg.kind == "rl":
         from dare.pipeline import run_rl_recipe
 
         return run_rl_recipe(cfg, out, progress=progress)
     from dare.offline_pipeline import run_preference_recipe, run_sft_recipe
 
-    if cfg.algorithm in SFT_ALGORITHMS:
+    if cfg.kind == "sft":
         return run_sft_recipe(cfg, out, progress=progress)
-    if cfg.algorithm in PREFERENCE_ALGORITHMS:
-        return run_preference_recipe(cfg, out, progress=progress)
-    raise ValueError(f"algorithm {cfg.algorithm!r} is unknown; choose one of "
-                     f"{sorted([*ALGORITHMS, *SFT_ALGORITHMS, *PREFERENCE_ALGORITHMS])}")
+    return run_preference_recipe(cfg, out, progress=progress)
+
+
+def _resolved(args: argparse.Namespace) -> RunConfig:
+    """The run config of `args`: `--config FILE` or the recipe, with the dotted overrides applied."""
+    if args.config and args.recipe:
+        raise ValueError(f"pass either a recipe ({args.recipe!r}) or --config {args.config}, not both")
+    cfg = load_config(Path(args.config)) if args.config else get_recipe(args.recipe or "quickstart")
+    return apply_overrides(cfg, args.overrides)
 
 
 def _train(args: argparse.Namespace) -> int:
-    if args.config:
-        cfg = load_config(Path(args.config))
-    else:
-        cfg = get_recipe(args.recipe or "quickstart")
-    cfg = apply_overrides(cfg, args.overrides)
+    cfg = _resolved(args)
     out = Path(args.output_dir) if args.output_dir else Path("runs") / f"{cfg.recipe}-{time.strftime('%Y%m%d-%H%M%S')}"
-    logging.getLogger(__name__).info("output folder: %s", out)
-    if isinstance(cfg, RecipeRunConfig):
-        summary = _run_recipe(cfg, out, progress=not args.no_progress)
-        print(f"finished {summary['steps']} steps; outputs in {out}")
-        return 0
-    from dare.quickstart import run_quickstart
+    with config_change_allowed(args.allow_config_change):
+        check_run_folder(cfg, out)  # a different run in the folder is refused before any work
+        args.resolved_output_dir = str(out)  # for the resume hint of an interrupted run
+        logging.getLogger(__name__).info("output folder: %s", out)
+        if cfg.kind != "quickstart":
+            summary = _run_recipe(cfg, out, progress=not args.no_progress)
+            print(f"finished {summary['steps']} steps; outputs in {out}")
+            return 0
+        from dare.quickstart import run_quickstart
 
-    summary = run_quickstart(cfg, out, progress=not args.no_progress)
+        summary = run_quickstart(cfg, out, progress=not args.no_progress)
     print(
         f"held-out accuracy: after SFT {summary['eval_accuracy_before_rl']:.3f} -> "
         f"after RL {summary['eval_accuracy_after_rl']:.3f} on {summary['num_eval_prompts']} prompts; "
@@ -76,42 +80,119 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _recipes(args: argparse.Namespace) -> int:
-    for name, fn in RECIPES.items():
-        print(f"{name:20s} {(fn.__doc__ or '').strip().splitlines()[0]}")
+    for name in RECIPES:
+        print(f"{name:20s} {RECIPE_DOCS[name]}")
     print("\nalgorithms:")
     for name, doc in describe().items():
         print(f"  {name:18s} {doc}")
     return 0
 
 
+def _show(args: argparse.Namespace) -> int:
+    from dare.show import describe_config
+
+    cfg = _resolved(args)
+    if args.train_help:
+        print(_train_arguments(argparse.ArgumentParser(prog="dare train", description=_TRAIN)).format_help())
+    print(describe_config(cfg, RECIPE_DOCS.get(cfg.recipe, "")))
+    return 0
+
+
+_TRAIN = "Run a recipe (default: the CPU quick start). `dare train RECIPE --help` also lists the recipe's fields."
+
+
+def _train_arguments(train: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    train.add_argument("recipe", nargs="?", help="a recipe of `dare recipes` (default: quickstart)")
+    train.add_argument("overrides", nargs="*", help="dotted overrides, e.g. trainer.max_steps=10 algorithm.mc_num=4")
+    train.add_argument("--output-dir", help="run folder (default runs/<recipe>-<time>); rerun to resume")
+    train.add_argument("--config", help="a resolved config.json from an earlier run")
+    train.add_argument("--no-progress", action="store_true", help="no progress bar")
+    train.add_argument("--allow-config-change", action="store_true",
+                       help="resume a run folder although the config differs in fields that must not change")
+    return train
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dare", description="Post-train and evaluate diffusion LLMs.")
     parser.add_argument("-v", "--verbose", action="store_true")
     sub = parser.add_subparsers(dest="command", required=True)
-    train = sub.add_parser("train", help="run a recipe (default: the CPU quick start)")
-    train.add_argument("recipe", nargs="?", help=f"one of {sorted(RECIPES)}")
-    train.add_argument("overrides", nargs="*", help="dotted overrides, e.g. trainer.max_steps=10")
-    train.add_argument("--output-dir", help="run folder (default runs/<recipe>-<time>); rerun to resume")
-    train.add_argument("--config", help="a resolved config.json from an earlier run")
-    train.add_argument("--no-progress", action="store_true", help="no progress bar")
+    train = _train_arguments(sub.add_parser("train", help="run a recipe (default: the CPU quick start)",
+                                            description=_TRAIN))
     train.set_defaults(func=_train)
     add_eval_parser(sub)
     rec = sub.add_parser("recipes", help="list recipes and algorithms")
     rec.set_defaults(func=_recipes)
+    show = sub.add_parser("show", help="every field of a recipe's config, with its value and doc")
+    show.add_argument("recipe", nargs="?", help="a recipe of `dare recipes` (default: quickstart)")
+    show.add_argument("overrides", nargs="*", help="dotted overrides applied first, e.g. algorithm=bgpo")
+    show.add_argument("--config", help="a resolved config.json from an earlier run")
+    show.set_defaults(func=_show, train_help=False)
     return parser
+
+
+def _recipe_help(words: list[str]) -> list[str] | None:
+    """`train RECIPE ... --help` -> the words of `show RECIPE ...` (None: no recipe help asked)."""
+    if words[:1] != ["train"] or not {"-h", "--help"} & set(words):
+        return None
+    rest = [w for w in words[1:] if w not in ("-h", "--help", "--no-progress", "--allow-config-change")]
+    if "--output-dir" in rest:
+        del rest[rest.index("--output-dir"): rest.index("--output-dir") + 2]
+    rest = [w for w in rest if not w.startswith("--output-dir=")]
+    named = [w for w in rest if not w.startswith("-") and "=" not in w]
+    return ["show", *rest] if named or "--config" in rest else None
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.command == "train" and args.recipe and "=" in args.recipe:
+    words = list(sys.argv[1:] if argv is None else argv)
+    lead = words[:1] if words[:1] in (["-v"], ["--verbose"]) else []
+    show_words = _recipe_help(words[len(lead):])  # `train RECIPE --help`: the options and the recipe's fields
+    args = parser.parse_args([*lead, *show_words] if show_words is not None else words)
+    if show_words is not None:
+        args.train_help = True
+    if args.command in ("train", "show") and args.recipe and "=" in args.recipe:
         args.overrides = [args.recipe, *args.overrides]
         args.recipe = None
     _setup_logging(args.verbose)
     os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     try:
+        if args.command == "eval":
+            check_eval_inputs(args.checkpoint, args.output_dir, harness=args.harness)
         code: int = args.func(args)
-    except ValueError as err:
+    except KeyboardInterrupt:
+        parser.exit(130, f"dare: interrupted. {_resume_hint(args, argv)}\n")
+    except (ValueError, OSError) as err:  # user errors: bad config, missing or unreadable files
+        if args.verbose or (isinstance(err, OSError) and not isinstance(err, ValueError) and err.filename is None):
+            raise  # an OSError without a file name is no user error: keep its traceback
         parser.exit(2, f"dare: error: {err}\n")
+    except RuntimeError as err:
+        if not _is_out_of_memory(err) or args.verbose:
+            raise
+        parser.exit(1, f"dare: error: out of GPU memory ({str(err).splitlines()[0][:200]}).\n{OOM_HINT}\n")
     return code
+
+
+OOM_HINT = ("A step needs less memory with: trainer.max_tokens_per_pass=N (tokens per likelihood forward), "
+            "rollout.max_rows=N (rows decoded at once), trainer.activation_checkpointing=true, or fewer "
+            "prompts per step (rl.prompts_per_step, sft.batch_size, preference.pairs_per_step); "
+            "more GPUs: trainer.backend=ray trainer.num_workers=N. The run folder resumes from its last checkpoint.")
+
+
+def _is_out_of_memory(err: BaseException) -> bool:
+    """A CUDA out-of-memory error, raised here or on a Ray rank (wrapped, so matched by its text)."""
+    import torch
+
+    return isinstance(err, torch.cuda.OutOfMemoryError) or "CUDA out of memory" in str(err)
+
+
+def _resume_hint(args: argparse.Namespace, argv: list[str] | None) -> str:
+    """One line saying whether the run can be resumed, with the exact command to do it."""
+    out = getattr(args, "resolved_output_dir", None)
+    if args.command != "train" or out is None:
+        return "Nothing to resume."
+    words = list(sys.argv[1:] if argv is None else argv)
+    if "--output-dir" not in words and not any(w.startswith("--output-dir=") for w in words):
+        words += ["--output-dir", out]
+    prog = f"uv run {sys.argv[0]}" if Path(sys.argv[0]).is_dir() else "dare"
+    return f"The run in {out} is resumable from its last checkpoint: {prog} {shlex.join(words)}"

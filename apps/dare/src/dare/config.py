@@ -1,191 +1,279 @@
-"""The run config: nested frozen dataclasses, dotted overrides, and a JSON form for --config."""
+"""The run config: one frozen dataclass of sections, dotted overrides, and a JSON form for --config.
+
+A run has the sections its kind uses (`SECTIONS`): the quick start its addition task, tiny model
+and both phases; a checkpoint recipe its `checkpoint` folder, its `data` and the sections of its
+training phase (`rl`/`rl_optim`, `sft`/`sft_optim` or `preference`/`preference_optim`). The others
+are None and absent from config.json. The `algorithm` section is the algorithm's own frozen
+dataclass (from `dllm_algorithms`, the registry entry of `algorithm_name`), so `algorithm.mc_num=4`
+is an ordinary, validated dotted override.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+from dare.algorithms import ALGORITHMS, PREFERENCE_ALGORITHMS, SFT_ALGORITHMS
+from dare.config_sections import (
+    CheckpointModelConfig,
+    DataConfig,
+    EvalConfig,
+    PreferenceConfig,
+    TinyModelConfig,
+)
+from dare.config_tree import apply_tree, coerce, from_dict, parse_overrides, section_type
+from dare.config_tree import to_dict as _tree_to_dict
 from dare.tasks.addition import AdditionConfig
+from dllm_algorithms import SFT
 from dllm_rollout import SamplingConfig
 from dllm_train import OptimConfig, RLConfig, SFTConfig, TrainerConfig
 
+T = TypeVar("T")
 
-@dataclass(frozen=True, kw_only=True)
-class TinyModelConfig:
-    """A LLaDA-architecture model built from scratch (quick start).
+SECTIONS: dict[str, tuple[str, ...]] = {
+    "quickstart": ("task", "model", "sft", "sft_optim", "rl", "rl_optim", "eval"),
+    "rl": ("checkpoint", "data", "rl", "rl_optim"),
+    "sft": ("checkpoint", "data", "sft", "sft_optim"),
+    "preference": ("checkpoint", "data", "preference", "preference_optim"),
+}
+"""Run kind -> its optional sections (`algorithm`, `rollout` and `trainer` belong to every run)."""
 
-    Attributes:
-        d_model, n_layers, n_heads, mlp_hidden_size: shape.
-        rope_theta: RoPE base.
-        init_std: std of the random initial weights.
-    """
+KIND_NAMES = {"quickstart": "the quick start", "rl": "an RL recipe", "sft": "an SFT recipe",
+              "preference": "a preference recipe"}
 
-    d_model: int = 128
-    n_layers: int = 4
-    n_heads: int = 4
-    mlp_hidden_size: int = 384
-    rope_theta: float = 10000.0
-    init_std: float = 0.02
-
-    def __post_init__(self) -> None:
-        if self.d_model % self.n_heads:
-            raise ValueError(f"model.d_model ({self.d_model}) must be divisible by model.n_heads ({self.n_heads})")
+ELSEWHERE: dict[type, dict[str, str]] = {
+    SFT: {"normalizer": "sft.normalizer", "weight_by_t": "sft.weight_by_t", "eps": "sft.eps",
+          "lora": "checkpoint.lora_rank and checkpoint.lora_alpha"},
+}
+"""Algorithm fields whose one home is another section: the SFT loss settings live in `sft` (as for
+the quick start's warm start), LoRA in `checkpoint` (as for RL recipes); the run copies them in."""
 
 
-@dataclass(frozen=True, kw_only=True)
-class EvalConfig:
-    """Held-out evaluation: greedy decoding with the rollout's block and step settings.
+def algorithm_kind(name: str) -> str:
+    """'rl', 'sft' or 'preference': the table of the algorithm registry that holds `name`."""
+    for kind, table in (("rl", ALGORITHMS), ("sft", SFT_ALGORITHMS), ("preference", PREFERENCE_ALGORITHMS)):
+        if name in table:
+            return kind
+    names = sorted([*ALGORITHMS, *SFT_ALGORITHMS, *PREFERENCE_ALGORITHMS])
+    raise ValueError(f"algorithm {name!r} is unknown; choose one of {names} (see `dare recipes`)")
 
-    Attributes:
-        batch_size: prompts per decoding batch.
-    """
 
-    batch_size: int = 250
+def registry_entry(name: str) -> Any:
+    """The registry's default entry of algorithm `name` (any kind)."""
+    tables: dict[str, dict[str, Any]] = {"rl": ALGORITHMS, "sft": SFT_ALGORITHMS, "preference": PREFERENCE_ALGORITHMS}
+    return tables[algorithm_kind(name)][name]
 
-    def __post_init__(self) -> None:
-        if self.batch_size < 1:
-            raise ValueError(f"eval.batch_size must be >= 1, got {self.batch_size}")
+
+def algorithm_fields(entry: Any) -> list[dataclasses.Field[Any]]:
+    """The fields of an algorithm entry that its config section holds (`ELSEWHERE` ones excluded)."""
+    elsewhere = ELSEWHERE.get(type(entry), {})
+    return [f for f in dataclasses.fields(entry) if f.name not in elsewhere]
+
+
+def need(value: T | None, name: str) -> T:
+    """`value` of a section the run's kind has (raises if the config lacks it)."""
+    if value is None:
+        raise ValueError(f"the run config has no {name!r} section")
+    return value
 
 
 @dataclass(frozen=True, kw_only=True)
 class RunConfig:
-    """Everything a `dare train` run needs; written resolved to `config.json` in the output folder."""
+    """Everything a `dare train` run needs; written resolved to `config.json` in the output folder.
+
+    Sections the run's kind does not use (`SECTIONS`) are None; those it uses and that are not
+    given get their defaults.
+
+    Attributes:
+        recipe: the recipe's name ("quickstart" or `<family>-<algorithm>`, see `dare recipes`).
+        algorithm_name: the algorithm's registry name; `algorithm=NAME` on the command line is short
+            for `algorithm_name=NAME` and resets the `algorithm` section to NAME's defaults.
+        algorithm: the algorithm's hyper-parameters: its `dllm_algorithms` dataclass (clip
+            constants, Monte-Carlo budget, iterations, ...); SFT's loss settings are `sft.*`.
+        checkpoint: the released model folder (checkpoint recipes).
+        data: training and validation data (checkpoint recipes).
+        task: the addition task (quick start).
+        model: the tiny model built from scratch (quick start).
+        sft: the SFT phase: steps, batch size and loss settings (quick start warm start, SFT recipes).
+        sft_optim: the SFT phase's optimizer.
+        rl: batch shape of an RL step (quick start, RL recipes).
+        rl_optim: the RL phase's optimizer.
+        preference: batch shape of a preference step (preference recipes; steps: trainer.max_steps).
+        preference_optim: the preference phase's optimizer.
+        rollout: decoding of RL rollouts and of validation (lengths).
+        eval: held-out evaluation of the quick start.
+        trainer: the outer loop: steps, seed, periods, backend, memory levers, metric sinks.
+    """
 
     recipe: str = "quickstart"
-    algorithm: str = "d1"
-    task: AdditionConfig = field(default_factory=AdditionConfig)
-    model: TinyModelConfig = field(default_factory=TinyModelConfig)
-    sft: SFTConfig = field(default_factory=SFTConfig)
-    sft_optim: OptimConfig = field(default_factory=OptimConfig)
-    rl: RLConfig = field(default_factory=RLConfig)
-    rl_optim: OptimConfig = field(default_factory=OptimConfig)
+    algorithm_name: str = "d1"
+    algorithm: Any = None
+    checkpoint: CheckpointModelConfig | None = None
+    data: DataConfig | None = None
+    task: AdditionConfig | None = None
+    model: TinyModelConfig | None = None
+    sft: SFTConfig | None = None
+    sft_optim: OptimConfig | None = None
+    rl: RLConfig | None = None
+    rl_optim: OptimConfig | None = None
+    preference: PreferenceConfig | None = None
+    preference_optim: OptimConfig | None = None
     rollout: SamplingConfig = field(
         default_factory=lambda: SamplingConfig(max_new_tokens=4, steps=4, block_length=4, temperature=1.0)
     )
-    eval: EvalConfig = field(default_factory=EvalConfig)
+    eval: EvalConfig | None = None
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+
+    @property
+    def kind(self) -> str:
+        """'quickstart', 'rl', 'sft' or 'preference' (a recipe's kind is its algorithm's)."""
+        return "quickstart" if self.recipe == "quickstart" else algorithm_kind(self.algorithm_name)
+
+    def __post_init__(self) -> None:
+        entry, kind = registry_entry(self.algorithm_name), self.kind
+        if kind == "quickstart" and self.algorithm_name not in ALGORITHMS:
+            raise ValueError(f"algorithm {self.algorithm_name!r} is not an RL algorithm; the quick start's second "
+                             f"phase is RL: choose one of {sorted(ALGORITHMS)}, or a checkpoint recipe (`dare recipes`)")
+        hints = typing.get_type_hints(RunConfig)
+        extra = [n for n in _OPTIONAL if n not in SECTIONS[kind] and getattr(self, n) is not None]
+        if extra:
+            example = f" such as {self.checkpoint.family}-{self.algorithm_name}" if self.checkpoint is not None else ""
+            raise ValueError(
+                f"recipe {self.recipe!r} with algorithm {self.algorithm_name!r} is {KIND_NAMES[kind]}, which has the "
+                f"sections {', '.join(SECTIONS[kind])} (and algorithm, rollout, trainer), not {', '.join(extra)}. "
+                f"algorithm=NAME does not switch the kind of a recipe: start from a {kind} recipe{example} "
+                "(`dare recipes` lists them)")
+        for name in SECTIONS[kind]:
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, need(section_type(hints[name]), name)())
+        if self.algorithm is None:
+            object.__setattr__(self, "algorithm", entry)
+        elif type(self.algorithm) is not type(entry):
+            raise ValueError(f"the algorithm section is a {type(self.algorithm).__name__}, but algorithm_name="
+                             f"{self.algorithm_name!r} is a {type(entry).__name__}")
+        family = self.checkpoint.family if self.checkpoint is not None else "llada"  # the quick start's tiny model
+        if family not in entry.families:
+            raise ValueError(f"algorithm {self.algorithm_name!r} is defined for {list(entry.families)}, "
+                             f"not family {family!r}")
+        if kind == "sft":
+            object.__setattr__(self, "algorithm", _sft_entry(self, entry))
+
+
+_OPTIONAL = tuple(dict.fromkeys(n for names in SECTIONS.values() for n in names))
+
+
+def sections(cfg: RunConfig) -> list[str]:
+    """The names of the sections (dataclass fields) the run has."""
+    return [f.name for f in dataclasses.fields(cfg)
+            if dataclasses.is_dataclass(getattr(cfg, f.name)) and f.name not in ("recipe", "algorithm_name")]
+
+
+def _sft_entry(cfg: RunConfig, entry: Any) -> Any:
+    """The SFT entry with its loss settings from `sft.*` and its adapters from `checkpoint.lora_*`."""
+    from dare.algorithms import LoRA
+
+    ckpt, sft = need(cfg.checkpoint, "checkpoint"), need(cfg.sft, "sft")
+    if entry.lora is not None and ckpt.lora_rank < 1:
+        raise ValueError(f"algorithm {cfg.algorithm_name!r} trains LoRA adapters but checkpoint.lora_rank="
+                         f"{ckpt.lora_rank}; set checkpoint.lora_rank=16 (or another rank >= 1), "
+                         "or use algorithm sft for full fine-tuning")
+    lora = None
+    if ckpt.lora_rank:
+        lora = dataclasses.replace(entry.lora or LoRA(), rank=ckpt.lora_rank, alpha=ckpt.lora_alpha)
+    return dataclasses.replace(cfg.algorithm, normalizer=sft.normalizer, weight_by_t=sft.weight_by_t, eps=sft.eps,
+                               lora=lora)
 
 
 def to_dict(cfg: Any) -> Any:
-    """A JSON-ready dict of a (nested) dataclass config."""
-    if dataclasses.is_dataclass(cfg) and not isinstance(cfg, type):
-        return {f.name: to_dict(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)}
-    if isinstance(cfg, tuple):
-        return list(cfg)
-    return cfg
+    """A JSON-ready dict of a config: a RunConfig without its None sections, its algorithm section
+    without the fields that live elsewhere (`ELSEWHERE`)."""
+    if not isinstance(cfg, RunConfig):
+        return _tree_to_dict(cfg)
+    out = {f.name: _tree_to_dict(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)
+           if getattr(cfg, f.name) is not None}
+    out["algorithm"] = _tree_to_dict(cfg.algorithm, algorithm_fields(cfg.algorithm))
+    return out
 
 
-def from_dict(cls: type[Any], data: dict[str, Any]) -> Any:
-    """Rebuild a config dataclass from `to_dict` output (validation runs again)."""
-    hints = typing.get_type_hints(cls)
-    kwargs: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):
-        if f.name not in data:
-            continue
-        value, hint = data[f.name], hints[f.name]
-        if dataclasses.is_dataclass(hint) and isinstance(value, dict):
-            kwargs[f.name] = from_dict(typing.cast(type[Any], hint), value)
-        else:
-            kwargs[f.name] = _coerce(value, hint, f.name)
-    unknown = set(data) - {f.name for f in dataclasses.fields(cls)}
+def run_config_from_dict(data: dict[str, Any]) -> RunConfig:
+    """Rebuild a RunConfig from `to_dict` output (validation runs again; absent sections: defaults)."""
+    data = dict(data)
+    if isinstance(data.get("algorithm"), str) and "algorithm_name" not in data:  # config.json of dare <= 0.2
+        data["algorithm_name"] = data.pop("algorithm")
+    name = str(data.get("algorithm_name", RunConfig.algorithm_name))
+    entry = registry_entry(name)
+    hints = typing.get_type_hints(RunConfig)
+    names = [f.name for f in dataclasses.fields(RunConfig)]
+    unknown = sorted(set(data) - set(names))
     if unknown:
-        raise ValueError(f"unknown config keys {sorted(unknown)} for {cls.__name__}")
-    return cls(**kwargs)
+        raise ValueError(f"unknown config keys {unknown}: the run config has {names}")
+    kwargs: dict[str, Any] = {}
+    for key, value in data.items():
+        if key == "algorithm":
+            _check_elsewhere(entry, value)
+            kwargs[key] = from_dict(type(entry), value, prefix="algorithm.", base=entry,
+                                    fields=algorithm_fields(entry))
+        elif (cls := section_type(hints[key])) is not None and isinstance(value, dict):
+            kwargs[key] = from_dict(cls, value, prefix=f"{key}.")
+        else:
+            kwargs[key] = coerce(value, hints[key], key)
+    return RunConfig(**kwargs)
 
 
-def _coerce(value: Any, hint: Any, name: str) -> Any:
-    """Convert a parsed override or JSON value to the field's type."""
-    origin = typing.get_origin(hint)
-    args = typing.get_args(hint)
-    if origin in (typing.Union, types.UnionType):
-        if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
-            if type(None) in args:
-                return None
-        for arg in args:
-            if arg is type(None):
-                continue
-            try:
-                return _coerce(value, arg, name)
-            except (TypeError, ValueError):
-                continue
-        raise ValueError(f"{name}: cannot read {value!r} as {hint}")
-    if origin is tuple:
-        items = json.loads(value) if isinstance(value, str) else value
-        return tuple(_coerce(v, a, name) for v, a in zip(items, args))
-    if hint is bool:
-        if isinstance(value, bool):
-            return value
-        if str(value).lower() in ("true", "1", "yes"):
-            return True
-        if str(value).lower() in ("false", "0", "no"):
-            return False
-        raise ValueError(f"{name}: expected true/false, got {value!r}")
-    if hint is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.strip().lstrip("+-").isdigit():
-            return int(value)
-        try:
-            number = float(value)
-        except (TypeError, ValueError):
-            raise ValueError(f"{name}: expected an integer, got {value!r}") from None
-        if not number.is_integer():
-            raise ValueError(f"{name}: expected an integer, got {value!r}")
-        return int(number)
-    if hint is float:
-        try:
-            return float(value)
-        except (TypeError, ValueError):
-            raise ValueError(f"{name}: expected a number, got {value!r}") from None
-    if hint is str:
-        return str(value)
-    return value
+def _check_elsewhere(entry: Any, keys: Any) -> None:
+    for key in keys:
+        home = ELSEWHERE.get(type(entry), {}).get(key)
+        if home is not None:
+            raise ValueError(f"config key 'algorithm.{key}': a run takes {key} from {home}; set {home} instead")
 
 
-def apply_overrides(cfg: Any, overrides: list[str]) -> Any:
-    """Apply `a.b.c=value` overrides to a nested frozen dataclass.
+def apply_overrides(cfg: RunConfig, overrides: list[str]) -> RunConfig:
+    """Apply `a.b.c=value` overrides to a run config.
 
     Overrides of the same component are applied together, so fields validated against each
     other (e.g. `rollout.max_new_tokens` and `rollout.block_length`) can change in one command.
+    `algorithm=NAME` is short for `algorithm_name=NAME`, which resets the algorithm section to
+    NAME's defaults before `algorithm.*` overrides apply.
 
     Raises:
-        ValueError: naming the key and the valid keys when a path does not exist.
+        ValueError: naming the key and the valid keys when a path does not exist, the section and
+            the run's kind when the run has no such section, or the field and value when invalid.
     """
-    tree: dict[str, Any] = {}
-    for item in overrides:
-        if "=" not in item:
-            raise ValueError(f"override {item!r} must look like key=value, e.g. trainer.max_steps=10")
-        key, raw = item.split("=", 1)
-        node = tree
-        path = key.strip().split(".")
-        for part in path[:-1]:
-            node = node.setdefault(part, {})
-            if not isinstance(node, dict):
-                raise ValueError(f"override {item!r} conflicts with an earlier override of {part!r}")
-        node[path[-1]] = raw
-    return _apply(cfg, tree, "")
-
-
-def _apply(cfg: Any, tree: dict[str, Any], prefix: str) -> Any:
-    names = [f.name for f in dataclasses.fields(cfg)]
-    hints = typing.get_type_hints(type(cfg))
+    tree = parse_overrides([f"algorithm_name={o.split('=', 1)[1]}" if o.split("=", 1)[0].strip() == "algorithm"
+                            else o for o in overrides])
     changes: dict[str, Any] = {}
-    for name, sub in tree.items():
-        full = f"{prefix}{name}"
-        if name not in names:
-            raise ValueError(f"unknown config key {full!r}: {type(cfg).__name__} has {sorted(names)}")
-        current = getattr(cfg, name)
+    entry, name = cfg.algorithm, cfg.algorithm_name
+    if "algorithm_name" in tree:
+        name = str(tree.pop("algorithm_name"))
+        entry = changes["algorithm"] = registry_entry(name)
+        changes["algorithm_name"] = name
+    if "algorithm" in tree:
+        _check_elsewhere(entry, tree["algorithm"])
+        changes["algorithm"] = apply_tree(entry, tree.pop("algorithm"), "algorithm.", label=f"algorithm {name!r}",
+                                          fields=algorithm_fields(entry))
+    hints = typing.get_type_hints(RunConfig)
+    for key, sub in tree.items():
+        if key not in hints:
+            raise ValueError(f"unknown config key {key!r}: the run config has {sorted(hints)}")
+        current, cls = getattr(cfg, key), section_type(hints[key])
+        if cls is not None and current is None:
+            full = f"{key}.{next(iter(sub))}" if isinstance(sub, dict) else key
+            raise ValueError(f"config key {full!r}: recipe "
+                             f"{cfg.recipe!r} is {KIND_NAMES[cfg.kind]}, which has no {key!r} section; its sections "
+                             f"are {', '.join(sections(cfg))}")
         if isinstance(sub, dict):
-            if not dataclasses.is_dataclass(current):
-                raise ValueError(f"config key {full!r}: {name} has no sub-fields")
-            changes[name] = _apply(current, sub, f"{full}.")
+            if cls is None:
+                raise ValueError(f"config key {key!r} has no sub-fields")
+            changes[key] = apply_tree(current, sub, f"{key}.")
+        elif cls is not None:
+            raise ValueError(f"config key {key!r} is a section; set its fields, e.g. {key}."
+                             f"{dataclasses.fields(current)[0].name}=...")
         else:
-            changes[name] = _coerce(sub, hints[name], full)
+            changes[key] = coerce(sub, hints[key], key)
     return dataclasses.replace(cfg, **changes) if changes else cfg
 
 
@@ -194,12 +282,12 @@ def save_config(cfg: RunConfig, path: Path) -> None:
 
 
 def load_config(path: Path) -> RunConfig:
-    """Read a resolved config.json (a recipe's extended config when it has a `checkpoint`)."""
-    data = json.loads(path.read_text())
-    cls: type[RunConfig] = RunConfig
-    if "checkpoint" in data:
-        from dare.run_config_ext import RecipeRunConfig
+    """Read a resolved config.json (any recipe)."""
+    return run_config_from_dict(json.loads(path.read_text()))
 
-        cls = RecipeRunConfig
-    result: RunConfig = from_dict(cls, data)
-    return result
+
+__all__ = [
+    "ELSEWHERE", "SECTIONS", "CheckpointModelConfig", "DataConfig", "EvalConfig", "PreferenceConfig", "RunConfig",
+    "TinyModelConfig", "algorithm_fields", "algorithm_kind", "apply_overrides", "load_config", "need",
+    "registry_entry", "run_config_from_dict", "save_config", "sections", "to_dict",
+]

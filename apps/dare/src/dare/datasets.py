@@ -4,7 +4,7 @@ Schemas (one example per row):
 
 - SFT: `prompt` (a string, or a list of {"role", "content"} chat messages) and `response` (a
   string). verl's SFT layout, as in the shipped `gsm8k_train.parquet`, is read too: prompt from
-  `extra_info.question`, response from `extra_info.answer` (spec §5.2).
+  `extra_info.question`, response from `extra_info.answer` (docs/data.md#sft-parquet).
 - Preference: `prompt` as above, `chosen` and `rejected` (strings): the preferred and the
   dispreferred response to the same prompt.
 
@@ -13,7 +13,7 @@ responses are tokenised without special tokens. SFT responses end with EOS and a
 right-padded with the pad token, attention 1 and inside the loss (the LLaDA SFT convention: the
 model learns to end with EOS padding; the reference pads to a fixed 4096, here to the longest
 row of the batch). Preference responses get no EOS, padding is outside attention and the ELBO,
-and over-long prompts and responses keep their last tokens (spec §2.3).
+and over-long prompts and responses keep their last tokens (docs/algorithms.md#vrpo).
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from dare.algorithms import PREFERENCE_ALGORITHMS, SFT_ALGORITHMS, LoRA
-from dare.config import save_config
+from dare.config import RunConfig, need
 from dare.datasets import (
     encode_preference,
     encode_sft,
@@ -29,11 +29,11 @@ from dare.datasets import (
     sft_batch,
     step_indices,
 )
-from dare.pipeline import check_inputs, finish, load_policy, validator
-from dare.run_config_ext import RecipeRunConfig, resolve_algorithm
+from dare.pipeline import check_inputs, finish, load_policy, set_num_threads, validator
+from dare.run_folder import open_run_folder
 from dare.sinks import open_wandb_run
 from dllm_models import load_tokenizer
-from dllm_train import PhaseSpec, PreferenceBatch, PreferenceWorker, Run
+from dllm_train import PhaseSpec, PreferenceBatch, PreferenceWorker, Run, resolved_attention, set_activation_checkpointing
 
 
 def _pad_id(tokenizer: Any) -> int:
@@ -44,7 +44,7 @@ def _pad_id(tokenizer: Any) -> int:
     return int(pad)
 
 
-def _check(cfg: RecipeRunConfig, entry: Any, steps: int, steps_field: str) -> None:
+def _check(cfg: RunConfig, entry: Any, steps: int, steps_field: str) -> None:
     """Raise before any work on a config that cannot run (field, value and fix in the message)."""
     check_inputs(cfg, entry)
     if steps < 1:
@@ -55,91 +55,86 @@ def _check(cfg: RecipeRunConfig, entry: Any, steps: int, steps_field: str) -> No
                          "process; set trainer.backend=local")
 
 
-def _open(cfg: RecipeRunConfig, output_dir: Path) -> Any:
+def _open(cfg: RunConfig, output_dir: Path) -> Any:
     """The run folder with its config.json; returns the W&B run (or None)."""
-    if cfg.trainer.num_threads:
-        torch.set_num_threads(cfg.trainer.num_threads)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    save_config(cfg, output_dir / "config.json")
+    set_num_threads(cfg)
+    open_run_folder(cfg, output_dir)
     return open_wandb_run(cfg, output_dir)
 
 
-def _sft_entry(cfg: RecipeRunConfig) -> Any:
-    """The SFT entry with the loss settings of `sft.*` and the adapters of `checkpoint.lora_*`."""
-    entry = resolve_algorithm(cfg)
-    lora = None
-    if cfg.checkpoint.lora_rank:
-        lora = dataclasses.replace(entry.lora or LoRA(), rank=cfg.checkpoint.lora_rank,
-                                   alpha=cfg.checkpoint.lora_alpha)
-    return dataclasses.replace(entry, normalizer=cfg.sft.normalizer, weight_by_t=cfg.sft.weight_by_t,
-                               eps=cfg.sft.eps, lora=lora)
-
-
-def run_sft_recipe(cfg: RecipeRunConfig, output_dir: Path, *, progress: bool = True) -> dict[str, Any]:
+def run_sft_recipe(cfg: RunConfig, output_dir: Path, *, progress: bool = True) -> dict[str, Any]:
     """Run (or resume) an SFT or LoRA-SFT recipe for `sft.steps` steps; returns its summary."""
-    if cfg.algorithm not in SFT_ALGORITHMS:
-        raise ValueError(f"algorithm {cfg.algorithm!r} is not an SFT algorithm ({sorted(SFT_ALGORITHMS)})")
+    if cfg.algorithm_name not in SFT_ALGORITHMS:
+        raise ValueError(f"algorithm {cfg.algorithm_name!r} is not an SFT algorithm ({sorted(SFT_ALGORITHMS)})")
     t0 = time.perf_counter()
-    entry = _sft_entry(cfg)
-    _check(cfg, entry, cfg.sft.steps, "sft.steps")
-    rows = read_sft_rows(cfg.data.train_files)
+    entry = cfg.algorithm  # the loss settings of `sft.*`, the adapters of `checkpoint.lora_*` (RunConfig)
+    sft, data, optim = need(cfg.sft, "sft"), need(cfg.data, "data"), need(cfg.sft_optim, "sft_optim")
+    _check(cfg, entry, sft.steps, "sft.steps")
+    rows = read_sft_rows(data.train_files)
     wandb_run = _open(cfg, output_dir)
-    tokenizer = load_tokenizer(cfg.checkpoint.checkpoint)
-    examples = encode_sft(rows, tokenizer, max_prompt_length=cfg.data.max_prompt_length,
-                          max_response_length=cfg.data.max_response_length)
+    tokenizer = load_tokenizer(need(cfg.checkpoint, "checkpoint").checkpoint)
+    examples = encode_sft(rows, tokenizer, max_prompt_length=data.max_prompt_length,
+                          max_response_length=data.max_response_length)
     model = load_policy(cfg)
+    set_activation_checkpointing(model, cfg.trainer.activation_checkpointing)
     device, pad, seed = next(model.parameters()).device, _pad_id(tokenizer), cfg.trainer.seed
-    size = cfg.sft.batch_size
+    size = sft.batch_size
 
     def batches(step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         pick = step_indices(len(examples), size, step, seed=seed, purpose="sft-data")
         ids, attn, response = sft_batch([examples[i] for i in pick], pad)
         return ids.to(device), attn.to(device), response.to(device)
 
-    worker = entry.worker(model, batches, cfg.sft_optim, steps=cfg.sft.steps, batch_size=size, seed=seed)
+    worker = entry.worker(model, batches, optim, steps=sft.steps, batch_size=size, seed=seed,
+                          attention=resolved_attention(cfg.trainer, model),
+                          max_tokens_per_pass=cfg.trainer.max_tokens_per_pass)
     validate = validator(cfg, model, tokenizer)
     run = Run(output_dir, model, tokenizer=tokenizer, log_every=cfg.trainer.log_every, progress=progress,
               tensorboard=cfg.trainer.tensorboard, wandb_run=wandb_run)
     run.run_phase(PhaseSpec(
-        order=0, name="sft", steps=cfg.sft.steps, step_fn=worker.step, owner=worker,
+        order=0, name="sft", steps=sft.steps, step_fn=worker.step, owner=worker,
         eval_fn=validate, eval_every=cfg.trainer.eval_every, save_every=cfg.trainer.save_every,
         on_end=(lambda: {"final_eval": validate()}) if validate is not None else None,
         log_keys=("loss", "grad_norm"),
     ))
-    return finish(cfg, output_dir, run, model, tokenizer, steps=cfg.sft.steps, curves=("loss", "grad_norm"), t0=t0)
+    return finish(cfg, output_dir, run, model, tokenizer, steps=sft.steps, curves=("loss", "grad_norm"), t0=t0)
 
 
-def run_preference_recipe(cfg: RecipeRunConfig, output_dir: Path, *, progress: bool = True) -> dict[str, Any]:
+def run_preference_recipe(cfg: RunConfig, output_dir: Path, *, progress: bool = True) -> dict[str, Any]:
     """Run (or resume) a preference recipe (DPO-style on ELBOs) for `trainer.max_steps` steps.
 
     The reference is a frozen copy of the checkpoint taken before `Run` loads a resume
     checkpoint, so a resumed run compares against the same reference as an uninterrupted one.
     """
-    if cfg.algorithm not in PREFERENCE_ALGORITHMS:
-        raise ValueError(f"algorithm {cfg.algorithm!r} is not a preference algorithm "
+    if cfg.algorithm_name not in PREFERENCE_ALGORITHMS:
+        raise ValueError(f"algorithm {cfg.algorithm_name!r} is not a preference algorithm "
                          f"({sorted(PREFERENCE_ALGORITHMS)})")
     t0 = time.perf_counter()
-    entry = resolve_algorithm(cfg)
+    entry = cfg.algorithm
+    data, ckpt = need(cfg.data, "data"), need(cfg.checkpoint, "checkpoint")
     _check(cfg, entry, cfg.trainer.max_steps, "trainer.max_steps")
-    rows = read_preference_rows(cfg.data.train_files)
+    rows = read_preference_rows(data.train_files)
     wandb_run = _open(cfg, output_dir)
-    tokenizer = load_tokenizer(cfg.checkpoint.checkpoint)
-    examples = encode_preference(rows, tokenizer, max_prompt_length=cfg.data.max_prompt_length,
-                                 max_response_length=cfg.data.max_response_length)
+    tokenizer = load_tokenizer(ckpt.checkpoint)
+    examples = encode_preference(rows, tokenizer, max_prompt_length=data.max_prompt_length,
+                                 max_response_length=data.max_response_length)
     model = load_policy(cfg)
+    set_activation_checkpointing(model, cfg.trainer.activation_checkpointing)
     reference = copy.deepcopy(model)
-    if cfg.checkpoint.lora_rank:
-        LoRA(rank=cfg.checkpoint.lora_rank, alpha=cfg.checkpoint.lora_alpha).apply(model, seed=cfg.trainer.seed)
+    if ckpt.lora_rank:
+        LoRA(rank=ckpt.lora_rank, alpha=ckpt.lora_alpha).apply(model, seed=cfg.trainer.seed)
     device, pad, seed = next(model.parameters()).device, _pad_id(tokenizer), cfg.trainer.seed
-    size = cfg.preference.pairs_per_step
+    size = need(cfg.preference, "preference").pairs_per_step
 
     def batches(step: int) -> PreferenceBatch:
         pick = step_indices(len(examples), size, step, seed=seed, purpose="preference-data")
         b = preference_batch([examples[i] for i in pick], pad)
         return PreferenceBatch(*(getattr(b, f.name).to(device) for f in dataclasses.fields(b)))
 
-    worker = PreferenceWorker(model, reference, batches, entry.build(), cfg.rl_optim, seed=seed,
-                              steps=cfg.trainer.max_steps)
+    optim = need(cfg.preference_optim, "preference_optim")
+    worker = PreferenceWorker(model, reference, batches, entry.build(), optim, seed=seed,
+                              steps=cfg.trainer.max_steps, attention=resolved_attention(cfg.trainer, model),
+                              max_tokens_per_pass=cfg.trainer.max_tokens_per_pass)
     validate = validator(cfg, model, tokenizer)
     run = Run(output_dir, model, tokenizer=tokenizer, log_every=cfg.trainer.log_every, progress=progress,
               tensorboard=cfg.trainer.tensorboard, wandb_run=wandb_run)

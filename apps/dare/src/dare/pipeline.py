@@ -1,8 +1,8 @@
 """RL recipes on released checkpoints: load the folder, read RL parquet data, train, validate.
 
 The same phases, workers and checkpoints as the quick start; the model comes from
-`checkpoint.checkpoint`, prompts and verifiers from `data.train_files` (RL parquet schema, spec
-§5.1, or the name of a test set shipped with dllm_eval), validation from `data.eval_files`
+`checkpoint.checkpoint`, prompts and verifiers from `data.train_files` (RL parquet schema,
+docs/data.md#rl-parquet, or the name of a test set shipped with dllm_eval), validation from `data.eval_files`
 through `dllm_train.benchmark_validator`. The RL phase runs on `trainer.backend` (in process, or
 `trainer.num_workers` Ray ranks, see `dare.rl_backend`), resumable on either. The input checks,
 model loading, validation and export here are shared with the SFT and preference recipes
@@ -24,11 +24,12 @@ from typing import Any
 import pyarrow.parquet as pq  # type: ignore[import-untyped,unused-ignore]
 import torch
 
-from dare.algorithms import LoRA, build_objective, check_family, family_key, get_algorithm
-from dare.config import save_config
+from dare.algorithms import LoRA, check_family, family_key
+from dare.config import RunConfig, need
 from dare.datasets import chat_prompt_ids
+from dare.inputs import check_checkpoint, check_family_name, check_rl_columns, check_rl_data, train_file_entries
 from dare.rl_backend import rl_backend
-from dare.run_config_ext import RecipeRunConfig, resolve_algorithm
+from dare.run_folder import open_run_folder
 from dare.sinks import open_wandb_run
 from dllm_eval import DATASETS, Row, load_rows, score
 from dllm_models import load_model, load_tokenizer, save_model
@@ -56,6 +57,7 @@ def read_rl_rows(source: str) -> list[Row]:
     path = Path(source)
     if not path.is_file():
         raise ValueError(f"data.train_files entry {source!r} is neither a file nor one of {list(DATASETS)}")
+    check_rl_columns(path)
     cols = pq.read_table(path).to_pylist()
     rows = []
     for i, rec in enumerate(cols):
@@ -83,53 +85,54 @@ def encode_prompts(rows: list[Row], tokenizer: Any, max_prompt_length: int) -> l
     return kept
 
 
-def check_inputs(cfg: RecipeRunConfig, entry: Any) -> None:
-    """Raise before any work if the checkpoint folder or the training data are not set, or the
+def check_inputs(cfg: RunConfig, entry: Any) -> None:
+    """Raise before any work if the checkpoint folder is incomplete (config.json, weights, tokenizer)
+    or of another family than `checkpoint.family`, the training data are not set or missing, or the
     checkpoint's family (read from config.json, no weights) is not one the algorithm supports."""
-    folder = cfg.checkpoint.checkpoint
-    if not folder:
-        raise ValueError("checkpoint.checkpoint is empty: pass checkpoint.checkpoint=/path/to/model/folder")
-    if not (Path(folder) / "config.json").is_file():
-        raise ValueError(f"checkpoint.checkpoint={folder!r} is not a model folder (no config.json there); "
-                         "pass the folder holding config.json, the safetensors and the tokenizer")
-    if not cfg.data.train_files:
-        raise ValueError("data.train_files is empty: pass data.train_files=<parquet path or dataset name>[,...]")
-    check_family(cfg.algorithm, entry, family_key(load_model(folder, device="meta")))
+    ckpt = need(cfg.checkpoint, "checkpoint")
+    family = check_checkpoint(ckpt.checkpoint)
+    train_file_entries(need(cfg.data, "data").train_files, names=DATASETS)
+    check_family(cfg.algorithm_name, entry, family_key(load_model(ckpt.checkpoint, device="meta")))
+    check_family_name(ckpt.family, family, ckpt.checkpoint)
 
 
-def load_policy(cfg: RecipeRunConfig, device: str | None = None) -> Any:
+def set_num_threads(cfg: RunConfig) -> None:
+    """Honour `trainer.num_threads` (torch CPU threads of this process; 0 keeps torch's default)."""
+    if cfg.trainer.num_threads:
+        torch.set_num_threads(cfg.trainer.num_threads)
+
+
+def load_policy(cfg: RunConfig, device: str | None = None) -> Any:
     """The checkpoint's model on `device` (default: the GPU when there is one)."""
-    from dllm_train.packed_scoring import use_training_attention
-
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    model = load_model(cfg.checkpoint.checkpoint, dtype=cfg.checkpoint.dtype, device=device)
-    use_training_attention(model, cfg.trainer.train_attention or None)
-    return model
+    ckpt = need(cfg.checkpoint, "checkpoint")
+    return load_model(ckpt.checkpoint, dtype=ckpt.dtype, device=device)
 
 
-def validator(cfg: RecipeRunConfig, model: Any, tokenizer: Any) -> Callable[[], dict[str, float]] | None:
+def validator(cfg: RunConfig, model: Any, tokenizer: Any) -> Callable[[], dict[str, float]] | None:
     """Held-out validation on `data.eval_files` with the recipe's decoding lengths (None: no eval files)."""
-    evals = [e.strip() for e in cfg.data.eval_files.split(",") if e.strip()]
+    data = need(cfg.data, "data")
+    evals = [e.strip() for e in data.eval_files.split(",") if e.strip()]
     if not evals:
         return None
     r = cfg.rollout
-    return benchmark_validator(model, tokenizer, evals, decoding={
+    return benchmark_validator(model, tokenizer, evals, limit=data.eval_max_rows or None, decoding={
         "max_new_tokens": r.max_new_tokens, "steps": r.steps, "block_length": r.block_length})
 
 
-def finish(cfg: RecipeRunConfig, output_dir: Path, run: Run, model: Any, tokenizer: Any, *, steps: int,
+def finish(cfg: RunConfig, output_dir: Path, run: Run, model: Any, tokenizer: Any, *, steps: int,
            curves: Sequence[str], t0: float) -> dict[str, Any]:
     """Export `model/` (LoRA adapters merged into a copy), plot the curves, write summary.json."""
     run.close()
     export = model
-    if cfg.checkpoint.lora_rank:
+    if need(cfg.checkpoint, "checkpoint").lora_rank:
         from dllm_models.lora import merge_lora
 
         export = merge_lora(copy.deepcopy(model))
     save_model(export, output_dir / "model", tokenizer=tokenizer)
     records = read_metrics(output_dir / "metrics.jsonl")
     plot_curves(records, list(curves), output_dir / "curves.png")
-    summary = {"recipe": cfg.recipe, "algorithm": cfg.algorithm, "steps": steps, "results": run.results,
+    summary = {"recipe": cfg.recipe, "algorithm": cfg.algorithm_name, "steps": steps, "results": run.results,
                "wall_time_s_this_invocation": round(time.perf_counter() - t0, 1)}
     (output_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
@@ -151,47 +154,49 @@ def detokenizer(tokenizer: Any) -> Callable[[list[int]], str]:
     return lambda ids: str(tokenizer.decode(ids, skip_special_tokens=True))
 
 
-def policy_with_adapters(cfg: RecipeRunConfig, device: str | None = None) -> Any:
+def policy_with_adapters(cfg: RunConfig, device: str | None = None) -> Any:
     """`load_policy` plus the LoRA adapters of `checkpoint.lora_rank` (drawn from the trainer seed)."""
     model = load_policy(cfg, device)
-    if cfg.checkpoint.lora_rank:
-        LoRA(rank=cfg.checkpoint.lora_rank, alpha=cfg.checkpoint.lora_alpha).apply(model, seed=cfg.trainer.seed)
+    ckpt = need(cfg.checkpoint, "checkpoint")
+    if ckpt.lora_rank:
+        LoRA(rank=ckpt.lora_rank, alpha=ckpt.lora_alpha).apply(model, seed=cfg.trainer.seed)
     return model
 
 
-def rank_setup(cfg: RecipeRunConfig, reward: RowReward) -> Any:
+def rank_setup(cfg: RunConfig, reward: RowReward) -> Any:
     """One Ray rank of an RL recipe (module-level, so Ray pickles it by reference): the initial
     policy read from the checkpoint folder on the rank (a resumed run's weights come later, from
     `RayRLWorkflow.load_state`), so no weights travel from the driver."""
     from dllm_train.distributed import RankSetup
 
     return RankSetup(model=policy_with_adapters(cfg, "cpu"), sampling=cfg.rollout, reward_fn=reward,
-                     detokenize=detokenizer(load_tokenizer(cfg.checkpoint.checkpoint)),
-                     objective=build_objective(cfg.algorithm, cfg.rl, resolve_algorithm(cfg)),
-                     optim=cfg.rl_optim, seed=cfg.trainer.seed)
+                     detokenize=detokenizer(load_tokenizer(need(cfg.checkpoint, "checkpoint").checkpoint)),
+                     algorithm=cfg.algorithm, optim=need(cfg.rl_optim, "rl_optim"), trainer=cfg.trainer)
 
 
-def run_rl_recipe(cfg: RecipeRunConfig, output_dir: Path, *, progress: bool = True) -> dict[str, Any]:
+def run_rl_recipe(cfg: RunConfig, output_dir: Path, *, progress: bool = True) -> dict[str, Any]:
     """Run (or resume) an RL recipe on `trainer.backend` (local, or Ray ranks); returns the summary it writes."""
-    check_inputs(cfg, get_algorithm(cfg.algorithm))
+    check_inputs(cfg, cfg.algorithm)
+    data_cfg, rl = need(cfg.data, "data"), need(cfg.rl, "rl")
+    check_rl_data(data_cfg.train_files, names=DATASETS)
     t0 = time.perf_counter()
-    output_dir.mkdir(parents=True, exist_ok=True)
-    save_config(cfg, output_dir / "config.json")
+    set_num_threads(cfg)
+    open_run_folder(cfg, output_dir)
     wandb_run = open_wandb_run(cfg, output_dir)
     model = policy_with_adapters(cfg)
-    tokenizer = load_tokenizer(cfg.checkpoint.checkpoint)
-    rows = [r for src in cfg.data.train_files.split(",") for r in read_rl_rows(src.strip())]
-    data = encode_prompts(rows, tokenizer, cfg.data.max_prompt_length)
+    tokenizer = load_tokenizer(need(cfg.checkpoint, "checkpoint").checkpoint)
+    rows = [r for src in data_cfg.train_files.split(",") for r in read_rl_rows(src.strip())]
+    data = encode_prompts(rows, tokenizer, data_cfg.max_prompt_length)
     reward = RowReward({str(i): row for i, (_, row) in enumerate(data)})
     seed = cfg.trainer.seed
 
     def prompts(step: int) -> PromptBatch:
         g = torch.Generator().manual_seed(derive_seed(seed, "rl-data", step))
-        pick = torch.randint(len(data), (cfg.rl.prompts_per_step,), generator=g).tolist()
-        return PromptBatch([data[i][0] for i in pick], [str(i) for i in pick], cfg.rl.group_size)
+        pick = torch.randint(len(data), (rl.prompts_per_step,), generator=g).tolist()
+        return PromptBatch([data[i][0] for i in pick], [str(i) for i in pick], rl.group_size)
 
     step_fn, owner, shutdown = rl_backend(  # before `Run` loads a resumed checkpoint into `model`
-        cfg, model, prompts=prompts, objective=build_objective(cfg.algorithm, cfg.rl, resolve_algorithm(cfg)),
+        cfg, model, prompts=prompts, algorithm=cfg.algorithm,
         reward_fn=reward, detokenize=detokenizer(tokenizer),
         rank_setup=functools.partial(rank_setup, cfg, reward))
     validate = validator(cfg, model, tokenizer)

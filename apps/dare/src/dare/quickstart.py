@@ -11,9 +11,9 @@ from typing import Any
 
 import torch
 
-from dare.algorithms import build_objective
-from dare.config import RunConfig, save_config
+from dare.config import RunConfig, need
 from dare.rl_backend import rl_backend
+from dare.run_folder import open_run_folder
 from dare.sinks import open_wandb_run
 from dare.tasks.addition import AdditionTask, build_tokenizer, exact_match_reward
 from dllm_models import build_model, save_model
@@ -40,12 +40,12 @@ def rank_setup(cfg: RunConfig, weights: dict[str, torch.Tensor]) -> Any:
     model = build_tiny_model(cfg, tok)
     model.load_state_dict(weights)
     return RankSetup(model=model, sampling=cfg.rollout, reward_fn=exact_match_reward, detokenize=tok.decode,
-                     objective=build_objective(cfg.algorithm, cfg.rl), optim=cfg.rl_optim, seed=cfg.trainer.seed)
+                     algorithm=cfg.algorithm, optim=need(cfg.rl_optim, "rl_optim"), trainer=cfg.trainer)
 
 
 def build_tiny_model(cfg: RunConfig, tokenizer: Any) -> Any:
     """A LLaDA-architecture model sized by `cfg.model`, with the tokenizer's special ids."""
-    m = cfg.model
+    m = need(cfg.model, "model")
     raw = {
         "model_type": "llada", "architectures": ["LLaDAModelLM"], "d_model": m.d_model,
         "n_layers": m.n_layers, "n_heads": m.n_heads, "n_kv_heads": m.n_heads,
@@ -71,8 +71,9 @@ def evaluate_accuracy(model: Any, task: AdditionTask, cfg: RunConfig) -> float:
     model.eval()
     correct = 0
     pairs = task.eval_pairs
-    for i in range(0, len(pairs), cfg.eval.batch_size):
-        chunk = pairs[i: i + cfg.eval.batch_size]
+    size = need(cfg.eval, "eval").batch_size
+    for i in range(0, len(pairs), size):
+        chunk = pairs[i: i + size]
         ids, mask = left_pad([task.encode(task.prompt(a, b)) for a, b in chunk], model.traits.pad_token_id)
         out = decode(model, ids, mask, torch.zeros(len(chunk), dtype=torch.long), greedy)
         for (a, b), row in zip(chunk, out.response_ids.tolist()):
@@ -84,13 +85,14 @@ def evaluate_accuracy(model: Any, task: AdditionTask, cfg: RunConfig) -> float:
 def run_quickstart(cfg: RunConfig, output_dir: Path, *, progress: bool = True) -> dict[str, Any]:
     """Run (or resume) the quick start in `output_dir`; returns the summary it writes."""
     t0 = time.perf_counter()
+    algorithm = cfg.algorithm
+    sft_cfg, rl = need(cfg.sft, "sft"), need(cfg.rl, "rl")
     if cfg.trainer.num_threads:
         torch.set_num_threads(cfg.trainer.num_threads)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    save_config(cfg, output_dir / "config.json")
+    open_run_folder(cfg, output_dir)
     wandb_run = open_wandb_run(cfg, output_dir)
     tokenizer = build_tokenizer()
-    task = AdditionTask(cfg.task, tokenizer)
+    task = AdditionTask(need(cfg.task, "task"), tokenizer)
     model = build_tiny_model(cfg, tokenizer)
     seed = cfg.trainer.seed
     run = Run(output_dir, model, tokenizer=tokenizer, log_every=cfg.trainer.log_every, progress=progress,
@@ -99,23 +101,22 @@ def run_quickstart(cfg: RunConfig, output_dir: Path, *, progress: bool = True) -
     def evaluate() -> dict[str, float]:
         return {"eval_accuracy": evaluate_accuracy(model, task, cfg)}
 
-    sft = SFTWorker(model, lambda step: task.sft_batch(cfg.sft.batch_size, derive_seed(seed, "sft-data", step)),
-                    cfg.sft, cfg.sft_optim, seed=seed)
+    sft = SFTWorker(model, lambda step: task.sft_batch(sft_cfg.batch_size, derive_seed(seed, "sft-data", step)),
+                    sft_cfg, need(cfg.sft_optim, "sft_optim"), seed=seed)
     run.run_phase(PhaseSpec(
-        order=0, name="sft", steps=cfg.sft.steps, step_fn=sft.step, owner=sft,
+        order=0, name="sft", steps=sft_cfg.steps, step_fn=sft.step, owner=sft,
         on_end=lambda: {"eval_accuracy_before_rl": evaluate()["eval_accuracy"]},
         metrics_file="sft_metrics.jsonl", log_keys=("loss",), save_every=0,
     ))
     logger.info("held-out accuracy after SFT: %.3f", run.results["eval_accuracy_before_rl"])
 
     def prompts(step: int) -> PromptBatch:
-        pairs = task.train_pairs(cfg.rl.prompts_per_step, derive_seed(seed, "rl-data", step))
+        pairs = task.train_pairs(rl.prompts_per_step, derive_seed(seed, "rl-data", step))
         return PromptBatch([task.encode(task.prompt(a, b)) for a, b in pairs],
-                           [task.answer(a, b) for a, b in pairs], cfg.rl.group_size)
+                           [task.answer(a, b) for a, b in pairs], rl.group_size)
 
-    objective = build_objective(cfg.algorithm, cfg.rl)
     weights = {k: v.detach().cpu() for k, v in model.state_dict().items()}  # the RL phase's initial policy
-    step_fn, owner, shutdown = rl_backend(cfg, model, prompts=prompts, objective=objective,
+    step_fn, owner, shutdown = rl_backend(cfg, model, prompts=prompts, algorithm=algorithm,
                                           reward_fn=exact_match_reward, detokenize=tokenizer.decode,
                                           rank_setup=functools.partial(rank_setup, cfg, weights))
     try:
@@ -130,13 +131,18 @@ def run_quickstart(cfg: RunConfig, output_dir: Path, *, progress: bool = True) -
     run.close()
     save_model(model, output_dir / "model", tokenizer=tokenizer)
     records = read_metrics(output_dir / "metrics.jsonl")
+    before, after = run.results["eval_accuracy_before_rl"], run.results["eval_accuracy_after_rl"]
     plot_curves(records, ["reward_mean", "eval_accuracy", "loss", "clip_frac", "ppo_kl", "consistency_max_abs_gap"],
-                output_dir / "reward.png")
+                output_dir / "reward.png",
+                title=f"{cfg.algorithm_name} RL on {task.cfg.digits}-digit addition: held-out accuracy "
+                      f"{before:.1%} after SFT -> {after:.1%} after RL",
+                points={"eval_accuracy": [(0, before, "after SFT (RL step 0)"),
+                                          (cfg.trainer.max_steps, after, "after RL")]})
     summary = {
         "eval_accuracy_before_rl": run.results["eval_accuracy_before_rl"],
         "eval_accuracy_after_rl": run.results["eval_accuracy_after_rl"],
         "num_eval_prompts": len(task.eval_pairs),
-        "sft_steps": cfg.sft.steps,
+        "sft_steps": sft_cfg.steps,
         "rl_steps": cfg.trainer.max_steps,
         "wall_time_s_this_invocation": round(time.perf_counter() - t0, 1),
         "model_dir": str((output_dir / "model").resolve()),

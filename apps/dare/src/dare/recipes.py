@@ -1,20 +1,22 @@
 """Recipes: plain functions returning a RunConfig, listed in one dict.
 
 `quickstart` trains a tiny model on CPU. The `<family>-<algorithm>` recipes reproduce the
-reference defaults (spec §6) on released checkpoints: set `checkpoint.checkpoint` and
+reference defaults (docs/algorithms.md#defaults) on released checkpoints: set `checkpoint.checkpoint` and
 `data.train_files` (RL prompts, SFT prompt/response or preference prompt/chosen/rejected
 parquet files; see `dare.pipeline` and `dare.datasets`); they are meant for GPUs.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 from collections.abc import Callable
 from functools import partial
 
 from dare.algorithms import ALGORITHMS, PREFERENCE_ALGORITHMS, SFT_ALGORITHMS
-from dare.config import EvalConfig, RunConfig, TinyModelConfig
-from dare.run_config_ext import CheckpointModelConfig, DataConfig, PreferenceConfig, RecipeRunConfig
+from dare.config import CheckpointModelConfig, DataConfig, EvalConfig, PreferenceConfig, RunConfig, TinyModelConfig
 from dare.tasks.addition import AdditionConfig
+from dllm_models import FAMILY_NAMES, family_kind
 from dllm_rollout import SamplingConfig
 from dllm_train import OptimConfig, RLConfig, SFTConfig, TrainerConfig
 
@@ -23,7 +25,7 @@ def quickstart() -> RunConfig:
     """Tiny LLaDA-architecture model on 3-digit addition: SFT warm start, then d1 RL (CPU, minutes)."""
     return RunConfig(
         recipe="quickstart",
-        algorithm="d1",
+        algorithm_name="d1",
         task=AdditionConfig(digits=3, num_eval=500, seed=1234),
         model=TinyModelConfig(d_model=128, n_layers=4, n_heads=4, mlp_hidden_size=384),
         sft=SFTConfig(steps=300, batch_size=128, eps=1e-3, normalizer="masked", weight_by_t=False),
@@ -38,15 +40,24 @@ def quickstart() -> RunConfig:
     )
 
 
-# Reference rollout settings per family (spec §6): response length, steps, block, temperature, top-k.
+# Reference rollout settings per family (docs/algorithms.md#defaults): response length, steps, block, temperature, top-k.
 _FAMILY_ROLLOUT: dict[str, SamplingConfig] = {
     "llada": SamplingConfig(max_new_tokens=512, steps=256, block_length=32, temperature=0.6),
     "dream": SamplingConfig(max_new_tokens=512, steps=256, block_length=32, temperature=0.2),
+    # block families decode with the exact KV cache of finished blocks (cache="prefix")
     "sdar": SamplingConfig(max_new_tokens=2048, steps=4, block_length=4, temperature=1.0, top_k=50,
-                           block_diffusion=True, eos_handling="truncate"),
+                           block_diffusion=True, eos_handling="truncate", cache="prefix"),
+    # SDAR-30B-A3B's reference decoding: SDAR's, plus top-p 0.95
+    "sdar_moe": SamplingConfig(max_new_tokens=2048, steps=4, block_length=4, temperature=1.0, top_k=50,
+                               top_p=0.95, block_diffusion=True, eos_handling="truncate", cache="prefix"),
     "llada2": SamplingConfig(max_new_tokens=2048, steps=16, block_length=32, temperature=0.6, top_k=50,
-                             top_p=0.95, block_diffusion=True, eos_handling="truncate"),
+                             top_p=0.95, block_diffusion=True, eos_handling="truncate", cache="prefix"),
 }
+# released-size runs: every likelihood pass in forwards of at most 16k tokens, activations
+# recomputed in backward (fits 8B models with 512-2048-token responses on one 80-141 GB GPU)
+def _trainer(*, max_steps: int, save_every: int, eval_every: int = 0) -> TrainerConfig:
+    return TrainerConfig(max_steps=max_steps, seed=0, eval_every=eval_every, save_every=save_every,
+                         max_tokens_per_pass=16384, activation_checkpointing=True)
 _GROUP = {"espo": 16, "d-treerpo": 16}
 _PROMPTS = {"coupled-grpo@dream": 8}
 _LR = {"d-treerpo": 3e-5, "dmpo": 1e-6}
@@ -60,37 +71,35 @@ _LORA = {"d-treerpo": (128, 64.0), "dmpo": (128, 64.0), "lora-sft": (16, 32.0)}
 
 
 def _rollout(family: str, algorithm: str) -> SamplingConfig:
-    import dataclasses
-
     base = _FAMILY_ROLLOUT[family]
     changes = {} if base.block_diffusion else dict(_ROLLOUT_CHANGES.get(algorithm, {}))
     return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
 
 
 def rl_recipe(family: str, algorithm: str) -> RunConfig:
-    """`family` policy trained with RL algorithm `algorithm`, reference defaults (spec §6)."""
+    """`family` policy trained with RL algorithm `algorithm`, reference defaults (docs/algorithms.md#defaults)."""
     rank, alpha = _LORA.get(algorithm, (0, 64.0))
-    return RecipeRunConfig(
+    return RunConfig(
         recipe=f"{family}-{algorithm}",
-        algorithm=algorithm,
+        algorithm_name=algorithm,
         checkpoint=CheckpointModelConfig(family=family, lora_rank=rank, lora_alpha=alpha),
         data=DataConfig(max_prompt_length=512),
         rl=RLConfig(prompts_per_step=_PROMPTS.get(f"{algorithm}@{family}", 16), group_size=_GROUP.get(algorithm, 8)),
         rl_optim=OptimConfig(lr=_LR.get(algorithm, 5e-7), weight_decay=0.01, grad_clip=1.0),
         rollout=_rollout(family, algorithm),
-        trainer=TrainerConfig(max_steps=500, seed=0, eval_every=50, save_every=50),
+        trainer=_trainer(max_steps=500, eval_every=50, save_every=50),
     )
 
 
 def preference_recipe(family: str, algorithm: str) -> RunConfig:
-    """DPO / VRPO on chosen/rejected pairs: 64 pairs per step, lr 5e-7, lengths 512/512 (spec §2.3)."""
-    return RecipeRunConfig(
-        recipe=f"{family}-{algorithm}", algorithm=algorithm,
+    """DPO / VRPO on chosen/rejected pairs: 64 pairs per step, lr 5e-7, lengths 512/512 (docs/algorithms.md#vrpo)."""
+    return RunConfig(
+        recipe=f"{family}-{algorithm}", algorithm_name=algorithm,
         checkpoint=CheckpointModelConfig(family=family),
         data=DataConfig(max_prompt_length=512, max_response_length=512),
         preference=PreferenceConfig(pairs_per_step=64),
-        rl_optim=OptimConfig(lr=5e-7, weight_decay=0.01),
-        rollout=_FAMILY_ROLLOUT[family], trainer=TrainerConfig(max_steps=1000, seed=0, save_every=100),
+        preference_optim=OptimConfig(lr=5e-7, weight_decay=0.01),
+        rollout=_FAMILY_ROLLOUT[family], trainer=_trainer(max_steps=1000, save_every=100),
     )
 
 
@@ -98,33 +107,55 @@ _SFT_SETTINGS = {
     "llada": (SFTConfig(steps=1000, batch_size=2, eps=1e-3, normalizer="masked", weight_by_t=True), 1e-4),
     "dream": (SFTConfig(steps=10000, batch_size=2, eps=1e-3, normalizer="masked", weight_by_t=True), 1e-4),
     "sdar": (SFTConfig(steps=1000, batch_size=1, eps=1e-3, normalizer="answer_len", weight_by_t=True), 1e-4),
+    "sdar_moe": (SFTConfig(steps=1000, batch_size=1, eps=1e-3, normalizer="answer_len", weight_by_t=True), 1e-4),
     "llada2": (SFTConfig(steps=1000, batch_size=1, eps=1e-3, normalizer="masked", weight_by_t=False), 5e-5),
 }
 
 
 def sft_recipe(family: str, algorithm: str) -> RunConfig:
-    """Diffusion SFT of `family` (spec §4, §6): AdamW (0.9, 0.95), wd 0.01, 10% warm-up, cosine, clip 1."""
+    """Diffusion SFT of `family` (docs/algorithms.md#sft): AdamW (0.9, 0.95), wd 0.01, 10% warm-up, cosine, clip 1."""
     sft, lr = _SFT_SETTINGS[family]
     rank, alpha = _LORA.get(algorithm, (0, 64.0))
-    return RecipeRunConfig(
-        recipe=f"{family}-{algorithm}", algorithm=algorithm,
-        algorithm_args=("t_range=[0.3, 0.8]",) if family == "llada2" else (),
+    entry = SFT_ALGORITHMS[algorithm]
+    return RunConfig(
+        recipe=f"{family}-{algorithm}", algorithm_name=algorithm,
+        algorithm=dataclasses.replace(entry, t_range=(0.3, 0.8)) if family == "llada2" else entry,
         checkpoint=CheckpointModelConfig(family=family, lora_rank=rank, lora_alpha=alpha),
         data=DataConfig(max_prompt_length=4096, max_response_length=4096), sft=sft,
         sft_optim=OptimConfig(lr=lr, betas=(0.9, 0.95), weight_decay=0.01, warmup_steps=sft.steps // 10,
                               schedule="cosine"),
-        rollout=_FAMILY_ROLLOUT[family], trainer=TrainerConfig(max_steps=0, seed=0, save_every=100),
+        rollout=_FAMILY_ROLLOUT[family], trainer=_trainer(max_steps=0, save_every=100),
     )
 
 
-_FAMILIES = ("llada", "dream", "sdar", "llada2")
+_FAMILIES = FAMILY_NAMES  # the dllm_models registry's canonical names
+_FAMILY_TITLES = {"llada": "LLaDA", "dream": "Dream", "sdar": "SDAR", "sdar_moe": "SDAR-MoE", "llada2": "LLaDA2.x"}
+
+
+def _paper(entry: object) -> str:
+    """'name (paper)' from the first sentence of an algorithm entry's docstring."""
+    doc = " ".join((type(entry).__doc__ or "").split())
+    head, _, rest = doc.partition(" (")
+    head = head.partition(":")[0]
+    ref = rest.partition(")")[0].strip(" ;,")
+    text = f"{head} ({ref})" if ref else head.rstrip(".")
+    if getattr(entry, "lora", None) is not None:
+        text += " + LoRA (Hu et al., arXiv 2106.09685)"
+    return text
+
+
 RECIPES: dict[str, Callable[[], RunConfig]] = {"quickstart": quickstart}
-for _table, _builder in ((ALGORITHMS, rl_recipe), (PREFERENCE_ALGORITHMS, preference_recipe),
-                         (SFT_ALGORITHMS, sft_recipe)):
+RECIPE_DOCS: dict[str, str] = {"quickstart": (quickstart.__doc__ or "").strip()}
+"""recipe name -> one line: family and kind, training kind, algorithm and its paper (`dare recipes`)."""
+for _kind, _table, _builder in (("RL", ALGORITHMS, rl_recipe), ("preference", PREFERENCE_ALGORITHMS, preference_recipe),
+                                ("SFT", SFT_ALGORITHMS, sft_recipe)):
     for _name, _entry in _table.items():
         for _family in _FAMILIES:
             if _family in _entry.families:
                 RECIPES[f"{_family}-{_name}"] = partial(_builder, _family, _name)
+                _label = _paper(_entry)
+                _label = _label if _kind.lower() in _label.lower() else f"{_kind}: {_label}"
+                RECIPE_DOCS[f"{_family}-{_name}"] = f"{_FAMILY_TITLES[_family]} ({family_kind(_family)} diffusion), {_label}"
 
 
 def get_recipe(name: str) -> RunConfig:

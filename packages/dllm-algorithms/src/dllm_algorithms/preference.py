@@ -23,8 +23,8 @@ def _stratified(valid: torch.Tensor, n: int, gen: torch.Generator) -> MaskPlan:
 
 @dataclass(frozen=True)
 class DPO:
-    """DPO on diffusion ELBOs (Rafailov et al., arXiv 2305.18290; spec §5): one iid-t mask per
-    response, independent masks for policy and reference.
+    """DPO on diffusion ELBOs (Rafailov et al., arXiv 2305.18290): one iid-t mask per response,
+    independent masks for policy and reference (docs/algorithms.md#dpo).
 
     Attributes:
         beta: DPO's beta (scale of the implicit reward).
@@ -42,8 +42,9 @@ class DPO:
 
 @dataclass(frozen=True)
 class VRPO:
-    """VRPO (LLaDA 1.5, arXiv 2505.19223; spec §2.3): DPO on ELBOs with stratified counts (one
-    mask per timestep), a larger budget and masks shared by policy and reference; ELBO ÷ R.
+    """VRPO (LLaDA 1.5, arXiv 2505.19223): DPO on ELBOs with stratified counts (one mask per
+    timestep), a larger budget and masks shared by policy and reference; ELBO ÷ R
+    (docs/algorithms.md#vrpo).
 
     Attributes:
         beta: DPO's beta (scale of the implicit reward).

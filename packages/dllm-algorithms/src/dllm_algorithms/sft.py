@@ -1,7 +1,7 @@
 """Supervised fine-tuning of diffusion LMs: MDLM (LLaDA, Dream) and BDLM (SDAR, LLaDA2), full or LoRA.
 
 The same NELBO for every family (the Scorer picks the BD3LM layout for block models); the
-per-family reference settings (spec §4) are data here, and LoRA is a model transform applied
+per-family reference settings (docs/algorithms.md#sft) are data here, and LoRA is a model transform applied
 before the worker is built.
 """
 
@@ -45,7 +45,7 @@ class SFT:
     """Diffusion SFT: NELBO on masked response tokens (LLaDA arXiv 2502.09992; BD3LM per block).
 
     `t_range` (0.3, 0.8) and `weight_by_t=False` reproduce LLaDA2; `normalizer="answer_len"`
-    SDAR; "masked" LLaDA/Dream (spec §4). `lora` set: adapters only (LoRA SFT).
+    SDAR; "masked" LLaDA/Dream (docs/algorithms.md#sft). `lora` set: adapters only (LoRA SFT).
 
     Attributes:
         normalizer: "masked", "response" or "answer_len" (`dllm_objectives.mdm_sft_loss`).

@@ -23,7 +23,7 @@ DATASETS: tuple[str, ...] = (
 
 @dataclass(frozen=True, kw_only=True)
 class Row:
-    """One test example in the RL parquet schema (spec section 5.1), flattened."""
+    """One test example in the RL parquet schema (docs/data.md#rl-parquet), flattened."""
 
     index: int
     data_source: str

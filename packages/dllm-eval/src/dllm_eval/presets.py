@@ -158,6 +158,23 @@ class Preset:
                                    top_p=changes.get("top_p", settings.top_p))
 
 
+def for_model(settings: DecodingSettings, block_length: int | None) -> DecodingSettings:
+    """A preset's decoding as a model of block size `block_length` runs it.
+
+    Masked-diffusion models (`block_length` None) take the settings as they are. A block-diffusion
+    model decodes on its own block grid, so the preset's block becomes the model's, its total
+    steps become steps per block at the preset's tokens per step (e.g. d1's length / 2 steps: two
+    tokens a step), and the decoding uses the exact KV cache of finished blocks ("prefix") unless
+    the preset names a cache.
+    """
+    if block_length is None or settings.block_length == block_length:
+        return settings
+    per_block = max(1, round(block_length * settings.steps / settings.max_new_tokens))
+    length = -(-settings.max_new_tokens // block_length) * block_length
+    return dataclasses.replace(settings, max_new_tokens=length, block_length=block_length, steps=per_block,
+                               cache=settings.cache or "prefix")
+
+
 def _d(length: int, steps: int, block: int, **kw: object) -> DecodingSettings:
     return DecodingSettings(max_new_tokens=length, steps=steps, block_length=block,
                             **kw)  # type: ignore[arg-type]

@@ -106,7 +106,8 @@ def bd3lm_mask(
     """Mask of the BD3LM training layout: per sample its noisy copy x_t, then its clean copy x_0.
 
     Samples are packed along one row (B = 1) as [x_t^1 ; x_0^1 ; x_t^2 ; x_0^2 ; ...]; blocks are
-    numbered from each sample's absolute position 0 ("global" block origin, spec §1.4 item 4).
+    numbered from each sample's absolute position 0 ("global" block origin,
+    docs/models.md#forward-contracts).
 
     Args:
         lengths: length L_i of each sample (each contributes 2 L_i positions).

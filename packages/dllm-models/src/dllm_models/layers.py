@@ -47,8 +47,8 @@ DEFAULT_KERNELS = KernelConfig(fused=os.environ.get("DLLM_FUSED_KERNELS", "1") !
 class RMSNorm(nn.Module):
     """RMSNorm that normalises in float32, rounds to the input dtype, then scales.
 
-    This is the LLaDA/Dream/LLaDA2 numerics (spec §1.1); `scale_in_fp32=True` multiplies by the
-    weight before rounding (SDAR's fused-kernel numerics).
+    This is the LLaDA/Dream/LLaDA2 numerics (docs/models.md#architectures); `scale_in_fp32=True`
+    multiplies by the weight before rounding (SDAR's fused-kernel numerics).
     """
 
     def __init__(self, dim: int, eps: float, *, scale_in_fp32: bool = False) -> None:

@@ -3,7 +3,8 @@
 Tensors and keyword-only numbers in, tensors (and flat metrics dicts) out. Randomness only via
 an explicit ``torch.Generator``; the library depends on torch alone and never calls a model,
 except through the callables handed to :mod:`dllm_objectives.drivers`.
-See the package README for one example per algorithm and ``spec/objectives.md`` for the math.
+See the package README for one example per algorithm and ``docs/algorithms.md`` (repository root)
+for the math.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Group-relative advantages: GRPO, Dr.GRPO, RLOO (spec §1.1) and sequence reductions."""
+"""Group-relative advantages: GRPO, Dr.GRPO, RLOO (docs/algorithms.md#advantages) and sequence reductions."""
 
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ def grpo_advantages(
     unbiased_std: bool = True,
     singleton: str = "zero",
 ) -> Tensor:
-    """GRPO advantages ``(r - mean_g) / (std_g + eps)`` (Shao et al. 2024, arXiv 2402.03300; spec §1.1).
+    """GRPO advantages ``(r - mean_g) / (std_g + eps)`` (Shao et al. 2024, arXiv 2402.03300).
 
     ``norm_by_std=False`` is Dr.GRPO (``r - mean_g``). Groups are rows sharing a ``group_ids``
     value (a prompt uid). ``scores`` may be ``[B]`` or ``[B, K]`` (MDPO per-step scores: each
@@ -84,7 +84,7 @@ def grpo_advantages(
 
 
 def rloo_advantages(scores: Tensor, group_ids: Tensor, *, singleton: str = "zero") -> Tensor:
-    """RLOO advantages ``r_i - mean_{k != i} r_k = n / (n - 1) (r_i - mean_g)`` (spec §1.1, ESPO).
+    """RLOO advantages ``r_i - mean_{k != i} r_k = n / (n - 1) (r_i - mean_g)`` (ESPO).
 
     Args:
         scores: float ``[B]``.
@@ -104,7 +104,7 @@ def rloo_advantages(scores: Tensor, group_ids: Tensor, *, singleton: str = "zero
 
 
 def sequence_advantages(token_advantages: Tensor, mask: Tensor) -> Tensor:
-    """Masked mean of token advantages per sequence (ESPO, EBPO, SPG; spec §2.5-2.7).
+    """Masked mean of token advantages per sequence (ESPO, EBPO, SPG).
 
     Args:
         token_advantages: ``[B, R]``.

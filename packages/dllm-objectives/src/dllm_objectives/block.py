@@ -1,6 +1,7 @@
 """Block-diffusion helpers: block ids, the BD3LM visibility predicate, EBPO per-block counts.
 
-Spec §3 (SDAR, LLaDA2.x) and §2.7 (EBPO masking M6). The library only describes the mask;
+See docs/algorithms.md#block-diffusion (SDAR, LLaDA2.x) and #ebpo (EBPO masking M6). The library
+only describes the mask;
 building a flex-attention ``BlockMask`` or running the ``[z; x]`` forward is the model's job.
 """
 
@@ -24,7 +25,7 @@ def block_ids(
     origin: str = "global",
     prompt_valid: Tensor | None = None,
 ) -> Tensor:
-    """Block index of every position on the compact (padding-removed) sequence (spec §3).
+    """Block index of every position on the compact (padding-removed) sequence.
 
     ``origin="global"`` (the only one used for RL): ``floor(compact position / block_size)``
     counted from the first valid token, so prompt and response share one grid.
@@ -63,7 +64,7 @@ def block_ids(
 
 
 def bd3lm_visible(q_idx: Tensor, kv_idx: Tensor, row_block_ids: Tensor) -> Tensor:
-    """BD3LM visibility on the ``[z; x]`` layout of length ``2n`` (Arriola et al. 2025; spec §3).
+    """BD3LM visibility on the ``[z; x]`` layout of length ``2n`` (Arriola et al. 2025).
 
     Noisy -> noisy within the same block; noisy -> clean only to strictly earlier blocks;
     clean -> clean to the same or earlier blocks; clean -> noisy never; padding never. Usable
@@ -112,7 +113,7 @@ def _cell_counts(sizes: Tensor, num_samples: int, generator: torch.Generator) ->
 def block_count_masks(
     response_valid: Tensor, ids: Tensor, num_samples: int, *, generator: torch.Generator
 ) -> MaskPlan:
-    """EBPO per-block count masking M6 (LLaDA2.1, arXiv 2602.08676; spec §2.7).
+    """EBPO per-block count masking M6 (LLaDA2.1, arXiv 2602.08676; docs/algorithms.md#ebpo).
 
     Every block overlapping the response gets, in every copy, its own count
     ``k = min(floor(u n_b) + 1, n_b)`` of masked response positions (uniform subset), with the

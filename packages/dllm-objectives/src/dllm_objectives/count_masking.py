@@ -1,4 +1,4 @@
-"""Count-based masking: stratified counts M3 (VRPO, BGPO) and ESPO counts M4 (spec §1.5).
+"""Count-based masking: stratified counts M3 (VRPO, BGPO) and ESPO counts M4 (docs/algorithms.md#masking).
 
 A count plan first picks how many positions ``k`` to mask, then a uniformly random subset of
 that size among the valid positions. ``p_mask = k / denominator`` is the marginal masking
@@ -79,12 +79,12 @@ def count_masks(
     stratify: str = "per_sequence",
     generator: torch.Generator,
 ) -> MaskPlan:
-    """Stratified count masking M3 (VRPO arXiv 2505.19223, BGPO arXiv 2510.11683; spec §1.5).
+    """Stratified count masking M3 (VRPO arXiv 2505.19223, BGPO arXiv 2510.11683; docs/algorithms.md#masking).
 
     Default (M3): per row ``k ~ U{1..L_b}`` and the ``N`` copies use the equally spaced counts
     ``k_i = ((round(k + i * L_b / N) - 1) mod L_b) + 1``; each copy masks a uniformly random
     subset of ``k_i`` valid positions; ``p_mask = k_i / L_b``. With ``k ~ U{1..L}`` the ELBO is
-    unbiased for exact conditionals (spec §1.6). Rows with no valid position get no mask.
+    unbiased for exact conditionals (docs/algorithms.md#elbo). Rows with no valid position get no mask.
 
     Args:
         valid: bool ``[B, L]``; padding (False) is never masked.
@@ -119,7 +119,7 @@ def count_masks(
 def espo_masks(
     valid: Tensor, num_samples: int, *, generator: torch.Generator
 ) -> tuple[MaskPlan, MaskPlan]:
-    """ESPO masks M4 and their antithetic complements (Ou et al., arXiv 2512.03759; spec §2.6).
+    """ESPO masks M4 and their antithetic complements (Ou et al., arXiv 2512.03759; docs/algorithms.md#espo).
 
     Count ``x in 0..L`` stratified across the rows of the batch, ``p_mask = x / (L + 1)``; the
     complement masks the other ``L - x`` valid positions with ``p_mask = (L - x) / (L + 1)``.

@@ -1,4 +1,4 @@
-"""DMPO: importance weights, weight baselines, WDCE and WDDO losses (spec §2.12).
+"""DMPO: importance weights, weight baselines, WDCE and WDDO losses (docs/algorithms.md#dmpo).
 
 Zhu et al., *Distribution Matching Policy Optimization*, arXiv 2510.08233. Target
 ``p*(o | q) ~ p_ref(o | q) exp(r / alpha)``; rollouts from the stop-gradient current model.
@@ -120,7 +120,7 @@ def dmpo_baseline(
     neg_weights: Tensor | None = None,
     model_log_ratio: Tensor | None = None,
 ) -> Tensor:
-    """Weight-baseline subtraction (``advantage_centering``; spec §2.12 item 3).
+    """Weight-baseline subtraction (``advantage_centering``; docs/algorithms.md#dmpo item 3).
 
     ``group``: ``w - s mean_g(w)``; ``individual``: ``w - s w-``; ``model``:
     ``w - s softmax_g(E_theta(o) - log p_behaviour(o))`` (detached); ``none``: ``w``.
@@ -146,7 +146,7 @@ def dmpo_baseline(
 
 
 def dmpo_sequence_elbo(token_logp: Tensor, mask: Tensor, valid: Tensor, *, reduce: str = "mean") -> Tensor:
-    """``sum/mean_m (L / |S_m|) sum_{j in S_m} l_j`` over replicates (spec §2.12 items 3, 5), ``[B]``.
+    """``sum/mean_m (L / |S_m|) sum_{j in S_m} l_j`` over replicates (DMPO items 3, 5), ``[B]``.
 
     Args:
         token_logp: ``[B, M, L]``; mask: bool ``[B, M, L]``; valid: bool ``[B, L]`` completion positions.
@@ -160,7 +160,7 @@ def dmpo_sequence_elbo(token_logp: Tensor, mask: Tensor, valid: Tensor, *, reduc
 
 
 def wdce_loss(token_logp: Tensor, mask: Tensor, weights: Tensor) -> Tensor:
-    """Weighted denoising cross-entropy ``(1/M) sum_i sum_m w_i mean_{S_im} CE`` (spec §2.12 item 4).
+    """Weighted denoising cross-entropy ``(1/M) sum_i sum_m w_i mean_{S_im} CE`` (DMPO item 4).
 
     Sum (not mean) over samples, ``|S|`` clamped at 1.
 
@@ -187,7 +187,7 @@ def wddo_loss(
     beta: float = 1.0,
     alpha: float = 1.0,
 ) -> Tensor:
-    """WDDO loss ``-mean(w log sig(b g)) - a mean log sig(-b g')`` (spec §2.12 item 5).
+    """WDDO loss ``-mean(w log sig(b g)) - a mean log sig(-b g')`` (DMPO item 5).
 
     ``g = E_real - log p_behaviour`` and ``g' = E_fake - log p_behaviour`` (``ddo_indep_set``:
     separate replicate halves; default ``elbo_fake = elbo_real``). Raw weights (no baseline).

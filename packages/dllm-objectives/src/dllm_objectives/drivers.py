@@ -1,7 +1,7 @@
 """Model-in-the-loop drivers that take callables, so the library never imports a model.
 
-ESPO/EBPO proxy backward (spec §2.6-2.7), BGPO constant-memory accumulation (spec §2.4),
-CJ-GRPO / JustGRPO step replay (spec §2.8, §2.11). Each driver calls ``.backward()`` and
+ESPO/EBPO proxy backward (docs/algorithms.md#espo), BGPO constant-memory accumulation (#bgpo),
+CJ-GRPO / JustGRPO step replay (docs/algorithms.md#cj-grpo, #justgrpo). Each driver calls ``.backward()`` and
 returns the detached total loss; the caller owns the optimiser step.
 """
 

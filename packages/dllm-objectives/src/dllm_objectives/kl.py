@@ -1,4 +1,4 @@
-"""KL penalty estimators (Schulman's k1/k2/k3; spec §1.4) and ESPO/EBPO sequence KL."""
+"""KL penalty estimators (Schulman's k1/k2/k3; docs/algorithms.md#kl) and ESPO/EBPO sequence KL."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def kl_penalty(
     clamp: float | None = 10.0,
     dare_advantages: Tensor | None = None,
 ) -> Tensor:
-    """Element-wise KL estimator of ``KL(pi_theta || pi_ref)`` from sampled log-probs (spec §1.4).
+    """Element-wise KL estimator of ``KL(pi_theta || pi_ref)`` from sampled log-probs (docs/algorithms.md#kl).
 
     With ``d = logp - ref_logp``: ``k1 = d``, ``abs = |d|``, ``k2 = d^2 / 2``,
     ``k3 = exp(-d) + d - 1`` clamped to ``[-clamp, clamp]`` (verl ``low_var_kl``). Aliases:
@@ -50,7 +50,7 @@ def kl_penalty(
         ref_logp: reference log-probs, same shape.
         kind: one of :data:`KL_KINDS`.
         clamp: clamp of ``k3`` (``None``: no clamp; ``d`` is still limited to ``[-80, 80]``).
-        dare_advantages: parity switch for DARE's dLLM variant (spec §1.4, §8.2): where the
+        dare_advantages: parity switch for DARE's dLLM variant (docs/algorithms.md#quirk-dllm-kl): where the
             advantage (broadcastable to ``logp``) is positive, ``d`` is replaced by
             ``log(1 + d)``. DARE returned NaN for ``d <= -1``; here ``1 + d`` is floored at
             ``1e-6`` (the NaN bug fixed). ``None`` (canonical) applies the estimator to ``d``.
@@ -74,7 +74,7 @@ def sequence_kl(
     length: float | Tensor = 1.0,
     k1_grad_correction: bool = False,
 ) -> Tensor:
-    """Sequence-level KL of ELBO values (ESPO spec §2.6: ``/ R``; EBPO spec §2.7: raw).
+    """Sequence-level KL of ELBO values (ESPO: ``/ R``; EBPO: raw; docs/algorithms.md#espo, #ebpo).
 
     ``Delta = value - ref_value``; k2 ``Delta^2 / 2``, k3 ``exp(-Delta) + Delta - 1``
     (overflow-guarded, unclamped in value up to ``Delta = -80``), k1 ``Delta``, abs

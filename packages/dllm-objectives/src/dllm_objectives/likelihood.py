@@ -1,4 +1,4 @@
-"""Likelihood estimators over precomputed per-token log-probs (spec §1.6, §2).
+"""Likelihood estimators over precomputed per-token log-probs (docs/algorithms.md#elbo).
 
 The caller runs its model on the noisy copies of a :class:`MaskPlan` and passes back aligned
 per-target log-probs ``token_logp`` ``[B, N, L]`` (float32). Nothing here calls a model.
@@ -30,12 +30,12 @@ Normalizer: TypeAlias = None | float | str | Tensor
 def token_logp_from_logits(logits: Tensor, targets: Tensor, *, temperature: float = 1.0) -> Tensor:
     """Log-probability of each target token, ``log softmax(logits / temperature)[target]``.
 
-    The log-softmax runs in float32 even for bf16/fp16 logits (spec §9 "Numerics").
+    The log-softmax runs in float32 even for bf16/fp16 logits (docs/algorithms.md#numerics).
 
     Args:
         logits: ``[..., V]``, already aligned with ``targets`` (shifting is the model adapter's job).
         targets: long ``[...]``.
-        temperature: > 0; only JustGRPO uses a learner temperature (spec §2.11).
+        temperature: > 0; only JustGRPO uses a learner temperature (docs/algorithms.md#justgrpo).
 
     Returns:
         float32 ``[...]``.
@@ -51,7 +51,7 @@ def token_logp_from_logits(logits: Tensor, targets: Tensor, *, temperature: floa
 
 
 def elbo_terms(token_logp: Tensor, plan: MaskPlan) -> Tensor:
-    """Importance-weighted terms ``mask * token_logp / p_mask`` (spec §1.6).
+    """Importance-weighted terms ``mask * token_logp / p_mask`` (docs/algorithms.md#elbo).
 
     Args:
         token_logp: ``[B, N, L]`` log-probs of the clean tokens given each noisy copy.
@@ -90,7 +90,7 @@ def _apply_normalizer(values: Tensor, normalizer: Normalizer, width: int) -> Ten
 
 
 def elbo(token_logp: Tensor, plan: MaskPlan, *, normalizer: Normalizer = None) -> Tensor:
-    """Per-copy ELBO estimate ``sum_{j in S} token_logp_j / p_mask_j`` (spec §1.6).
+    """Per-copy ELBO estimate ``sum_{j in S} token_logp_j / p_mask_j`` (docs/algorithms.md#elbo).
 
     Unbiased for ``log p(o)`` when the denoiser returns exact conditionals and the plan is
     :func:`count_masks` (``k ~ U{1..L}``) or :func:`iid_masks` (``t ~ U(0, 1)``).
@@ -117,7 +117,7 @@ def antithetic_elbo(
     *,
     normalizer: Normalizer = None,
 ) -> Tensor:
-    """ESPO antithetic ELBO ``(E(S) + E(S^c)) / 2`` per copy (arXiv 2512.03759; spec §2.6).
+    """ESPO antithetic ELBO ``(E(S) + E(S^c)) / 2`` per copy (arXiv 2512.03759; docs/algorithms.md#espo).
 
     Empty sums are 0 and the factor 1/2 is always applied, as in the reference.
 
@@ -135,7 +135,7 @@ def antithetic_elbo(
 
 
 def coupled_token_logp(full_logp: Tensor, half_logp: Tensor, plan: MaskPlan) -> Tensor:
-    """Coupled-GRPO per-token score (DiffuCoder, arXiv 2506.20639; spec §2.2).
+    """Coupled-GRPO per-token score (DiffuCoder, arXiv 2506.20639; docs/algorithms.md#coupled-grpo).
 
     ``0.5 * (l_full + [j in S_a] l_a / t + [j in S_b] l_b / (1 - t))``: a variance-reduced,
     re-weighted per-token score, not a log-probability.
@@ -162,7 +162,8 @@ def coupled_token_logp(full_logp: Tensor, half_logp: Tensor, plan: MaskPlan) -> 
 def composite_block_elbo(
     token_logp: Tensor, plan: MaskPlan, *, sample_weights: Tensor | None = None
 ) -> Tensor:
-    """EBPO composite block ELBO ``sum_n w_n sum_j e_nj`` (LLaDA2.1, arXiv 2602.08676; spec §2.7).
+    """EBPO composite block ELBO ``sum_n w_n sum_j e_nj`` (LLaDA2.1, arXiv 2602.08676;
+    docs/algorithms.md#ebpo).
 
     With a :func:`block_count_masks` plan and BD3LM attention, every row's sum is the sum of
     per-block conditional ELBOs. Raw: no length normalisation.

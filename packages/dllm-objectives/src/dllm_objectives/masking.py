@@ -1,7 +1,7 @@
 """Bernoulli-type masking schemes: d1 one-step (M1), Coupled-GRPO (M2), iid-t (M7), complements.
 
 Every sampler takes an explicit ``torch.Generator`` and never touches the global RNG. The
-returned :class:`MaskPlan` is reused for the old, reference and current passes (spec §0).
+returned :class:`MaskPlan` is reused for the old, reference and current passes (docs/algorithms.md#notation).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ def one_step_masks(
     prompt_mask_prob: float = 0.15,
     generator: torch.Generator,
 ) -> MaskPlan:
-    """d1 one-step masking M1 (Zhao et al. 2025, arXiv 2504.12216; spec §1.5, §2.1).
+    """d1 one-step masking M1 (Zhao et al. 2025, arXiv 2504.12216; docs/algorithms.md#d1).
 
     Every valid response position is masked; every valid prompt position is masked
     independently with probability ``prompt_mask_prob``. Padding is never masked.
@@ -59,8 +59,8 @@ def _coupled_draws(
     if fixed_seed is None:
         t = t_min + (t_max - t_min) * uniform((b,), generator, valid)
         return t, uniform((b, length), generator, valid)
-    # DARE parity (spec §8.1): `set_seed(42)` before every call, `random.uniform` for t and
-    # `torch.rand` for u, so all rows and all steps share one t and one u vector.
+    # DARE parity (docs/algorithms.md#quirk-coupled-seed): `set_seed(42)` before every call,
+    # `random.uniform` for t and `torch.rand` for u, so all rows and all steps share one t and one u vector.
     t_val = random.Random(fixed_seed).uniform(t_min, t_max)
     cpu = torch.Generator().manual_seed(fixed_seed)
     u_row = torch.rand((length,), generator=cpu).to(valid.device)
@@ -77,7 +77,8 @@ def coupled_masks(
     fixed_seed: int | None = None,
     generator: torch.Generator,
 ) -> MaskPlan:
-    """Coupled complementary masks M2 of Coupled-GRPO (DiffuCoder, arXiv 2506.20639; spec §2.2).
+    """Coupled complementary masks M2 of Coupled-GRPO (DiffuCoder, arXiv 2506.20639;
+    docs/algorithms.md#coupled-grpo).
 
     Per row ``t ~ U[t_min, t_max]`` and ``u_j ~ U[0, 1)``: copy ``a`` masks valid positions with
     ``u_j < t`` (``p_mask = t``), copy ``b`` masks the other valid positions (``p_mask = 1 - t``),
@@ -88,7 +89,8 @@ def coupled_masks(
         t_min, t_max: range of the mask ratio.
         include_full: prepend DiffuCoder's copy 0 that masks every valid position
             (``p_mask = 1``), giving ``N = 3``.
-        fixed_seed: DARE parity switch (spec §8.1). ``None`` (canonical) draws from
+        fixed_seed: DARE parity switch (docs/algorithms.md#quirk-coupled-seed).
+            ``None`` (canonical) draws from
             ``generator``; ``42`` reproduces DARE: ``t = random.Random(42).uniform(t_min, t_max)``
             (about 0.5837) and one ``u`` row from a CPU ``torch.Generator`` seeded 42, shared by
             every row and every call (DARE drew ``u`` on the training device, so only CPU
@@ -126,14 +128,14 @@ def iid_masks(
     antithetic: bool = False,
     generator: torch.Generator,
 ) -> MaskPlan:
-    """IID Bernoulli-t masking M7 (LLaDA SFT, Dream SFT, DMPO; spec §1.5, §4, §2.12).
+    """IID Bernoulli-t masking M7 (LLaDA SFT, Dream SFT, DMPO; docs/algorithms.md#masking).
 
     Per (row, sample) ``t = max(t_raw, eps)`` with ``t_raw ~ U[t_min, t_max]``, then every valid
     position is masked independently with probability ``t``. LLaDA/SDAR SFT's
     ``t = (1 - 1e-3) u + 1e-3`` is exactly ``t_min=1e-3`` (same values for the same ``u``);
     Dream uses ``t_min=0`` (unbounded ``1 / t``); ``eps`` only guards against tiny ``t``.
     With ``t ~ U(0, 1)`` the ELBO of :func:`dllm_objectives.elbo` is unbiased for exact
-    conditionals (spec §1.6).
+    conditionals (docs/algorithms.md#elbo).
 
     Args:
         valid: bool ``[B, L]``, positions that may be masked.
@@ -170,7 +172,7 @@ def iid_masks(
 
 
 def complement_plan(plan: MaskPlan, valid: Tensor) -> MaskPlan:
-    """The antithetic complement of a plan over the valid positions (ESPO, spec §2.6).
+    """The antithetic complement of a plan over the valid positions (ESPO, docs/algorithms.md#espo).
 
     For count plans (``meta`` has ``counts`` and ``denominator``, e.g. ESPO's
     ``x / (L + 1)``) the complement masks ``L - x`` positions with

@@ -15,12 +15,12 @@ class MaskPlan:
     """Masks sampled once and reused for the old, reference and current policy passes.
 
     Common random numbers between the three passes make the importance ratio exactly 1
-    on-policy (spec §0 "Shared noise").
+    on-policy (docs/algorithms.md#notation, shared noise).
 
     Attributes:
         mask: bool ``[B, N, L]``, True where the position is replaced by the mask token.
         p_mask: float ``[B, N, L]``, the marginal probability that the position was masked
-            under the sampling scheme (the ``pi_j`` of spec §1.6); read only where ``mask``.
+            under the sampling scheme (the ``pi_j`` of docs/algorithms.md#elbo); read only where ``mask``.
         meta: scheme-specific extras, e.g. ``t`` ``[B, N]``, ``counts`` ``[B, N]``,
             ``denominator`` ``[B, N]``, ``block_index`` ``[B, N]``.
     """
@@ -56,7 +56,7 @@ def apply_mask(input_ids: Tensor, plan: MaskPlan, mask_id: int) -> Tensor:
         mask_id: the model's mask token id (a model constant: pass it in, never hard-code it).
 
     Returns:
-        long ``[B, N, L]`` noisy ids ``z`` (spec §0).
+        long ``[B, N, L]`` noisy ids ``z``.
     """
     if input_ids.dim() != 2 or input_ids.shape != (plan.mask.shape[0], plan.mask.shape[2]):
         raise ValueError(

@@ -1,4 +1,5 @@
-"""Clipped policy-gradient losses: token PPO with dual clip, BGPO, sequence-level clip (spec §1.2-1.3).
+"""Clipped policy-gradient losses: token PPO with dual clip, BGPO, sequence-level clip
+(docs/algorithms.md#clipped-surrogate, #aggregation).
 
 All ratio math runs in float32. Losses return ``(loss, metrics)``; metrics are detached scalars.
 """
@@ -27,7 +28,7 @@ AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mea
 def aggregate(
     values: Tensor, mask: Tensor, mode: str = "token-mean", *, norm_const: float | None = None
 ) -> Tensor:
-    """Reduce a token matrix to a scalar (verl ``agg_loss``; spec §1.3).
+    """Reduce a token matrix to a scalar (verl ``agg_loss``; docs/algorithms.md#aggregation).
 
     * ``token-mean``: ``sum(m v) / (sum(m) + 1e-8)``.
     * ``seq-mean-token-sum``: ``mean_i sum_j m v``.
@@ -83,7 +84,7 @@ def _broadcast_adv(advantages: Tensor, like: Tensor) -> Tensor:
 def token_surrogate(
     ratio: Tensor, adv: Tensor, *, clip_low: float, clip_high: float, dual_clip: float | None
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """Per-token PPO loss with dual clip (spec §1.2) from ratios and advantages of one shape.
+    """Per-token PPO loss with dual clip from ratios and advantages of one shape.
 
     Returns:
         ``(loss, clipped, dual_clipped)``: float32 loss tokens and two bool indicator tensors.
@@ -113,7 +114,7 @@ def clipped_policy_loss(
     agg: str = "token-mean",
     norm_const: float | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """PPO clipped surrogate with dual clip for negative advantages (spec §1.2).
+    """PPO clipped surrogate with dual clip for negative advantages (docs/algorithms.md#clipped-surrogate).
 
     ``r = exp(l - l_old)``, ``u = max(-A r, -A clip(r, 1 - clip_low, 1 + clip_high))``, token loss
     ``min(u, -A c)`` for ``A < 0`` (Ye et al. 2020 dual clip), ``u`` otherwise, then
@@ -164,10 +165,10 @@ def bgpo_policy_loss(
     dual_clip: float | None = 3.0,
     agg: str = "token-mean",
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """BGPO loss of one Monte-Carlo sample (Lin et al., arXiv 2510.11683; spec §2.4).
+    """BGPO loss of one Monte-Carlo sample (Lin et al., arXiv 2510.11683; docs/algorithms.md#bgpo).
 
     With ``D = value - old_value`` the ratio is ``1 + D`` for ``A > 0`` (first-order Taylor, a
-    lower bound of ``exp(D)``) and ``exp(D)`` otherwise, then the §1.2 surrogate over the
+    lower bound of ``exp(D)``) and ``exp(D)`` otherwise, then the PPO surrogate over the
     broadcast sequence value. Divide by ``N`` and sum over samples (one backward each:
     :func:`dllm_objectives.per_sample_backward`). The linear ratio is used directly, so there
     is no NaN for ``D <= -1`` (the reference computed ``exp(log(1 + D))``).
@@ -206,7 +207,7 @@ def sequence_clip_loss(
     clip_high: float = 0.2,
     valid: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """Sequence-level clipped ratio in the log domain (ESPO spec §2.6, EBPO spec §2.7).
+    """Sequence-level clipped ratio in the log domain (ESPO, EBPO; docs/algorithms.md#ebpo).
 
     ``rho = value - old_value``; ``rho~ = min(rho, log(1 + clip_high))`` if ``A >= 0`` else
     ``max(rho, log(1 - clip_low))``; loss ``mean_i(-A_i exp(rho~_i))``. Equal to
@@ -252,7 +253,7 @@ def weighted_policy_loss(
     clip_high: float = 0.2,
     dual_clip: float | None = 3.0,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """Token surrogate reduced as ``sum(weights * loss_token)`` (CJ-GRPO, spec §2.8).
+    """Token surrogate reduced as ``sum(weights * loss_token)`` (CJ-GRPO, docs/algorithms.md#cj-grpo).
 
     Args:
         logp, old_logp: ``[B, ..., R]`` (e.g. ``[B, K, R]`` step log-probs, or one step ``[B, R]``).

@@ -1,4 +1,4 @@
-"""Preference loss: DPO on sequence log-likelihoods or VRPO ELBOs (spec §2.3, §5)."""
+"""Preference loss: DPO on sequence log-likelihoods or VRPO ELBOs (docs/algorithms.md#dpo, #vrpo)."""
 
 from __future__ import annotations
 
@@ -50,9 +50,9 @@ def dpo_loss(
     beta: float,
     length_normalizer: float | Tensor = 1.0,
 ) -> Tensor:
-    """DPO loss ``mean -log sigmoid(logit)`` (Rafailov et al. 2023; VRPO arXiv 2505.19223; spec §5).
+    """DPO loss ``mean -log sigmoid(logit)`` (Rafailov et al. 2023; VRPO arXiv 2505.19223).
 
-    Equals ``log 2`` when the policy equals the reference on shared masks (spec §7.14).
+    Equals ``log 2`` when the policy equals the reference on shared masks.
 
     Args: as :func:`dpo_logits`.
 

@@ -1,4 +1,7 @@
-"""SPG: sandwiched policy gradient with ELBO/EUBO bounds (Wang et al., arXiv 2510.09541; spec §2.5)."""
+"""SPG: sandwiched policy gradient with ELBO/EUBO bounds (Wang et al., arXiv 2510.09541).
+
+The estimators and the loss are summarised in docs/algorithms.md#spg.
+"""
 
 from __future__ import annotations
 
@@ -51,7 +54,7 @@ def spg_block_masks(
     prompt_mask_prob: float = 0.15,
     generator: torch.Generator,
 ) -> MaskPlan:
-    """SPG block masking M5 (``block_random`` of the SPG trainer; spec §2.5).
+    """SPG block masking M5 (``block_random`` of the SPG trainer; docs/algorithms.md#spg).
 
     Response blocks are aligned to ``response_start``. Per copy a block ``beta`` is chosen (a
     random permutation of all blocks reduced modulo the number of blocks covering the valid
@@ -117,7 +120,7 @@ def spg_sequence_logp(
     eubo_beta: float = 1.5,
     mix_weight: float = 0.5,
 ) -> Tensor:
-    """SPG sequence log-likelihood surrogate: ELBO for ``A > 0``, EUBO/mixture otherwise (spec §2.5).
+    """SPG sequence log-likelihood surrogate: ELBO for ``A > 0``, EUBO/mixture otherwise.
 
     With ``S_n`` the masked valid response positions of copy ``n`` and ``t_n = |S_n| / L``:
     ELBO ``l+ = mean_n mean_{j in S_n} l_nj``; EUBO ``(1 / beta) mean_{j in J} log a_j`` with
@@ -158,7 +161,7 @@ def spg_sequence_logp(
 
 
 def spg_loss(seq_logp: Tensor, advantages: Tensor, lengths: Tensor) -> Tensor:
-    """SPG REINFORCE loss ``sum_i(-A_i l_i L_i) / sum_i L_i`` (no ratio, no clip; spec §2.5).
+    """SPG REINFORCE loss ``sum_i(-A_i l_i L_i) / sum_i L_i`` (no ratio, no clip).
 
     Args:
         seq_logp: ``[B]`` from :func:`spg_sequence_logp`.

@@ -1,4 +1,4 @@
-"""Masked-diffusion SFT negative ELBO for MDLM and block (BD3LM) models (spec §4)."""
+"""Masked-diffusion SFT negative ELBO for MDLM and block (BD3LM) models (docs/algorithms.md#sft)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def mdm_sft_loss(
     * ``"response"`` (canonical, LLaDA paper): each sequence's sum is divided by its response
       length ``L_b`` (``response_mask.sum(-1)``), then averaged over sequences.
     * ``"masked"`` (LLaDA/Dream/LLaDA2 trainers): batch sum / number of masked tokens in the
-      batch (with ``1 / t`` this is an effective ``1 / t^2`` weight, spec §8.5).
+      batch (with ``1 / t`` this is an effective ``1 / t^2`` weight, docs/algorithms.md#quirk-sft-normaliser).
     * ``"answer_len"`` (SDAR block SFT): batch sum / number of response tokens in the batch.
 
     For block models (SDAR, LLaDA2) pass the noisy-half log-probs of the BD3LM ``[z; x]``

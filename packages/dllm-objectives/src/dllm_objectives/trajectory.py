@@ -1,7 +1,7 @@
 """Trajectory replay: CJ-GRPO step states and weights, JustGRPO AR states, MDPO step losses.
 
-CJ-GRPO: Yang et al., arXiv 2509.23924 (spec §2.8). JustGRPO: Ni et al., arXiv 2601.15165
-(spec §2.11). MDPO: He et al., arXiv 2508.13148 (spec §2.9). A trajectory is a step map
+CJ-GRPO: Yang et al., arXiv 2509.23924. JustGRPO: Ni et al., arXiv 2601.15165. MDPO: He et al.,
+arXiv 2508.13148 (docs/algorithms.md#cj-grpo, #justgrpo, #mdpo). A trajectory is a step map
 ``step_of`` ``[B, L]``: the (global or block-local) step at which each response position was
 unmasked, -1 elsewhere. Step ``k`` replays the state where positions with step ``< k`` are
 revealed and scores the positions with step ``== k``.
@@ -43,7 +43,7 @@ def unmask_steps(trajectory: Tensor) -> Tensor:
 
 
 def autoregressive_steps(response_valid: Tensor) -> Tensor:
-    """JustGRPO left-to-right order: step of valid response position = its rank (spec §2.11)."""
+    """JustGRPO left-to-right order: step of valid response position = its rank."""
     check_bool("response_valid", response_valid, 2)
     rank = response_valid.long().cumsum(-1) - 1
     return torch.where(response_valid, rank, torch.full_like(rank, -1))
@@ -78,7 +78,7 @@ def cj_token_weights(
     mode: str = "paper_exact",
     num_sequences: int | None = None,
 ) -> Tensor:
-    """CJ-GRPO token weights ``[B, K, L]``; the loss is ``sum(weights * loss_token)`` (spec §2.8).
+    """CJ-GRPO token weights ``[B, K, L]``; the loss is ``sum(weights * loss_token)``.
 
     * ``"paper_exact"`` (Eq. 11; SDAR/LLaDA2 in DARE): token mean within each (sample, block,
       step) transition, mean over the sample's transitions, mean over ``num_sequences``
@@ -115,7 +115,7 @@ def cj_token_weights(
 
 
 def mdpo_step_scores(step_rewards: Tensor) -> Tensor:
-    """MDPO step scores ``s_t = (r_t - r_{t-1} + 1) + c_t`` (spec §2.9).
+    """MDPO step scores ``s_t = (r_t - r_{t-1} + 1) + c_t`` (docs/algorithms.md#mdpo).
 
     ``r_{-1} = 0``; ``c_t = mean_{s > t} r_s`` for ``t < T - 1`` and ``c_{T-1} = r_{T-1}``.
 
@@ -160,7 +160,7 @@ def mdpo_loss(
     beta: float = 0.0,
     ref_logp: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """MDPO loss over (sample, selected step) rows (spec §2.9).
+    """MDPO loss over (sample, selected step) rows (docs/algorithms.md#mdpo).
 
     ``lam = R / max(1, |m|)``; token ``max(-A r lam, -A clip(r) lam) + beta (l_ref - l)^2 / 2``;
     loss ``sum(tok m c) / sum(m)``. No dual clip.

@@ -1,4 +1,5 @@
-"""d-TreeRPO: tree values, sibling-local advantages, segment loss, self-distillation (spec §2.10).
+"""d-TreeRPO: tree values, sibling-local advantages, segment loss, self-distillation
+(docs/algorithms.md#d-treerpo).
 
 Pan et al., arXiv 2512.09675. A tree is given by ``parent`` ``[T]`` (-1 for roots) and leaf
 rewards ``[T]`` (NaN on internal nodes).
@@ -55,7 +56,7 @@ def tree_values(parent: Tensor, leaf_rewards: Tensor) -> Tensor:
 def tree_local_advantages(parent: Tensor, values: Tensor) -> Tensor:
     """``A_n = v_n - mean{v_s : s sibling of n, s != n}`` (0 baseline without siblings; roots 0).
 
-    Sibling advantages sum to 0 within every family (spec §2.10 invariant).
+    Sibling advantages sum to 0 within every family.
     """
     check_same_shape(parent=parent, values=values)
     fam = torch.where(parent >= 0, parent, torch.full_like(parent, -1))
@@ -79,8 +80,8 @@ def tree_active_positions(
 ) -> Tensor:
     """Active segment positions: parent masked, child unmasked, at or before the child's first EOS.
 
-    ``old_logp`` reproduces the reference's extra ``logp != 0`` filter (spec §8.7: drops tokens
-    predicted with probability 1 in float32); ``None`` (canonical) does not filter.
+    ``old_logp`` reproduces the reference's extra ``logp != 0`` filter (docs/algorithms.md#quirk-treerpo:
+    drops tokens predicted with probability 1 in float32); ``None`` (canonical) does not filter.
 
     Args:
         parent_ids, child_ids: long ``[S, R]`` response tokens of parent state and child.
@@ -106,7 +107,7 @@ def tree_policy_loss(
     ref_logp: Tensor | None = None,
     kl_coef: float = 0.0,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """Segment loss: ``seq-mean-token-mean`` clipped surrogate (no dual clip) + k3 KL (spec §2.10).
+    """Segment loss: ``seq-mean-token-mean`` clipped surrogate (no dual clip) + k3 KL.
 
     Args:
         logp, old_logp: ``[S, R]`` log-probs of the child tokens given the parent state.
@@ -139,7 +140,7 @@ def tree_policy_loss(
 def tree_self_distill_schedule(
     progress: float, *, lambda_max: float = 3e-3, gamma: float = 2.0, tau_max: float = 2.0, beta: float = 0.7
 ) -> tuple[float, float]:
-    """Self-distillation schedule: ``lambda(phi)`` and ``tau(phi)`` (spec §2.10 item 4).
+    """Self-distillation schedule: ``lambda(phi)`` and ``tau(phi)`` (docs/algorithms.md#d-treerpo).
 
     ``lambda = lambda_max (e^{gamma phi} - 1) / (e^gamma - 1)``,
     ``tau = max(tau_max (1 - phi)^beta, 1e-6)``.
@@ -164,7 +165,7 @@ def tree_self_distill_kl(
     *,
     tau: float,
 ) -> tuple[Tensor, Tensor]:
-    """Per-position ``KL(q_j || p_theta(. | z_parent))`` for sibling groups (spec §2.10).
+    """Per-position ``KL(q_j || p_theta(. | z_parent))`` for sibling groups (docs/algorithms.md#d-treerpo).
 
     Members with ``A > 0`` are kept, weighted by ``softmax(A / tau)``; ``q_j`` is the weighted
     empirical distribution of the kept members' tokens at ``j`` (members active at ``j``),

@@ -1,8 +1,9 @@
 """Block-diffusion decoding (SDAR, LLaDA2) on the global block grid, with an exact KV cache.
 
 Blocks are aligned to absolute position 0 (block id = position // block_length, prompt
-included), as in SDAR's `block_diffusion_generate`, LLaDA2's HF `generate` and SGLang (spec 2.4,
-2.5). A prompt ending mid-block shares its last block with the first response tokens.
+included), as in SDAR's `block_diffusion_generate`, LLaDA2's HF `generate` and SGLang
+(docs/generation.md#sdar, #llada2). A prompt ending mid-block shares its last block with the first
+response tokens.
 
 Batch layout: row b is left-padded by a whole number of blocks so that every row's last complete
 prompt block ends at the same column and columns and positions share the block grid. The decode
@@ -85,9 +86,9 @@ def decode_blocks(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
     with `threshold` every mask with confidence >= threshold is committed, or the quota if fewer
     pass. A row stops after a block whose response part contains EOS (`stop_at_eos`).
 
-    With `editing_threshold` (LLaDA2.1 joint-threshold decoding, spec 2.5; `editing.py`) each step
-    also overwrites filled, non-prompt tokens of the block whose proposal changed with confidence
-    > editing_threshold, and a row leaves the block after a step that starts without masks and
+    With `editing_threshold` (LLaDA2.1 joint-threshold decoding, docs/generation.md#llada2;
+    `editing.py`) each step also overwrites filled, non-prompt tokens of the block whose proposal
+    changed with confidence > editing_threshold, and a row leaves the block after a step that starts without masks and
     edits nothing, or after `max_post_steps` steps past its last mask; at most
     block_length + max_post_steps steps per block. Only the current block changes, so the KV
     cache of finished blocks stays exact. Unlike LLaDA2.1's HF `generate`, which adds its 0/1

@@ -32,7 +32,7 @@ class SamplingConfig:
         top_p: keep the smallest set of tokens with mass >= top_p (None or 1.0: all).
         remasking: which proposals to commit. LLaDA: "low_confidence" (probability of the
             proposal at T=1), "random". Dream: "origin", "maskgit_plus", "topk_margin",
-            "entropy" (spec 2.3; these use Dream's 1 - s/t schedule). Block diffusion uses
+            "entropy" (docs/generation.md#dream; these use Dream's 1 - s/t schedule). Block diffusion uses
             "low_confidence" (probability under the filtered, tempered softmax).
         alg_temp: Dream position sampling: choose positions by sampling from
             softmax(confidence / alg_temp) without replacement instead of top-k (None/0: top-k).
@@ -47,9 +47,9 @@ class SamplingConfig:
         stop_at_eos: block diffusion: a row stops after a block whose response part holds EOS
             (remaining positions are filled with EOS).
         editing_threshold: block diffusion: LLaDA2.1 token editing (joint-threshold decoding,
-            spec 2.5). Each step also overwrites already-filled, non-prompt tokens of the current
-            block whose new proposal differs with confidence > editing_threshold; a block ends
-            when a step starts without masks and edits nothing. Needs `threshold` (the
+            docs/generation.md#llada2). Each step also overwrites already-filled, non-prompt
+            tokens of the current block whose new proposal differs with confidence >
+            editing_threshold; a block ends when a step starts without masks and edits nothing. Needs `threshold` (the
             mask-to-token rule; `steps=block_length` gives LLaDA2.1's one-token minimum). None:
             no editing (tokens are never revised).
         max_post_steps: with editing, at most this many steps per block after its last mask was

@@ -1,4 +1,4 @@
-"""Token editing of block diffusion: LLaDA2.1's joint-threshold decoding (spec 2.5, 2.6).
+"""Token editing of block diffusion: LLaDA2.1's joint-threshold decoding (docs/generation.md#llada2).
 
 LLaDA2.1 (Bie et al., "LLaDA2.1: Speeding Up Text Diffusion via Token Editing", arXiv 2602.08676;
 the `generate` of its HF checkpoint and SGLang's `JointThreshold`) decodes a block with two rules per

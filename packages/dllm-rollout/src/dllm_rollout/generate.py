@@ -64,9 +64,10 @@ def generate(
     """Generate responses for prompts of any lengths with a diffusion LM.
 
     Dispatches on `model.traits.block_length`: None selects masked diffusion (LLaDA, Dream; with
-    temperature 0 and no cache the plain reference decoder of LLaDA, spec §2.1: semi-autoregressive
-    blocks, `steps // num_blocks` steps per block, low-confidence remasking, no special treatment
-    of EOS); an int selects block diffusion on the global grid (SDAR, LLaDA2, spec §2.4-2.5),
+    temperature 0 and no cache the plain reference decoder of LLaDA, docs/generation.md#llada:
+    semi-autoregressive blocks, `steps // num_blocks` steps per block, low-confidence remasking, no
+    special treatment of EOS); an int selects block diffusion on the global grid (SDAR, LLaDA2,
+    docs/generation.md#sdar, #llada2),
     where `steps` counts denoising steps per block and `block_length` must equal the model's.
 
     Args:

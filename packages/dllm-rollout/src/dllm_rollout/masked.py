@@ -1,12 +1,13 @@
 """Masked-diffusion decoding (LLaDA, Dream) in semi-autoregressive blocks, with Fast-dLLM caches.
 
 - LLaDA low-confidence / random remasking: Nie et al., "Large Language Diffusion Models"
-  (arXiv 2502.09992), Algorithm 5; quota per block as in spec 2.1.
+  (arXiv 2502.09992), Algorithm 5; quota per block as in docs/generation.md#llada.
 - Dream's origin / maskgit_plus / topk_margin / entropy with the 1 - s/t schedule: Ye et al.,
-  "Dream 7B" (arXiv 2508.15487), `generation_utils.py` (spec 2.3).
+  "Dream 7B" (arXiv 2508.15487), `generation_utils.py` (docs/generation.md#dream).
 - Prefix and dual KV caches and confidence-threshold parallel decoding: Wu et al., "Fast-dLLM"
-  (arXiv 2505.22618) (spec 2.2). Both caches are approximations for bidirectional models: the
-  cached keys are not refreshed when tokens of the current block are committed.
+  (arXiv 2505.22618) (docs/generation.md#fast-dllm). Both caches are approximations for
+  bidirectional models: the cached keys are not refreshed when tokens of the current block are
+  committed.
 """
 
 from __future__ import annotations
@@ -116,7 +117,7 @@ def _dream_ratio(step: int, spb: int) -> torch.Tensor:
 def decode_masked(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, seeds: torch.Tensor,
                   cfg: SamplingConfig, ref_model: Any = None, *, init_response: torch.Tensor | None = None,
                   first_step: int = 0, last_step: int | None = None) -> RolloutBatch:
-    """Decode a left-padded batch block by block (spec 2.1-2.3).
+    """Decode a left-padded batch block by block (docs/generation.md#llada, #fast-dllm, #dream).
 
     Only still-masked positions of the current block compete; committed tokens are never revised.
     Rows without masks in the block take no step (no forward result used, no random draw).

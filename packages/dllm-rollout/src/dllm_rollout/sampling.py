@@ -59,8 +59,8 @@ def propose(
     """Propose a token per position.
 
     Temperature 0 takes the argmax of the (filtered) logits; T > 0 samples from
-    softmax(filter(logits / T)) with the Gumbel-max trick (LLaDA spec 2.1, equal in law to Dream's
-    categorical draw).
+    softmax(filter(logits / T)) with the Gumbel-max trick (LLaDA, docs/generation.md#llada; equal in
+    law to Dream's categorical draw).
 
     Args:
         logits: [B, N, V] model logits (any float dtype).
@@ -128,8 +128,8 @@ def confidence(
     """Confidence [B, N] of each proposal (higher = commit first).
 
     "low_confidence": softmax(raw logits) at x0 (LLaDA: temperature 1, unfiltered);
-    "random": U(0,1); Dream (spec 2.3) from the filtered, tempered `probs`: "maskgit_plus" p(x0),
-    "topk_margin" p(top1) - p(top2), "entropy" sum p log p (negative entropy).
+    "random": U(0,1); Dream (docs/generation.md#dream) from the filtered, tempered `probs`:
+    "maskgit_plus" p(x0), "topk_margin" p(top1) - p(top2), "entropy" sum p log p (negative entropy).
     """
     if remasking == "low_confidence":
         raw = logits.float()

@@ -1,7 +1,8 @@
 """Tree rollouts: decode a shared trunk, then branch into children at set denoising steps.
 
-The tree search of tree-structured policy training (spec 2.8): every node continues its parent's canvas
-with its own seed from the branch step to the next one; leaves are complete responses.
+The tree search of tree-structured policy training (docs/generation.md#trajectories): every node
+continues its parent's canvas with its own seed from the branch step to the next one; leaves are
+complete responses.
 """
 
 from __future__ import annotations

@@ -67,6 +67,13 @@ def save_checkpoint(
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
+    except (OSError, RuntimeError) as err:  # torch.save reports a full disk as a RuntimeError
+        shutil.rmtree(tmp, ignore_errors=True)
+        free = shutil.disk_usage(root).free / 2**30
+        raise OSError(f"could not write the checkpoint {final} ({type(err).__name__}: {err}); {free:.1f} GiB free "
+                      "there. A checkpoint holds the weights and the optimizer state (AdamW: twice the weights): "
+                      "free disk space or pass --output-dir on a larger disk; the previous checkpoint, if any, "
+                      "is intact and the run resumes from it") from err
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -1,7 +1,7 @@
 """Preference training of diffusion LMs: DPO on Monte-Carlo ELBOs of chosen/rejected responses.
 
 DPO (Rafailov et al., arXiv 2305.18290) needs log-likelihoods that a diffusion LM only bounds;
-the ELBO replaces them (spec §5). Variance-reduced variants (LLaDA 1.5, arXiv 2505.19223) use a
+the ELBO replaces them (docs/algorithms.md#dpo). Variance-reduced variants (LLaDA 1.5, arXiv 2505.19223) use a
 larger budget, one mask per timestep (stratified counts) and the same masks for policy and
 reference (antithetic sampling); the choice of sampler and sharing is data of the
 `PreferenceObjective`, the worker is the same.

@@ -1,9 +1,10 @@
 """Masked- and block-diffusion SFT: a step function over (prompt, response) batches.
 
 One code path for every family: the `Scorer` runs masked LMs (LLaDA, Dream) directly and block
-LMs (SDAR, LLaDA2) in the BD3LM layout, so the same NELBO (LLaDA, arXiv 2502.09992 §2.3; per
-block with one t per sample for BD3LM, arXiv 2503.09573) trains both. LoRA SFT is the same
-worker on a model with adapters (`dllm_models.apply_lora`): only trainable weights are optimised.
+LMs (SDAR, LLaDA2) in the BD3LM layout, so the same NELBO (LLaDA, arXiv 2502.09992, section 2.3;
+docs/algorithms.md#sft; per block with one t per sample for BD3LM, arXiv 2503.09573) trains both.
+LoRA SFT is the same worker on a model with adapters (`dllm_models.apply_lora`): only trainable
+weights are optimised.
 """
 
 from __future__ import annotations

@@ -1,26 +1,36 @@
-"""Algorithms as data: plain dicts from name to a frozen dataclass of hyper-parameters.
+"""The registry of algorithm names: plain dicts from name to a configured algorithm object.
 
-RL algorithms build a `dllm_train.PolicyObjective`; preference algorithms a
-`dllm_train.PreferenceObjective`; SFT entries configure an `SFTWorker`. Modules group
-algorithms by idea: `token_policy` (per-token likelihoods), `elbo_policy` (sequence ELBOs),
-`trajectory_policy` (replayed denoising paths), `distribution_matching`, `preference`, `sft`.
+The algorithms themselves live in `dllm_algorithms` (typed classes that `dllm_train` runs); the
+app names them, gives them their reference defaults and checks them against a model's family.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from dllm_train import PolicyObjective, PreferenceObjective, RLConfig
+from dllm_algorithms import (
+    ALL_FAMILIES,
+    BGPO,
+    BLOCK,
+    CJGRPO,
+    D1,
+    DMPO,
+    DPO,
+    EBPO,
+    ESPO,
+    MASKED,
+    MDPO,
+    SFT,
+    SPG,
+    VRPO,
+    CoupledGRPO,
+    DTreeRPO,
+    JustGRPO,
+    LoRA,
+)
+from dllm_train import PreferenceObjective, RLAlgorithm
 
-from dare.algorithms.common import ALL_FAMILIES, BLOCK, MASKED, Algorithm
-from dare.algorithms.distribution_matching import DMPO
-from dare.algorithms.elbo_policy import BGPO, EBPO, ESPO, SPG
-from dare.algorithms.preference import DPO, VRPO
-from dare.algorithms.sft import SFT, LoRA
-from dare.algorithms.token_policy import D1, CoupledGRPO, JustGRPO
-from dare.algorithms.trajectory_policy import MDPO, CJGRPO, DTreeRPO
-
-ALGORITHMS: dict[str, Algorithm] = {
+ALGORITHMS: dict[str, RLAlgorithm[Any]] = {
     "d1": D1(),
     "coupled-grpo": CoupledGRPO(),
     "justgrpo": JustGRPO(),
@@ -33,7 +43,18 @@ ALGORITHMS: dict[str, Algorithm] = {
     "d-treerpo": DTreeRPO(),
     "dmpo": DMPO(),
 }
-"""RL algorithms (reference defaults, spec §6)."""
+"""RL algorithms with their reference defaults."""
+
+PAPERS: dict[str, str] = {
+    "d1": "Zhao et al., arXiv 2504.12216", "coupled-grpo": "DiffuCoder, arXiv 2506.20639",
+    "justgrpo": "Ni et al., arXiv 2601.15165", "bgpo": "Lin et al., arXiv 2510.11683",
+    "espo": "Ou et al., arXiv 2512.03759", "ebpo": "LLaDA2.1, arXiv 2602.08676", "spg": "Wang et al., arXiv 2510.09541",
+    "cj-grpo": "Yang et al., arXiv 2509.23924", "mdpo": "He et al., arXiv 2508.13148",
+    "d-treerpo": "Pan et al., arXiv 2512.09675", "dmpo": "Zhu et al., arXiv 2510.08233",
+    "dpo": "Rafailov et al., arXiv 2305.18290", "vrpo": "LLaDA 1.5, arXiv 2505.19223",
+    "sft": "LLaDA, arXiv 2502.09992", "lora-sft": "Hu et al., arXiv 2106.09685",
+}
+"""The paper behind each registry name (for `dare recipes`)."""
 
 PREFERENCE_ALGORITHMS: dict[str, DPO | VRPO] = {"dpo": DPO(), "vrpo": VRPO()}
 
@@ -43,16 +64,11 @@ SFT_ALGORITHMS: dict[str, SFT] = {
 }
 
 
-def get_algorithm(name: str) -> Algorithm:
+def get_algorithm(name: str) -> RLAlgorithm[Any]:
     """The registry entry of RL algorithm `name`."""
     if name not in ALGORITHMS:
         raise ValueError(f"algorithm {name!r} is unknown; choose one of {sorted(ALGORITHMS)}")
     return ALGORITHMS[name]
-
-
-def build_objective(name: str, rl: RLConfig, algorithm: Algorithm | None = None) -> PolicyObjective:
-    """The PolicyObjective of algorithm `name` (or of `algorithm`, a customised entry)."""
-    return (algorithm or get_algorithm(name)).build(rl)
 
 
 def build_preference(name: str) -> PreferenceObjective:
@@ -62,9 +78,10 @@ def build_preference(name: str) -> PreferenceObjective:
 
 
 def family_key(model: Any) -> str:
-    """The registry family name of a model ('llada', 'dream', 'sdar', 'sdar_moe', 'llada2')."""
-    family = str(getattr(model.traits, "family", "")).lower()
-    return "llada2" if family.startswith("llada2") else family
+    """The canonical family name of a model ('llada', 'dream', 'sdar', 'sdar_moe', 'llada2')."""
+    from dllm_models import get_family
+
+    return get_family(str(model.traits.family)).name
 
 
 def check_family(name: str, entry: Any, family: str) -> None:
@@ -74,6 +91,7 @@ def check_family(name: str, entry: Any, family: str) -> None:
 
 
 def describe() -> dict[str, Any]:
+    """name -> the first line of the algorithm's docstring."""
     out: dict[str, Any] = {}
     for table in (ALGORITHMS, PREFERENCE_ALGORITHMS, SFT_ALGORITHMS):
         for name, entry in table.items():
@@ -82,8 +100,6 @@ def describe() -> dict[str, Any]:
 
 
 __all__ = [
-    "ALGORITHMS", "ALL_FAMILIES", "BLOCK", "MASKED", "PREFERENCE_ALGORITHMS", "SFT_ALGORITHMS", "Algorithm",
-    "BGPO", "CJGRPO", "D1", "DMPO", "DPO", "EBPO", "ESPO", "MDPO", "SPG", "SFT", "VRPO", "CoupledGRPO",
-    "DTreeRPO", "JustGRPO", "LoRA", "build_objective", "build_preference", "check_family", "describe",
-    "family_key", "get_algorithm",
+    "ALGORITHMS", "ALL_FAMILIES", "BLOCK", "MASKED", "PAPERS", "PREFERENCE_ALGORITHMS", "SFT_ALGORITHMS", "LoRA",
+    "build_preference", "check_family", "describe", "family_key", "get_algorithm",
 ]

@@ -49,23 +49,9 @@ class AdditionConfig:
 
 def build_tokenizer(save_dir: Path | None = None) -> Any:
     """A real transformers tokenizer over single characters, plus EOS and mask tokens."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
+    from dllm_models import char_tokenizer
 
-    vocab = {ch: i for i, ch in enumerate(ALPHABET)}
-    vocab[EOS] = len(vocab)
-    vocab[MASK] = len(vocab)
-    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token=EOS))
-    core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
-    core.decoder = decoders.Fuse()
-    tok = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
-        tokenizer_object=core, eos_token=EOS, pad_token=EOS, mask_token=MASK
-    )
-    # a plain chat template (concatenated turns) so chat-based evaluation tools accept it
-    tok.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
-    if save_dir is not None:
-        tok.save_pretrained(str(save_dir))
-    return tok
+    return char_tokenizer(ALPHABET, eos=EOS, mask=MASK, save_dir=save_dir)
 
 
 class AdditionTask:

@@ -2,7 +2,7 @@
 
 Only importable inside the ``envs/opencompass`` environment (imports opencompass).
 
-Differences from DARE's adapters (spec section 6.1), on purpose:
+Differences from DARE's adapters (docs/data.md#opencompass-adapters), on purpose:
 - one class for every family: ``dllm_models.load_model`` picks the family from config.json and
   ``dllm_rollout.generate`` dispatches masked / block diffusion;
 - prompts are rendered exactly as the native runner renders them (chat template with

@@ -24,8 +24,8 @@ def batch_from_token_lists(
 ) -> RolloutBatch:
     """Left-pad prompts, right-pad responses to `cfg.max_new_tokens` with `pad_id`.
 
-    Engines stop at EOS, so the response mask always counts tokens through the first EOS (spec
-    2.7), whatever `cfg.eos_handling` says.
+    Engines stop at EOS, so the response mask always counts tokens through the first EOS
+    (docs/generation.md#rollout-output), whatever `cfg.eos_handling` says.
 
     Args:
         prompts, responses: B lists of token ids (responses longer than R are cut).

@@ -1,4 +1,5 @@
-"""lmdeploy PyTorch-engine adapter (SDAR) through lmdeploy's `pipeline` API (spec 2.6, 3.2).
+"""lmdeploy PyTorch-engine adapter (SDAR) through lmdeploy's `pipeline` API
+(docs/generation.md#engines).
 
 Not run against a live engine in this repository: the translation functions are unit-tested on
 fake `Response`-like objects (`token_ids`, `finish_reason`).

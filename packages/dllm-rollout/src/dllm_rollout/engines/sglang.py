@@ -1,4 +1,5 @@
-"""SGLang dLLM engine adapter (SDAR, LLaDA2) through SGLang's offline `Engine` API (spec 2.6, 3.3).
+"""SGLang dLLM engine adapter (SDAR, LLaDA2) through SGLang's offline `Engine` API
+(docs/generation.md#engines).
 
 Not run against a live engine in this repository: the translation functions are unit-tested on
 fake outputs shaped like SGLang's (`{"output_ids": [...], "meta_info": {...}}`).
@@ -35,7 +36,7 @@ def sglang_sampling_params(cfg: SamplingConfig, seed: int | None = None) -> dict
 
 
 def sglang_algorithm(cfg: SamplingConfig) -> tuple[str, dict[str, Any]]:
-    """(`dllm_algorithm`, `dllm_algorithm_config` dict) for `cfg` (spec 2.6).
+    """(`dllm_algorithm`, `dllm_algorithm_config` dict) for `cfg` (docs/generation.md#engines).
 
     Without editing: `LowConfidence` on `block_size` with `threshold`. With `editing_threshold`
     (LLaDA2.1 token editing): `JointThreshold` with `threshold` (mask-to-token),

@@ -1,0 +1,134 @@
+"""The run folder's identity: a rerun into an existing folder resumes the run it holds, or is refused.
+
+A run folder holds one run, described by its `config.json` (and, when finished, `summary.json`).
+A rerun with the same `--output-dir` resumes it, so the new resolved config is compared with the
+saved one before anything is written:
+
+- fields in `RESUMABLE` (the step budget and the logging, evaluation and checkpoint periods,
+  metric sinks, CPU threads) may change: they do not change what the steps already taken mean;
+- any other difference is refused with the differing fields listed (`dotted.key: old -> new`);
+  `dare train ... --allow-config-change` (or `config_change_allowed(True)` around the call)
+  accepts it, and the folder's config.json then records the new config;
+- `trainer.max_steps` (or `sft.steps` of an SFT recipe) may not drop below the steps the folder
+  has already completed: the finished steps cannot be undone, and the folder's summary.json keeps
+  describing them. Raise the budget, or choose a new `--output-dir`.
+
+A field the saved config.json lacks (added to the config since) reads as its default; a field only
+the saved config has (removed since) counts as a change.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from dare.config import RunConfig, load_config, to_dict
+from dare.inputs import check_output_dir
+
+# Fields a resumed run may change (prefix match for the `trainer.wandb*` group).
+RESUMABLE = ("trainer.max_steps", "sft.steps", "trainer.log_every", "trainer.eval_every", "trainer.save_every",
+             "trainer.tensorboard", "trainer.wandb", "trainer.num_threads")
+
+_ALLOW = contextvars.ContextVar("allow_config_change", default=False)
+
+
+@contextlib.contextmanager
+def config_change_allowed(allow: bool = True) -> Iterator[None]:
+    """Within the block, `open_run_folder` accepts a config that differs from the folder's (the
+    CLI's `--allow-config-change`)."""
+    token = _ALLOW.set(allow)
+    try:
+        yield
+    finally:
+        _ALLOW.reset(token)
+
+
+def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """Dotted keys of a nested dict (`{"a": {"b": 1}}` -> `{"a.b": 1}`); lists stay values."""
+    if not isinstance(tree, dict):
+        return {prefix: tree}
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        out.update(flatten(value, f"{prefix}{key}." if isinstance(value, dict) else f"{prefix}{key}"))
+    return out
+
+
+def _resumable(key: str) -> bool:
+    return key in RESUMABLE or key.startswith("trainer.wandb")
+
+
+def config_changes(old: dict[str, Any], new: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """Fields that differ between two resolved configs, outside `RESUMABLE`: dotted key -> (old, new).
+
+    A field present on one side only reads as `<absent>` on the other.
+    """
+    a, b = flatten(old), flatten(new)
+    missing = "<absent>"
+    return {k: (a.get(k, missing), b.get(k, missing)) for k in sorted(set(a) | set(b))
+            if a.get(k, missing) != b.get(k, missing) and not _resumable(k)}
+
+
+def completed_steps(output_dir: Path) -> tuple[str, int]:
+    """(budget field, completed steps) of the latest phase the folder has a checkpoint of:
+    `sft.steps` for an SFT phase, else `trainer.max_steps`; ("", 0) with no checkpoint."""
+    from dllm_train import latest_checkpoint
+
+    ref = latest_checkpoint(output_dir)
+    if ref is None:
+        return "", 0
+    return ("sft.steps" if ref.phase == "sft" else "trainer.max_steps"), ref.step
+
+
+def check_run_folder(cfg: RunConfig, output_dir: Path) -> None:
+    """Raise (writing nothing) if `output_dir` cannot hold this run: it is a file, or it holds a
+    different run (see the module docstring for what may differ)."""
+    check_output_dir(output_dir)
+    saved_path = output_dir / "config.json"
+    if not saved_path.is_file():
+        return
+    try:
+        saved = json.loads(saved_path.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise ValueError(f"{saved_path} cannot be read ({err}); pass a new --output-dir, or delete the "
+                         "broken config.json if the folder's run is to be continued as configured now") from None
+    try:  # fields added since the folder's run was written read as their defaults
+        saved = to_dict(load_config(saved_path))
+    except (ValueError, TypeError):  # a field since removed: compare the file as written
+        pass
+    new = to_dict(cfg)
+    changes = config_changes(saved, new)
+    if changes and not _ALLOW.get():
+        listed = "; ".join(f"{k}: {old!r} -> {new_!r}" for k, (old, new_) in changes.items())
+        raise ValueError(
+            f"{output_dir} holds a run with a different config ({listed}). Only {', '.join(RESUMABLE)}* "
+            "may change on resume. Rerun with the folder's settings (`--config "
+            f"{saved_path}` repeats them), choose a new --output-dir, or pass --allow-config-change "
+            "to continue this folder with the new config anyway")
+    field, done = completed_steps(output_dir)
+    budget = flatten(new).get(field, 0)
+    if field and done > budget:
+        raise ValueError(
+            f"{field}={budget} is below the {done} steps {output_dir} already completed; a run folder keeps "
+            f"describing the run it holds: set {field} >= {done} to resume (or finish) it, or choose a "
+            "new --output-dir")
+
+
+def open_run_folder(cfg: RunConfig, output_dir: Path) -> None:
+    """Check the folder against the run (`check_run_folder`), create it and write config.json.
+
+    Replaces a plain write of config.json in every pipeline: call it after the inputs are checked
+    and before anything else is written. config.json is written atomically.
+    """
+    check_run_folder(cfg, output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    tmp = output_dir / ".config.json.tmp"
+    tmp.write_text(json.dumps(to_dict(cfg), indent=2, sort_keys=True))
+    os.replace(tmp, output_dir / "config.json")
+
+
+__all__ = ["RESUMABLE", "check_run_folder", "config_change_allowed", "config_changes", "open_run_folder"]

@@ -1,0 +1,96 @@
+"""`dare show RECIPE` (and `dare train RECIPE --help`): every field of a recipe's resolved config,
+with its value there and its doc, read from the `Attributes:` sections of the dataclass docstrings
+(the algorithm's fields also from the `Flags` of `dllm_train.RLAlgorithm`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+import re
+from typing import Any
+
+from dare.config import ELSEWHERE, KIND_NAMES, RunConfig, algorithm_fields, to_dict
+
+_HEADER = re.compile(r"^(Attributes|Flags)\b.*:$")
+_ENTRY = re.compile(r"^([A-Za-z_][\w, ]*):\s*(.*)$")
+
+
+def field_docs(cls: type[Any]) -> dict[str, str]:
+    """Field name -> its doc from the `Attributes:` / `Flags ...:` sections of the class docstrings
+    (the class first, then its bases); `a, b: text` documents both."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        for name, text in _parse(inspect.cleandoc(klass.__doc__ or "")).items():
+            docs[name] = text
+    return docs
+
+
+def _parse(doc: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    indent: int | None = None
+    names: list[str] = []
+    in_block = False
+    for line in doc.splitlines():
+        stripped, depth = line.strip(), len(line) - len(line.lstrip())
+        if _HEADER.match(stripped) and depth == 0:
+            in_block, indent, names = True, None, []
+            continue
+        if not in_block or not stripped:
+            continue
+        if indent is None:
+            indent = depth
+        if depth < indent:
+            in_block = False
+        elif depth == indent and (m := _ENTRY.match(stripped)):
+            names = [n.strip() for n in m.group(1).split(",")]
+            for name in names:
+                out[name] = m.group(2)
+        elif names:
+            for name in names:
+                out[name] = f"{out[name]} {stripped}"
+    return out
+
+
+def _value(value: Any) -> str:
+    return json.dumps(to_dict(value))
+
+
+def _lines(obj: Any, prefix: str, fields: list[dataclasses.Field[Any]], width: int) -> list[str]:
+    docs = field_docs(type(obj))
+    lines = []
+    for f in fields:
+        value = getattr(obj, f.name)
+        if dataclasses.is_dataclass(value):
+            lines += _lines(value, f"{prefix}{f.name}.", list(dataclasses.fields(value)), width)
+        else:
+            doc = docs.get(f.name) or f"({f.type if isinstance(f.type, str) else getattr(f.type, '__name__', f.type)})"
+            lines.append(f"  {f'{prefix}{f.name} = {_value(value)}':{width}s}  {doc}".rstrip())
+    return lines
+
+
+def describe_config(cfg: RunConfig, summary: str = "") -> str:
+    """Every field of `cfg` (`key = value  doc`), section by section, for `dare show`."""
+    width = 44
+    docs = field_docs(RunConfig)
+    out = [f"recipe {cfg.recipe!r} ({KIND_NAMES[cfg.kind]}){': ' + summary if summary else ''}",
+           "Every field with its value in this recipe; change one with KEY=VALUE (e.g. trainer.max_steps=10).", ""]
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if value is None:
+            continue
+        if not dataclasses.is_dataclass(value):
+            out.append(f"{f'{f.name} = {_value(value)}':{width + 2}s}  {docs.get(f.name, '')}".rstrip())
+            continue
+        title = (inspect.cleandoc(type(value).__doc__ or "").splitlines() or [""])[0]
+        fields = list(dataclasses.fields(value))
+        if f.name == "algorithm":
+            fields = algorithm_fields(value)
+            homes = ELSEWHERE.get(type(value), {})
+            title = f"{cfg.algorithm_name}: {title}" + (
+                f" ({', '.join(f'{k}: {v}' for k, v in homes.items())})" if homes else "")
+        out += ["", f"{f.name}: {title}", *_lines(value, f"{f.name}.", fields, width)]
+    return "\n".join(out)
+
+
+__all__ = ["describe_config", "field_docs"]

@@ -1,0 +1,38 @@
+"""The tiny quick-start configuration of the app's tests (and the addition task they use)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from dare.config import RunConfig, apply_overrides
+from dare.recipes import quickstart
+from dare.tasks.addition import AdditionConfig, AdditionTask, build_tokenizer
+
+TINY = [
+    "model.d_model=32", "model.n_layers=1", "model.n_heads=2", "model.mlp_hidden_size=64",
+    "task.num_eval=20", "sft.steps=3", "sft.batch_size=8", "rl.prompts_per_step=2",
+    "rl.group_size=4", "trainer.max_steps=4", "trainer.eval_every=0", "trainer.save_every=0",
+    "rl_optim.lr=1e-3",
+]
+"""Overrides that shrink the quick start to a few seconds."""
+
+TASK = AdditionTask(AdditionConfig(digits=3, num_eval=20, seed=1234), build_tokenizer())
+"""3-digit addition with 20 held-out pairs."""
+
+
+def tiny_config(*extra: str) -> RunConfig:
+    """The quick-start recipe with `TINY` and `extra` overrides applied."""
+    cfg: RunConfig = apply_overrides(quickstart(), [*TINY, *extra])
+    return cfg
+
+
+def measured(path: Path) -> list[dict[str, Any]]:
+    """The records of a metrics.jsonl without what a rerun cannot reproduce: wall-clock timings
+    (`*_s`: rollout_s, old_s, reference_s, update_s) and peak memory (`peak_gib`)."""
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    return [{k: v for k, v in r.items() if not (k.endswith("_s") or k == "peak_gib")} for r in records]
+
+
+__all__ = ["TASK", "TINY", "measured", "tiny_config"]
