@@ -22,18 +22,18 @@ from typing import Any
 
 import torch
 
-from dare.algorithms import ALGORITHMS, build_objective, check_family, get_algorithm
+from dare.algorithms import ALGORITHMS, check_family, get_algorithm
 from dare.config import apply_overrides
 from dare.quickstart import build_tiny_model, evaluate_accuracy
 from dare.recipes import quickstart
 from dare.tasks.addition import AdditionTask, build_tokenizer, exact_match_reward
 from dllm_models import build_model
 from dllm_rollout import SamplingConfig, decode, left_pad
-from dllm_train import PromptBatch, SFTWorker, derive_seed, generator, local_rl_workflow
+from dllm_train import LocalRL, PromptBatch, SFTWorker, derive_seed, generator
 
 # Monte-Carlo budgets / iterations reduced so every algorithm's step costs a few forwards
 BUDGET = {"bgpo": {"mc_num": 4}, "espo": {"mc_num": 2, "num_iterations": 2}, "mdpo": {"top_k_steps": 2},
-          "d-treerpo": {"branching": 2, "depth": 2, "num_iterations": 2}, "justgrpo": {"chunk_size": 4},
+          "d-treerpo": {"branching": 2, "depth": 2, "num_iterations": 2}, 
           "ebpo": {"mc_num": 4}}
 SAMPLING = {"justgrpo": {"block_length": 1}}
 FAMILIES = ("llada", "sdar", "llada2")
@@ -133,11 +133,10 @@ def learning_run(name: str, warm: tuple[Any, ...], *, steps: int, control: bool 
 
     model = copy.deepcopy(warm_model)
     entry = dataclasses.replace(get_algorithm(name), **BUDGET.get(name, {}))  # type: ignore[type-var]
-    wf = local_rl_workflow(
+    wf = LocalRL(
         model, prompts=prompts, sampling=dataclasses.replace(cfg.rollout, **SAMPLING.get(name, {})),
         reward_fn=_coin_flip if control else exact_match_reward, detokenize=tok.decode,
-        objective=build_objective(name, cfg.rl, entry), optim=cfg.rl_optim,
-        trainer=dataclasses.replace(cfg.trainer, consistency_every=0), rl=cfg.rl,
+        algorithm=entry, optim=cfg.rl_optim, trainer=dataclasses.replace(cfg.trainer, consistency_every=0),
     )
     t0 = time.perf_counter()
     rewards = [wf.step(step)["reward_mean"] for step in range(steps)]

@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from tests.dllm_train.helpers import TINY
+from tests.dare.helpers import TINY, measured
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 40
@@ -42,10 +42,11 @@ def test_kill_9_mid_run_then_rerun_matches_uninterrupted(tmp_path: Path) -> None
     rerun = subprocess.run(_cmd(out), cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert rerun.returncode == 0, rerun.stderr
     assert "resuming from" in rerun.stderr
-    a = (tmp_path / "straight" / "metrics.jsonl").read_text().splitlines()
-    b = (out / "metrics.jsonl").read_text().splitlines()
-    assert len(a) == STEPS and a == b
     import json
+
+    a = measured(tmp_path / "straight" / "metrics.jsonl")
+    b = measured(out / "metrics.jsonl")
+    assert len(a) == STEPS and a == b
 
     sa = json.loads((tmp_path / "straight" / "summary.json").read_text())
     sb = json.loads((out / "summary.json").read_text())
