@@ -95,15 +95,18 @@ def test_opencompass_end_to_end(tmp_path: Path) -> None:
     assert run["num_samples"] == LIMIT and run["weights_sha256"]
 
     # OpenCompass predictions equal the native runner's (same prompts, seeds and decoding).
-    from dllm_eval import DecodingSettings, run_benchmark
+    from dllm_eval import run_benchmark
+    from dllm_eval.opencompass.configs import decoding_for
     from dllm_models import load_model, load_tokenizer
 
     model, tok = load_model(ckpt), load_tokenizer(ckpt)
     for r in rows:
         details = json.loads(Path(r["results_file"]).read_text())["details"]
         oc_preds = [d["prediction"][0] for d in details]
+        # the decoding the OpenCompass model ran: the preset's (dare_local decodes with the prefix
+        # cache) with the test's overrides
         native = run_benchmark(model, tok, r["benchmark"], preset="dare_local", limit=LIMIT,
-                               batch_size=1, seed=0, decoding=DecodingSettings(**DECODING),
+                               batch_size=1, seed=0, decoding=decoding_for(r["benchmark"], "dare_local", DECODING),
                                hash_weights=False, filter_overlong=False)  # OC keeps every row
         assert oc_preds == [s.response for s in native.samples], r["benchmark"]
         assert native.manifest["prompt_template_hash"] == \
