@@ -6,6 +6,7 @@ app names them, gives them their reference defaults and checks them against a mo
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from dllm_algorithms import (
@@ -91,11 +92,12 @@ def check_family(name: str, entry: Any, family: str) -> None:
 
 
 def describe() -> dict[str, Any]:
-    """name -> the first line of the algorithm's docstring."""
+    """name -> the first sentence of the algorithm's docstring."""
     out: dict[str, Any] = {}
     for table in (ALGORITHMS, PREFERENCE_ALGORITHMS, SFT_ALGORITHMS):
         for name, entry in table.items():
-            out[name] = (type(entry).__doc__ or "").strip().splitlines()[0]
+            paragraph = " ".join((type(entry).__doc__ or "").strip().split("\n\n")[0].split())
+            out[name] = re.split(r"\.\s+(?=[A-Z])", paragraph)[0].rstrip(".") + "."
     return out
 
 
