@@ -30,14 +30,26 @@ def _entry(rank: int, fn: Callable[[int], Any], world: int, port: int, out: str)
         dist.destroy_process_group()
 
 
-def run_ranks(fn: Callable[[int], Any], world: int = 2) -> list[Any]:
-    """Run module-level `fn(rank)` on `world` spawned gloo ranks; returns each rank's result."""
+def run_ranks(fn: Callable[[int], Any], world: int = 2, attempts: int = 3) -> list[Any]:
+    """Run module-level `fn(rank)` on `world` spawned gloo ranks; returns each rank's result.
+
+    A rank killed by a signal before it reports (gloo aborts when the rendezvous port, free when
+    drawn, was taken meanwhile: the session's Ray cluster opens ports all the time) is retried on a
+    new port, up to `attempts` times; an exception raised by `fn` fails at once.
+    """
     from dllm_train.distributed.fsdp import free_port
 
-    with tempfile.TemporaryDirectory() as out:
-        mp.start_processes(_entry, args=(fn, world, free_port(), out), nprocs=world, join=True,
-                           start_method="spawn")
-        return [torch.load(Path(out) / f"rank{r}.pt", weights_only=False) for r in range(world)]
+    for attempt in range(attempts):
+        with tempfile.TemporaryDirectory() as out:
+            try:
+                mp.start_processes(_entry, args=(fn, world, free_port(), out), nprocs=world, join=True,
+                                   start_method="spawn")
+            except mp.ProcessExitedException:
+                if attempt + 1 == attempts:
+                    raise
+                continue
+            return [torch.load(Path(out) / f"rank{r}.pt", weights_only=False) for r in range(world)]
+    raise AssertionError("unreachable")
 
 
 def algorithm_rank_setup(family: str, algorithm: RLAlgorithm[Any], lora_rank: int = 0, **trainer: Any) -> Any:
