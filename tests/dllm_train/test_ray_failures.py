@@ -34,6 +34,9 @@ def test_a_failing_rank_is_an_error_not_a_hang(ray_cluster: Any) -> None:
         with pytest.raises(Exception, match="rank 1 fails on purpose"):
             RayActorGroup(failing_rank_setup, DistributedConfig(num_workers=2))
         assert time.monotonic() - t0 < 120  # surfaced, not left waiting for the lost rank
+        leaked = [pg for pg, info in placement_group_table().items()
+                  if pg not in before and info.get("state") != "REMOVED"]
+        assert leaked == []  # the failed group freed its CPUs itself
     finally:  # free the failed group's CPUs for the tests after this one
         for pg_id, info in placement_group_table().items():
             if pg_id not in before and info.get("state") != "REMOVED":

@@ -147,8 +147,12 @@ class RayActorGroup:
             ).remote()
             for i in range(cfg.num_workers)
         ]
-        addr, port = ray.get(self.actors[0].address.remote())
-        ray.get([a.start.remote(setup_fn, r, cfg.num_workers, addr, port, cfg) for r, a in enumerate(self.actors)])
+        try:
+            addr, port = ray.get(self.actors[0].address.remote())
+            ray.get([a.start.remote(setup_fn, r, cfg.num_workers, addr, port, cfg) for r, a in enumerate(self.actors)])
+        except BaseException:  # a rank failed to start: free the group's resources, then report it
+            self._release()
+            raise
 
     def call(self, method: str, per_rank_args: list[tuple[Any, ...]] | None = None) -> list[Any]:
         """Run `RankWorker.<method>` on every rank (rank r gets per_rank_args[r]); results by rank."""
@@ -165,12 +169,18 @@ class RayActorGroup:
         """
         import ray
         from ray.exceptions import RayError
-        from ray.util.placement_group import remove_placement_group
 
         try:
             ray.get([a.stop.remote() for a in self.actors], timeout=timeout_s)
         except RayError as err:
             logger.warning("a rank did not leave the process group (%s); killing the actors", type(err).__name__)
+        self._release()
+
+    def _release(self) -> None:
+        """End every actor and free the placement group (no collective: ranks may be gone)."""
+        import ray
+        from ray.util.placement_group import remove_placement_group
+
         for a in self.actors:
             ray.kill(a)
         remove_placement_group(self.pg)
