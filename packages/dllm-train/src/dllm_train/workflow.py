@@ -17,6 +17,7 @@ from typing import Any, Protocol
 import torch
 from tqdm import tqdm
 
+from dllm_models import has_adapters
 from dllm_rollout import SamplingConfig
 from dllm_train.algorithm import RLAlgorithm
 from dllm_train.checkpointing import latest_checkpoint, load_checkpoint, save_checkpoint
@@ -177,7 +178,7 @@ class LocalRL:
         attention = resolved_attention(trainer, model)
         set_activation_checkpointing(model, trainer.activation_checkpointing)
         budget = trainer.max_tokens_per_pass
-        base_reference = algorithm.needs_reference and _has_adapters(model)
+        base_reference = algorithm.needs_reference and has_adapters(model)
         frozen = None
         if (algorithm.needs_reference and not base_reference) or algorithm.needs_rollout_reference:
             frozen = copy.deepcopy(model).eval()
@@ -233,10 +234,6 @@ def set_activation_checkpointing(model: Any, enabled: bool) -> None:
                              "set trainer.activation_checkpointing=false")
         return
     model.gradient_checkpointing = bool(enabled)
-
-
-def _has_adapters(model: Any) -> bool:
-    return any("lora_" in n for n, _ in model.named_parameters())
 
 
 class BaseWeightsScorer(Scorer):

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from dllm_models import has_adapters
 from dllm_rollout import SamplingConfig
 from dllm_train.algorithm import RLAlgorithm
 from dllm_train.config import OptimConfig, TrainerConfig
@@ -49,7 +50,7 @@ from dllm_train.likelihood import Scorer
 from dllm_train.seeding import generator
 from dllm_train.step import PolicyRank, RankRollout, shard_rows
 from dllm_train.workers import ActorWorker, ReferenceWorker, RewardWorker, RolloutWorker
-from dllm_train.workflow import BaseWeightsScorer, _has_adapters, resolved_attention, set_activation_checkpointing
+from dllm_train.workflow import BaseWeightsScorer, resolved_attention, set_activation_checkpointing
 
 
 @dataclasses.dataclass
@@ -120,7 +121,7 @@ class RankWorker:
         self.device = torch.device(device)
         replica = copy.deepcopy(model)
         frozen = _frozen_copy(model) if alg.needs_rollout_reference else None
-        base_reference = alg.needs_reference and _has_adapters(model)
+        base_reference = alg.needs_reference and has_adapters(model)
         reference = copy.deepcopy(model) if alg.needs_reference and not base_reference else None
         attention = resolved_attention(trainer, replica) if sequence_parallel == 1 else None
         set_activation_checkpointing(model, trainer.activation_checkpointing)
