@@ -380,6 +380,7 @@ class Finished:
     stdout: str
     stderr: str
     timed_out: bool
+    peak_rss_gib: float | None = None  # largest sampled host memory of its processes (when max_rss_gib > 0)
 
 
 def _count_lines(path: Path) -> int:
@@ -391,16 +392,32 @@ def _count_lines(path: Path) -> int:
 
 
 def group_rss_gib(pgid: int) -> float:
-    """Resident memory of every process of a process group (Linux /proc), GiB."""
+    """Resident memory of every process of a process group or session (Linux /proc), GiB.
+
+    The session counts too: Ray puts each worker process (a rank) in a process group of its own,
+    inside the session of the command that started the cluster. Each process counts its
+    proportional share (PSS, from smaps_rollup), so shared libraries and shared memory that many
+    processes map are counted once in all; its RSS where PSS cannot be read.
+    """
     total = 0
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
-            if int(fields[2]) == pgid:  # fields after the command: state, ppid, pgrp, ...
-                total += int(fields[21]) * os.sysconf("SC_PAGE_SIZE")  # rss in pages
+            if pgid in (int(fields[2]), int(fields[3])):  # fields after the command: state, ppid, pgrp, session
+                total += _pss_bytes(stat.parent) or int(fields[21]) * os.sysconf("SC_PAGE_SIZE")  # rss in pages
         except (OSError, IndexError, ValueError):
             continue
     return total / 2**30
+
+
+def _pss_bytes(proc_dir: Path) -> int | None:
+    try:
+        for line in (proc_dir / "smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) * 1024  # kB
+    except (OSError, IndexError, ValueError):
+        return None
+    return None
 
 
 def run_command(cmd: list[str], env: dict[str, str], timeout: float, log_dir: Path,
@@ -414,6 +431,7 @@ def run_command(cmd: list[str], env: dict[str, str], timeout: float, log_dir: Pa
     times: list[float] = []
     t0 = time.perf_counter()
     timed_out = False
+    peak_rss: float | None = None
     with open(out_path, "w") as out_fh, open(err_path, "w") as err_fh:
         proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out_fh, stderr=err_fh, start_new_session=True)
         seen = start_lines
@@ -429,7 +447,9 @@ def run_command(cmd: list[str], env: dict[str, str], timeout: float, log_dir: Pa
                 timed_out = True
                 _kill(proc)
                 break
-            if max_rss_gib and group_rss_gib(proc.pid) > max_rss_gib:
+            rss = group_rss_gib(proc.pid) if max_rss_gib else 0.0
+            peak_rss = max(peak_rss or 0.0, rss) if max_rss_gib else None
+            if max_rss_gib and rss > max_rss_gib:
                 err_fh.write(f"\ne2e_gpu: killed: host memory above --max-rss-gib={max_rss_gib}\n")
                 err_fh.flush()
                 _kill(proc)
@@ -437,7 +457,7 @@ def run_command(cmd: list[str], env: dict[str, str], timeout: float, log_dir: Pa
             time.sleep(0.2)
     wall = time.perf_counter() - t0
     return Finished(proc.returncode, wall, times, out_path.read_text(errors="replace"),
-                    err_path.read_text(errors="replace"), timed_out)
+                    err_path.read_text(errors="replace"), timed_out, peak_rss)
 
 
 def _kill(proc: subprocess.Popen[bytes]) -> None:
@@ -515,7 +535,7 @@ def run_train(key: str, spec: RunSpec, folder: Path, data: tuple[str, str], args
               env: dict[str, str], work: Path) -> dict[str, Any]:
     from dare.recipes import get_recipe
 
-    out = work / "runs" / key.replace("@", "_")
+    out = (args.runs_dir or work / "runs") / key.replace("@", "_")
     if out.exists():
         shutil.rmtree(out)
     train_files = data[0] if spec.kind == "rl" else data[1]
@@ -564,10 +584,14 @@ def run_train(key: str, spec: RunSpec, folder: Path, data: tuple[str, str], args
         g = run_command(cmd2, env, args.timeout, work / "logs" / key.replace("@", "_"), out / "metrics.jsonl", args.max_rss_gib)
         recs2 = read_jsonl(out / "metrics.jsonl")
         new = recs2[len(recs):]
-        continued = (g.rc == 0 and len(recs2) == steps + 1 and [r.get("step") for r in new] == [steps + 1]
-                     and f"finished {steps + 1} steps" in g.stdout)
+        # resumed: the checkpoint was found ("resuming from" in the log) and exactly the next step ran; the
+        # final checkpoint of the resumed run is reported apart (an 8B run's second ~48 GB checkpoint may
+        # not fit the disk, which the run reports in one line)
+        continued = ("resuming from" in g.stderr + g.stdout and len(recs2) == steps + 1
+                     and [r.get("step") for r in new] == [steps + 1])
         row["resume"] = {"status": status_of(g), "rc": g.rc, "wall_s": round(g.wall_s, 1),
-                         "steps_after": len(recs2), "new_steps": [r.get("step") for r in new], "continued": continued}
+                         "steps_after": len(recs2), "new_steps": [r.get("step") for r in new], "continued": continued,
+                         "finished": f"finished {steps + 1} steps" in g.stdout}
         if g.rc != 0 or not continued:
             row["resume"]["stderr_tail"] = tail(g.stderr)
     if not args.keep_outputs:  # 8B checkpoints (weights + optimizer state) and model/ exports fill the disk
@@ -674,6 +698,16 @@ def prepare_devshare(checkpoints: Path, data: Path, target: Path, models: Sequen
     print(f"copied into {target}: {total / 2**20:.1f} MiB")
 
 
+def command_env(*, tiny: bool) -> dict[str, str]:
+    """The commands' environment: every workspace member's src on PYTHONPATH; no GPU when tiny."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([*SRC_DIRS, *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])])
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    if tiny:
+        env["CUDA_VISIBLE_DEVICES"] = ""  # the smoke test stays on the CPU
+    return env
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", default=DEFAULT_RUNS, help=f"comma-separated, of {sorted(RUNS)}; name@ModelFolder "
@@ -690,6 +724,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data", type=Path, default=None, help="GSM8K data (default ../shared/data, else .devshare/data)")
     ap.add_argument("--workdir", type=Path, default=None, help="model folders, data, runs (default .bench/e2e_gpu; "
                     "tiny: a temporary folder)")
+    ap.add_argument("--runs-dir", type=Path, default=None, help="run output folders (default WORKDIR/runs): "
+                    "on a machine with a small disk, model folders in /dev/shm and runs (checkpoints) on disk")
     ap.add_argument("--data-rows", type=int, default=512)
     ap.add_argument("--keep-outputs", action="store_true", help="keep each run's checkpoints/ and model/")
     ap.add_argument("--keep-models", action="store_true", help="keep model folders after their last run")
@@ -716,11 +752,7 @@ def main(argv: list[str] | None = None) -> int:
     device = "cuda" if torch.cuda.is_available() and not args.tiny else "cpu"
     work = args.workdir or (Path(tempfile.mkdtemp(prefix="e2e_gpu-")) if args.tiny else REPO / ".bench" / "e2e_gpu")
     work.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([*SRC_DIRS, *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])])
-    env.setdefault("PYTHONUNBUFFERED", "1")
-    if args.tiny:
-        env["CUDA_VISIBLE_DEVICES"] = ""  # the smoke test stays on the CPU
+    env = command_env(tiny=args.tiny)
     print(f"device={device} tiny={args.tiny} checkpoints={checkpoints} data={data_dir} workdir={work}", flush=True)
 
     t0 = time.perf_counter()
@@ -749,6 +781,7 @@ def main(argv: list[str] | None = None) -> int:
                    "stderr_tail": tail(traceback.format_exc()), "error": repr(err)}
         rows.append(row)
         print(f"--- {key}: {row['status']} ({_fmt(row.get('wall_s'))} s)", flush=True)
+        print("ROW " + json.dumps(row, default=str), flush=True)  # a run cut off later keeps the rows so far
         if last_use[spec.model] == i and not args.keep_models and not args.tiny:
             shutil.rmtree(models_dir / spec.model, ignore_errors=True)  # 16-32 GB each; the disk holds few
     print_table(rows)

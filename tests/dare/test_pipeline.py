@@ -32,10 +32,12 @@ def test_rl_recipe_trains_from_a_checkpoint_folder_and_exports(tiny_checkpoint: 
                  "data.train_files=countdown", "data.eval_files=sudoku", "data.max_prompt_length=4096",
                  "rollout.max_new_tokens=8", "rollout.steps=8", "rollout.block_length=8",
                  "rl.prompts_per_step=2", "rl.group_size=2", "trainer.max_steps=2", "trainer.eval_every=2",
-                 "trainer.save_every=1", "--output-dir", str(out), "--no-progress"])
+                 "trainer.save_every=1", "trainer.keep_checkpoints=1", "--output-dir", str(out), "--no-progress"])
     assert code == 0
     records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2] and "eval/sudoku_accuracy" in records[1]
+    # saved after steps 1 and 2; keep_checkpoints=1 leaves only the newest
+    assert [p.name for p in (out / "checkpoints").iterdir()] == ["0-rl-000002"]
     assert set(load_model(out / "model").state_dict()) == set(load_model(tiny_checkpoint).state_dict())
     summary = json.loads((out / "summary.json").read_text())
     assert "eval/sudoku_score" in summary["results"]["final_eval"]

@@ -69,3 +69,28 @@ def test_a_failed_checkpoint_write_says_why_and_leaves_no_partial_folder(tmp_pat
         save_checkpoint(tmp_path, order=0, phase="rl", step=1, model=tiny_model("llada"), state={})
     assert list_checkpoints(tmp_path) == []
     assert not [p for p in (tmp_path / "checkpoints").iterdir()]
+
+
+def test_keep_checkpoints_must_leave_one() -> None:
+    from dllm_train import TrainerConfig
+
+    assert TrainerConfig(keep_checkpoints=1).keep_checkpoints == 1
+    with pytest.raises(ValueError, match="trainer.keep_checkpoints must be >= 1"):
+        TrainerConfig(keep_checkpoints=0)
+
+
+def test_a_full_disk_while_writing_safetensors_is_the_same_clear_error(tmp_path: Path, monkeypatch: Any) -> None:
+    # seen on the H200: safetensors reports ENOSPC as its own SafetensorError, neither OSError nor RuntimeError
+    from safetensors import SafetensorError
+
+    import dllm_models.checkpoint as ckpt
+    from dllm_train import list_checkpoints, save_checkpoint
+    from tests.tiny_rl import tiny_model
+
+    def full_disk(*args: Any, **kwargs: Any) -> None:
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(ckpt, "save_file", full_disk)
+    with pytest.raises(OSError, match="No space left on device.*free disk space"):
+        save_checkpoint(tmp_path, order=0, phase="rl", step=1, model=tiny_model("llada"), state={})
+    assert list_checkpoints(tmp_path) == []

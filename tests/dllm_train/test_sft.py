@@ -73,3 +73,19 @@ def test_sft_token_budget_gives_the_single_batch_loss_and_gradient(family: str) 
     assert g_whole and len(g_whole) == len(g_split)
     scale = max(float(g.abs().max()) for g in g_whole)
     assert scale > 0 and max(float((a - b).abs().max()) for a, b in zip(g_whole, g_split)) <= 1e-6 * scale
+
+
+def test_sft_step_reports_the_device_memory_peak_only_on_cuda() -> None:
+    # every training step (RL, SFT, preference) reports `peak_gib` on CUDA: the H200 runs read it
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model = tiny_model("llada").to(device)
+
+    def batch(step: int) -> tuple[torch.Tensor, ...]:
+        return tuple(t.to(device) for t in sft_batch(4, derive_seed(0, "sft", step)))
+
+    worker = SFT().worker(model, batch, OptimConfig(lr=1e-3), steps=1, batch_size=4, seed=0)
+    metrics = worker.step(0)
+    if device.type == "cuda":
+        assert 0 < metrics["peak_gib"] < torch.cuda.get_device_properties(0).total_memory / 2**30
+    else:
+        assert "peak_gib" not in metrics

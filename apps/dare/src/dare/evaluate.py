@@ -24,7 +24,8 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[ty
                         "dare (DARE's verl rules), d1 (d1's parsers); default: each preset's own")
     p.add_argument("--harness", default="native", choices=("native", "opencompass"))
     p.add_argument("--limit", type=int, default=None, help="first N rows of each benchmark")
-    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--batch-size", type=int, default=None,
+                   help="prompts decoded together (default 64 on CUDA, 8 on CPU)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-new-tokens", type=int, default=None, help="override the preset")
     p.add_argument("--steps", type=int, default=None, help="override the preset")
@@ -38,6 +39,10 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[ty
 def run_eval(args: argparse.Namespace) -> int:
     out = Path(args.output_dir) if args.output_dir else Path("runs") / f"eval-{time.strftime('%Y%m%d-%H%M%S')}"
     names = [b.strip() for b in args.benchmarks.split(",") if b.strip()]
+    if args.batch_size is None:
+        args.batch_size = 64 if str(args.device).startswith("cuda") else 8
+    if args.batch_size < 1:
+        raise SystemExit(f"dare eval: --batch-size must be >= 1, got {args.batch_size}")
     presets = [p.strip() for p in args.preset.split(",") if p.strip()]
     modes = [m.strip() for m in (args.reward_mode or "").split(",") if m.strip()]
     if args.harness == "opencompass":

@@ -32,7 +32,7 @@ from dare.inputs import check_output_dir
 
 # Fields a resumed run may change (prefix match for the `trainer.wandb*` group).
 RESUMABLE = ("trainer.max_steps", "sft.steps", "trainer.log_every", "trainer.eval_every", "trainer.save_every",
-             "trainer.tensorboard", "trainer.wandb", "trainer.num_threads")
+             "trainer.keep_checkpoints", "trainer.tensorboard", "trainer.wandb", "trainer.num_threads")
 
 _ALLOW = contextvars.ContextVar("allow_config_change", default=False)
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from dllm_models import save_model, weight_files
@@ -67,7 +68,7 @@ def save_checkpoint(
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
-    except (OSError, RuntimeError) as err:  # torch.save reports a full disk as a RuntimeError
+    except (OSError, RuntimeError, SafetensorError) as err:  # torch.save: RuntimeError; safetensors: its own
         shutil.rmtree(tmp, ignore_errors=True)
         free = shutil.disk_usage(root).free / 2**30
         raise OSError(f"could not write the checkpoint {final} ({type(err).__name__}: {err}); {free:.1f} GiB free "

@@ -61,6 +61,9 @@ class TrainerConfig:
             draws exactly what an uninterrupted one would.
         eval_every: held-out evaluation period in steps (0: only before and after).
         save_every: checkpoint period in steps (0: only at the end).
+        keep_checkpoints: checkpoints kept in the run folder, newest first (>= 1). A new one is
+            written completely before older ones are deleted, so at most keep_checkpoints + 1
+            exist for a moment: an 8B model with AdamW state takes ~48 GB each.
         log_every: progress-line period in steps.
         backend: "local" (in-process) or "ray" (Ray actors with FSDP2, same worker code).
         num_workers: ranks of the Ray backend (one actor each).
@@ -105,6 +108,7 @@ class TrainerConfig:
     seed: int = 0
     eval_every: int = 0
     save_every: int = 0
+    keep_checkpoints: int = 2
     log_every: int = 1
     backend: str = "local"
     num_workers: int = 2
@@ -140,6 +144,9 @@ class TrainerConfig:
         for name in ("eval_every", "save_every"):
             if getattr(self, name) < 0:
                 raise ValueError(f"trainer.{name} must be >= 0, got {getattr(self, name)}")
+        if self.keep_checkpoints < 1:
+            raise ValueError(f"trainer.keep_checkpoints must be >= 1 (the newest checkpoint is what a run resumes "
+                             f"from), got {self.keep_checkpoints}")
         if self.log_every < 1:
             raise ValueError(f"trainer.log_every must be >= 1, got {self.log_every}")
         if self.backend not in BACKENDS:

@@ -107,6 +107,20 @@ class MetricsWriter:
             self._tb.close()
 
 
+def device_peak() -> dict[str, float]:
+    """`{"peak_gib": ...}`: the CUDA memory peak since the last call (its stats are reset), or {} off CUDA.
+
+    Every training step reports it, so a run's metrics.jsonl shows whether it fits its GPU.
+    """
+    import torch
+
+    if not torch.cuda.is_available():
+        return {}
+    peak = torch.cuda.max_memory_allocated() / 2**30
+    torch.cuda.reset_peak_memory_stats()
+    return {"peak_gib": peak}
+
+
 def read_metrics(path: Path) -> list[dict[str, Any]]:
     """All records of a metrics.jsonl file."""
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from dllm_objectives import MaskPlan, dpo_logits, dpo_loss, elbo
+from dllm_train.metrics import device_peak
 from dllm_train.config import OptimConfig
 from dllm_train.likelihood import Scorer, plan_token_logp
 from dllm_train.passes import ValuesFn, accumulate, evaluate
@@ -156,7 +157,7 @@ class PreferenceWorker:
             self.optimizer.step()
         logits = dpo_logits(pol[0], pol[1], ref[0], ref[1], beta=beta)
         return {"loss": float(loss), "grad_norm": float(norm),
-                "reward_margin": float(logits.mean()), "pair_accuracy": float((logits > 0).float().mean())}
+                "reward_margin": float(logits.mean()), "pair_accuracy": float((logits > 0).float().mean()), **device_peak()}
 
     def state(self) -> dict[str, Any]:
         return {"optimizer": self.optimizer.state_dict()}

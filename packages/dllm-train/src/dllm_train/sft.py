@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from dllm_objectives import iid_masks, mdm_sft_loss
+from dllm_train.metrics import device_peak
 from dllm_train.config import OptimConfig, SFTConfig
 from dllm_train.likelihood import Scorer, plan_token_logp
 from dllm_train.passes import LossFn, ValuesFn, accumulate
@@ -90,7 +91,7 @@ class SFTWorker:
             group["lr"] = lr
         if torch.isfinite(norm) and torch.isfinite(loss):
             self.optimizer.step()
-        return {"loss": float(loss.detach()), "grad_norm": float(norm)}
+        return {"loss": float(loss.detach()), "grad_norm": float(norm), **device_peak()}
 
     def state(self) -> dict[str, Any]:
         return {"optimizer": self.optimizer.state_dict()}

@@ -19,6 +19,7 @@ from typing import Any, Generic, Protocol, TypeVar
 import torch
 
 from dllm_rollout import RolloutBatch, SamplingConfig, consistency_gap
+from dllm_train.metrics import device_peak
 from dllm_train.algorithm import RLAlgorithm, RLBatch
 from dllm_train.dataflow import PromptBatch
 from dllm_train.seeding import sample_seeds
@@ -132,9 +133,7 @@ class PolicyRank(Generic[D]):
         clock = _Clock()
         out = self.actor.update(prepared, advantages.to(prepared.batch.rollout.response_mask.device))
         out.update(self.timings, update_s=clock.lap())
-        if torch.cuda.is_available():
-            out["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
-            torch.cuda.reset_peak_memory_stats()
+        out.update(device_peak())
         return out
 
 

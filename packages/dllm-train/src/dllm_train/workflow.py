@@ -76,6 +76,7 @@ class Run:
         model: the module checkpointed with every phase (loaded from the latest checkpoint).
         tokenizer: saved with each checkpoint.
         log_every: one-line summary period in steps.
+        keep_checkpoints: checkpoints kept in `output_dir` (the newest ones).
         progress: show a progress bar.
         tensorboard: also write metrics to `<output_dir>/tensorboard/<phase>`.
         wandb_run: an open W&B run (`metrics.open_wandb`) that also receives every metric;
@@ -83,13 +84,15 @@ class Run:
     """
 
     def __init__(self, output_dir: Path, model: Any, *, tokenizer: Any = None, log_every: int = 1,
-                 progress: bool = True, tensorboard: bool = False, wandb_run: Any = None) -> None:
+                 keep_checkpoints: int = 2, progress: bool = True, tensorboard: bool = False,
+                 wandb_run: Any = None) -> None:
         self.output_dir = output_dir
         self.tensorboard = tensorboard
         self.wandb_run = wandb_run
         self.model = model
         self.tokenizer = tokenizer
         self.log_every = log_every
+        self.keep_checkpoints = keep_checkpoints
         self.progress = progress
         self.latest = latest_checkpoint(output_dir)
         self.state: dict[str, Any] = load_checkpoint(self.latest, model) if self.latest else {}
@@ -109,7 +112,7 @@ class Run:
     def _save(self, spec: PhaseSpec, step: int) -> None:
         state = {"owner": spec.owner.state(), "results": self.results}
         save_checkpoint(self.output_dir, order=spec.order, phase=spec.name, step=step,
-                        model=self.model, state=state, tokenizer=self.tokenizer)
+                        model=self.model, state=state, tokenizer=self.tokenizer, keep=self.keep_checkpoints)
 
     def run_phase(self, spec: PhaseSpec) -> None:
         start = self._start(spec)
