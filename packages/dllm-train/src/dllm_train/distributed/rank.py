@@ -119,10 +119,17 @@ class RankWorker:
         model = setup.model.to(device)
         broadcast_parameters(model)
         self.device = torch.device(device)
+        # Each copy is made from the full model, and a copy that is trained or scored sharded is
+        # sharded at once: the reference first, then the rollout's full replicas, then the policy.
+        # At most two full copies sit on the device at any moment (three with a rollout
+        # reference), where copying everything before sharding held three (a 30B MoE: 57 GiB each).
+        base_reference = alg.needs_reference and has_adapters(model)
+        reference = None
+        if alg.needs_reference and not base_reference:
+            reference = shard_model(copy.deepcopy(model), param_dtype=param_dtype,
+                                    cpu_offload=trainer.fsdp_cpu_offload)
         replica = copy.deepcopy(model)
         frozen = _frozen_copy(model) if alg.needs_rollout_reference else None
-        base_reference = alg.needs_reference and has_adapters(model)
-        reference = copy.deepcopy(model) if alg.needs_reference and not base_reference else None
         attention = resolved_attention(trainer, replica) if sequence_parallel == 1 else None
         set_activation_checkpointing(model, trainer.activation_checkpointing)
         self.model = shard_model(model, param_dtype=param_dtype, cpu_offload=trainer.fsdp_cpu_offload)
@@ -136,7 +143,6 @@ class RankWorker:
                 self.model, lockstep_group=dist.group.WORLD, attention=attention), max_tokens_per_pass=budget,
                 freeze=False)
         elif reference is not None:
-            reference = shard_model(reference, param_dtype=param_dtype, cpu_offload=trainer.fsdp_cpu_offload)
             ref_worker = ReferenceWorker(reference, scorer=self._scorer(reference, attention), max_tokens_per_pass=budget)
         self.policy: PolicyRank[Any] = PolicyRank(
             rollout=self.rollout, reward=RewardWorker(setup.reward_fn, setup.detokenize), actor=self.actor,
