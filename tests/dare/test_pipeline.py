@@ -113,3 +113,15 @@ def test_rl_recipe_honours_num_threads(tiny_checkpoint: Path, sums_parquet: Path
                  "rollout.block_length=4", "rl.prompts_per_step=2", "rl.group_size=2", "trainer.max_steps=1",
                  "trainer.num_threads=3", "--output-dir", str(tmp_path / "run"), "--no-progress"]) == 0
     assert threads == [3]
+
+
+def test_the_ray_driver_keeps_its_policy_copy_on_the_cpu_unless_it_validates() -> None:
+    from dare.config import apply_overrides
+    from dare.pipeline import driver_device
+    from dare.recipes import get_recipe
+
+    cfg = get_recipe("sdar-bgpo")
+    assert driver_device(cfg) is None  # local: the policy trains where it lives
+    ray = apply_overrides(cfg, ["trainer.backend=ray"])
+    assert driver_device(ray) == "cpu"  # only receives the ranks' weights for checkpoints
+    assert driver_device(apply_overrides(ray, ["data.eval_files=gsm8k"])) is None  # it decodes: the GPU

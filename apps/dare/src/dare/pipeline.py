@@ -163,6 +163,19 @@ def policy_with_adapters(cfg: RunConfig, device: str | None = None) -> Any:
     return model
 
 
+def driver_device(cfg: RunConfig) -> str | None:
+    """Where the driver keeps its copy of the policy (None: the GPU when there is one).
+
+    On the Ray backend the ranks train and decode; the driver's copy only receives their weights
+    for checkpoints, the export and validation. Without validation (`data.eval_files` empty) it
+    stays on the CPU, so it takes no GPU memory beside rank 0 (a 30B MoE is 57 GiB in bf16).
+    """
+    data = cfg.data
+    if cfg.trainer.backend == "ray" and not (data is not None and data.eval_files.strip()):
+        return "cpu"
+    return None
+
+
 def rank_setup(cfg: RunConfig, reward: RowReward) -> Any:
     """One Ray rank of an RL recipe (module-level, so Ray pickles it by reference): the initial
     policy read from the checkpoint folder on the rank (a resumed run's weights come later, from
@@ -183,7 +196,7 @@ def run_rl_recipe(cfg: RunConfig, output_dir: Path, *, progress: bool = True) ->
     set_num_threads(cfg)
     open_run_folder(cfg, output_dir)
     wandb_run = open_wandb_run(cfg, output_dir)
-    model = policy_with_adapters(cfg)
+    model = policy_with_adapters(cfg, driver_device(cfg))
     tokenizer = load_tokenizer(need(cfg.checkpoint, "checkpoint").checkpoint)
     rows = [r for src in data_cfg.train_files.split(",") for r in read_rl_rows(src.strip())]
     data = encode_prompts(rows, tokenizer, data_cfg.max_prompt_length)
