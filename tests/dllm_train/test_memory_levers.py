@@ -70,6 +70,41 @@ def test_a_lora_run_scores_its_reference_on_the_policy_itself() -> None:
     assert moved and all("lora_" in n for n in moved)  # only adapters train; the base stays the reference
 
 
+@pytest.mark.parametrize("family", ["llada", "sdar"])
+def test_a_base_weights_view_decodes_as_the_base_model(family: str) -> None:
+    # the rollout's reference log-probs (DMPO) read through the view equal those of the base model
+    from dllm_models import BaseWeightsView
+    from dllm_rollout import decode
+
+    base = tiny_model(family)
+    model = _lora(copy.deepcopy(base))
+    ids = torch.tensor([[5, 6, 7, 8], [0, 9, 10, 11]])
+    mask = ids != 0
+    cfg = dataclasses.replace(SAMPLING_REF, block_diffusion=family == "sdar")
+    seeds = torch.tensor([1, 2])
+    via_view = decode(model, ids, mask, seeds, cfg, BaseWeightsView(model))
+    via_copy = decode(model, ids, mask, seeds, cfg, base)
+    assert torch.equal(via_view.response_ids, via_copy.response_ids)
+    assert via_view.ref_step_logp is not None and via_copy.ref_step_logp is not None
+    torch.testing.assert_close(via_view.ref_step_logp, via_copy.ref_step_logp)
+    assert not torch.equal(via_view.ref_step_logp, via_view.step_logp)  # the adapters matter to the policy
+    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n for n in trainable)
+
+
+def test_a_lora_dmpo_run_reads_its_rollout_reference_without_a_copy() -> None:
+    from dllm_models import BaseWeightsView
+
+    model = _lora(tiny_model("llada"))
+    rl = local_rl(model, da.DMPO(num_replicates=2))
+    ref = rl.rank.rollout.ref_model
+    assert isinstance(ref, BaseWeightsView) and ref.model is model
+    assert torch.isfinite(torch.tensor(rl.step(0)["loss"]))
+
+
+SAMPLING_REF = SamplingConfig(max_new_tokens=4, steps=4, block_length=4, temperature=1.0, record_trajectory=True)
+
+
 def test_an_offloaded_reference_scores_as_a_resident_one() -> None:
     model = tiny_model("sdar")
     ids, attn, plan = _batch()

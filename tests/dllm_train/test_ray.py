@@ -164,6 +164,20 @@ def test_ray_lora_hands_off_adapter_weights_only(ray_cluster: Any) -> None:
 
 
 @pytest.mark.slow
+def test_ray_lora_dmpo_reads_its_rollout_reference_from_the_replicas_base_weights(ray_cluster: Any) -> None:
+    # DMPO scores a reference during the rollout; under LoRA it is the replica with adapters off
+    # (dllm_models.BaseWeightsView), not a third full copy of the model on every rank
+    from tests.dllm_train.distributed_helpers import algorithm_rank_setup
+
+    metrics, reports, weights = _ray_run("llada", DMPO(num_replicates=2), lora_rank=4)
+    assert all(math.isfinite(v) for m in metrics for v in m.values()), metrics
+    init = algorithm_rank_setup("llada", DMPO(num_replicates=2), 4).model.state_dict()
+    moved = {k for k, v in weights.items() if not torch.equal(init[k], v)}
+    assert moved and all("lora_" in k for k in moved), sorted(moved)[:5]  # the base (the reference) stayed frozen
+    assert all(r["max_abs_gap"] == 0.0 for r in reports), reports
+
+
+@pytest.mark.slow
 def test_ray_sequence_parallel_run_matches_the_local_workflow(ray_cluster: Any) -> None:
     # sequence_parallel = 2 on 2 ranks: one data-parallel group that holds the whole batch, so the
     # rollout, the plan and the update are the local workflow's, with every sequence split in two

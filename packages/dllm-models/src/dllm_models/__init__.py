@@ -70,10 +70,11 @@ from dllm_models.logprob import (  # noqa: E402
     model_token_logprobs,
     token_logprobs,
 )
-from dllm_models.lora import adapter_state_dict, adapters_disabled, apply_lora, has_adapters, merge_lora  # noqa: E402
+from dllm_models.lora import BaseWeightsView, adapter_state_dict, adapters_disabled, apply_lora, has_adapters, merge_lora  # noqa: E402
 from dllm_models.packing import Packed, pack, pack_like, unpack  # noqa: E402
 
 __all__ += [
+    "BaseWeightsView",
     "Packed",
     "adapter_state_dict",
     "adapters_disabled",

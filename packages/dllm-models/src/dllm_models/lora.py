@@ -139,3 +139,31 @@ def adapters_disabled(model: nn.Module) -> Iterator[nn.Module]:
             m.enable_adapters(True)
         for n, p in model.named_parameters():  # peft re-enables adapters as trainable: keep what was
             p.requires_grad_(n in trainable)
+
+
+class BaseWeightsView:
+    """A LoRA model's base weights, called like a model, with no copy: every call runs the
+    wrapped model inside `adapters_disabled`.
+
+    Serves where a frozen initial policy is read as a model (the rollout's reference scoring of
+    DMPO): with LoRA the base weights never train, so they are the initial policy while the
+    adapters start at zero (peft's default). `traits` and the output head are the wrapped model's,
+    so decoders that restrict the head to some columns (`dllm_rollout.fast.head_columns`) work
+    on the view. It owns no parameters and no module state (`eval()`/`train()` stay the model's).
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+
+    @property
+    def traits(self) -> Any:
+        return self.model.traits
+
+    def get_output_embeddings(self) -> nn.Module:
+        from dllm_models.logprob import output_head
+
+        return output_head(self.model)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        with adapters_disabled(self.model):
+            return self.model(*args, **kwargs)

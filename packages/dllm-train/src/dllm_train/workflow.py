@@ -17,7 +17,7 @@ from typing import Any, Protocol
 import torch
 from tqdm import tqdm
 
-from dllm_models import has_adapters
+from dllm_models import BaseWeightsView, has_adapters
 from dllm_rollout import SamplingConfig
 from dllm_train.algorithm import RLAlgorithm
 from dllm_train.checkpointing import latest_checkpoint, load_checkpoint, save_checkpoint
@@ -158,7 +158,8 @@ class LocalRL:
 
     A frozen copy of the initial policy is made only when the algorithm needs one, for the
     reference pass and/or for reference log-probs recorded during the rollout; with
-    `trainer.reference_offload` it waits on the CPU between its passes. `step` is the same
+    `trainer.reference_offload` it waits on the CPU between its passes. Under LoRA neither copies:
+    the reference is the policy's base weights with its adapters off. `step` is the same
     `dllm_train.rl_step` the Ray backend runs.
 
     Args:
@@ -181,10 +182,13 @@ class LocalRL:
         attention = resolved_attention(trainer, model)
         set_activation_checkpointing(model, trainer.activation_checkpointing)
         budget = trainer.max_tokens_per_pass
-        base_reference = algorithm.needs_reference and has_adapters(model)
+        lora = has_adapters(model)
+        base_reference = algorithm.needs_reference and lora
         frozen = None
-        if (algorithm.needs_reference and not base_reference) or algorithm.needs_rollout_reference:
+        if (algorithm.needs_reference and not base_reference) or (algorithm.needs_rollout_reference and not lora):
             frozen = copy.deepcopy(model).eval()
+        # LoRA: the rollout's reference is the policy's own base weights, adapters off; no copy
+        rollout_reference = (BaseWeightsView(model) if lora else frozen) if algorithm.needs_rollout_reference else None
         reference = None
         if base_reference:  # LoRA: the reference is the frozen base weights, adapters off; no copy
             reference = ReferenceWorker(model, scorer=BaseWeightsScorer(model, attention=attention),
@@ -196,8 +200,7 @@ class LocalRL:
         self.actor: ActorWorker[Any] = ActorWorker(model, algorithm, optim, scorer=Scorer(model, attention=attention),
                                                    max_tokens_per_pass=budget)
         self.rank = PolicyRank(
-            rollout=RolloutWorker(model, sampling, algorithm=algorithm,
-                                  ref_model=frozen if algorithm.needs_rollout_reference else None),
+            rollout=RolloutWorker(model, sampling, algorithm=algorithm, ref_model=rollout_reference),
             reward=RewardWorker(reward_fn, detokenize), actor=self.actor, reference=reference,
             plan_generator=lambda step: generator(self.seed, "plan", step),
             consistency_every=trainer.consistency_every,

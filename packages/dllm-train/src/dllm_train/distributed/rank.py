@@ -31,7 +31,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from dllm_models import has_adapters
+from dllm_models import BaseWeightsView, has_adapters
 from dllm_rollout import SamplingConfig
 from dllm_train.algorithm import RLAlgorithm
 from dllm_train.config import OptimConfig, TrainerConfig
@@ -129,7 +129,9 @@ class RankWorker:
             reference = shard_model(copy.deepcopy(model), param_dtype=param_dtype,
                                     cpu_offload=trainer.fsdp_cpu_offload)
         replica = copy.deepcopy(model)
-        frozen = _frozen_copy(model) if alg.needs_rollout_reference else None
+        frozen: Any = None
+        if alg.needs_rollout_reference:  # LoRA: the replica's base weights (adapters off) are the initial policy
+            frozen = BaseWeightsView(replica) if has_adapters(model) else _frozen_copy(model)
         attention = resolved_attention(trainer, replica) if sequence_parallel == 1 else None
         set_activation_checkpointing(model, trainer.activation_checkpointing)
         self.model = shard_model(model, param_dtype=param_dtype, cpu_offload=trainer.fsdp_cpu_offload)
