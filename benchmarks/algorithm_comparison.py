@@ -22,6 +22,7 @@ SDAR: block diffusion on the global grid of 4 (the 16-token prompt is 4 blocks, 
     uv run python benchmarks/algorithm_comparison.py --task sudoku --family llada \
         --algorithms d1,cj-grpo --seeds 3 --steps 40 --num-test 0               # a reduced run
     uv run python benchmarks/algorithm_comparison.py                            # everything
+    python3 benchmarks/algorithm_comparison.py --device cuda ...                # on a GPU (not yet measured)
 """
 
 from __future__ import annotations
@@ -96,8 +97,9 @@ def accuracy(model: Any, data: TaskData, rows: list[Any], family: str, batch: in
     for i in range(0, len(rows), batch):
         chunk = rows[i: i + batch]
         ids, mask = left_pad([data.prompt_ids(r) for r in chunk], model.traits.pad_token_id)
+        dev = next(model.parameters()).device
         with torch.no_grad():
-            out = decode(model, ids, mask, torch.zeros(len(chunk), dtype=torch.long), greedy)
+            out = decode(model, ids.to(dev), mask.to(dev), torch.zeros(len(chunk), dtype=torch.long, device=dev), greedy)
         for r, resp in zip(chunk, out.response_ids.tolist()):
             hits += verify(data.detokenize(resp), r.key())[1]
     model.train(was_training)
@@ -106,9 +108,13 @@ def accuracy(model: Any, data: TaskData, rows: list[Any], family: str, batch: in
 
 def warm_start(data: TaskData, family: str, args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
     """(model after SFT, record): SFT until held-out training accuracy first reaches the target."""
-    model = build(family, data.tok)
+    model = build(family, data.tok).to(args.device)
     optim = OptimConfig(lr=SFT_LR[family], warmup_steps=min(50, args.sft_max_steps // 4), grad_clip=1.0)
-    sft = SFTWorker(model, lambda s: data.sft_batch(args.sft_batch, derive_seed(0, "sft-data", s)),
+
+    def batch(step: int) -> tuple[torch.Tensor, ...]:
+        return tuple(t.to(args.device) for t in data.sft_batch(args.sft_batch, derive_seed(0, "sft-data", step)))
+
+    sft = SFTWorker(model, batch,
                     SFTConfig(steps=args.sft_max_steps, batch_size=args.sft_batch), optim, seed=0)
     curve: list[tuple[int, float]] = []
     t0 = time.perf_counter()
@@ -201,8 +207,8 @@ def run_pair(task: str, family: str, names: list[str], args: argparse.Namespace)
           f"{len(data.val)} validation rows, {len(data.test)} test rows", flush=True)
     cache = Path(args.out) / f"{task}-{family}-warm.pt"
     if args.reuse_warm_start and cache.exists():
-        warm, record = build(family, data.tok), json.loads(cache.with_suffix(".json").read_text())
-        warm.load_state_dict(torch.load(cache))
+        warm, record = build(family, data.tok).to(args.device), json.loads(cache.with_suffix(".json").read_text())
+        warm.load_state_dict(torch.load(cache, map_location=args.device))
     else:
         warm, record = warm_start(data, family, args)
         cache.parent.mkdir(parents=True, exist_ok=True)
@@ -294,6 +300,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--merge", nargs="+", default=None, metavar="JSON",
                     help="only merge result files of one task and family into <out>/<task>-<family>.{json,png}")
     ap.add_argument("--threads", type=int, default=1, help="torch threads")
+    ap.add_argument("--device", default="cpu", help="where the models train and decode (cpu, cuda); a run's "
+                    "numbers depend on it (kernels and random streams differ), so compare rows of one device")
     ap.add_argument("--tiny", action="store_true",
                     help="smoke mode: the shipped subsets in benchmarks/data, one algorithm, 2 seeds, 2 steps")
     args = ap.parse_args(argv)
