@@ -90,3 +90,27 @@ def test_the_old_pass_is_kept_where_the_policy_moves_or_the_loss_couples_rows() 
     tree = dataclasses.replace(ALGORITHMS["DTreeRPO"], num_iterations=2)  # type: ignore[type-var]
     assert not ActorWorker(model, tree, optim).old_from_training_pass
 
+
+
+def test_justgrpo_scores_at_the_temperature_the_rollout_sampled_at() -> None:
+    import dllm_algorithms as da
+    from dllm_train import Scorer, sample_seeds
+    from tests.tiny_rl import SAMPLING, addition_prompts
+
+    model = tiny_model("llada")
+    rl = local_rl(model, da.JustGRPO(), sampling=dataclasses.replace(SAMPLING, block_length=1, temperature=0.7))
+    prompts, answers, groups = addition_prompts(2, 2, 0)(0).expanded()
+    rl.rank.rollout_step(0, prompts, answers, sample_seeds(0, len(prompts), "rollout", 0), groups)
+    prepared = rl.rank.prepared
+    assert prepared is not None
+
+    def values(alg: da.JustGRPO) -> torch.Tensor:
+        with torch.no_grad():
+            return alg.values(Scorer(model), prepared.batch, prepared.data, 0)
+
+    torch.testing.assert_close(values(da.JustGRPO()), values(da.JustGRPO(temperature=0.7)))
+    assert float((values(da.JustGRPO()) - values(da.JustGRPO(temperature=1.0))).abs().max()) > 1e-3
+    greedy = dataclasses.replace(prepared.batch.rollout, config=dataclasses.replace(SAMPLING, temperature=0.0))
+    assert da.JustGRPO().scoring_temperature(dataclasses.replace(prepared.batch, rollout=greedy)) == 1.0
+    with pytest.raises(ValueError, match="algorithm.temperature must be > 0"):
+        da.JustGRPO(temperature=0.0)

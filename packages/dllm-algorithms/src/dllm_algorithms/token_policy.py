@@ -109,24 +109,40 @@ class JustGRPO(RLAlgorithm[MaskPlan]):
     length).
 
     Attributes:
-        temperature: T of the scored log softmax(f / T); the rollout's temperature.
+        temperature: T of the scored log softmax(f / T). None (the default): the temperature the
+            rollout sampled at (its `SamplingConfig`; 1 for greedy rollouts), which makes the
+            scored policy the sampling policy.
         clip_low, clip_high: clip range of the ratio, [1 - clip_low, 1 + clip_high] (clip_high > clip_low:
             DAPO's clip-higher).
         dual_clip: dual-clip constant c > 1: the loss of a negative advantage is at most -A c (None: off).
     """
 
-    temperature: float = 0.6
+    temperature: float | None = None
     clip_low: float = 0.2
     clip_high: float = 0.2
     dual_clip: float | None = 3.0
     families: ClassVar[tuple[str, ...]] = MASKED
     row_local = True
 
+    def __post_init__(self) -> None:
+        if self.temperature is not None and self.temperature <= 0:
+            raise ValueError(f"algorithm.temperature must be > 0 (or unset: the rollout's), got {self.temperature}")
+
+    def scoring_temperature(self, batch: RLBatch) -> float:
+        """`temperature`, or the rollout's sampling temperature (1 where it decoded greedily)."""
+        if self.temperature is not None:
+            return self.temperature
+        cfg = batch.rollout.config
+        if cfg is None:
+            raise ValueError("JustGRPO scores at the rollout's temperature, but this rollout batch carries no "
+                             "SamplingConfig (an engine's output?): set algorithm.temperature")
+        return cfg.temperature if cfg.temperature > 0 else 1.0
+
     def prepare(self, batch: RLBatch, generator: torch.Generator) -> MaskPlan:
         return replay_plan(autoregressive_steps(inputs(batch)[3]))
 
     def values(self, scorer: object, batch: RLBatch, data: MaskPlan, iteration: int) -> torch.Tensor:
-        lp = plan_logp(scorer, batch, data, temperature=self.temperature)
+        lp = plan_logp(scorer, batch, data, temperature=self.scoring_temperature(batch))
         return response_part((lp * data.meta["scored"].to(lp.dtype)).sum(1), batch.rollout)
 
     def loss(self, values: torch.Tensor, inputs: LossInputs[MaskPlan]) -> tuple[torch.Tensor, Metrics]:
