@@ -145,8 +145,8 @@ class BaseWeightsView:
     """A LoRA model's base weights, called like a model, with no copy: every call runs the
     wrapped model inside `adapters_disabled`.
 
-    Serves where a frozen initial policy is read as a model (the rollout's reference scoring of
-    DMPO): with LoRA the base weights never train, so they are the initial policy while the
+    Serves where a frozen initial policy is read as a model (reference log-probs scored during a
+    rollout): with LoRA the base weights never train, so they are the initial policy while the
     adapters start at zero (peft's default). `traits` and the output head are the wrapped model's,
     so decoders that restrict the head to some columns (`dllm_rollout.fast.head_columns`) work
     on the view. It owns no parameters and no module state (`eval()`/`train()` stay the model's).
