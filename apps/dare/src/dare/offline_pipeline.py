@@ -89,9 +89,8 @@ def run_sft_recipe(cfg: RunConfig, output_dir: Path, *, progress: bool = True) -
                           attention=resolved_attention(cfg.trainer, model),
                           max_tokens_per_pass=cfg.trainer.max_tokens_per_pass)
     validate = validator(cfg, model, tokenizer)
-    run = Run(output_dir, model, tokenizer=tokenizer, log_every=cfg.trainer.log_every,
-              keep_checkpoints=cfg.trainer.keep_checkpoints, progress=progress,
-              tensorboard=cfg.trainer.tensorboard, wandb_run=wandb_run)
+    run = Run.from_trainer(output_dir, model, cfg.trainer, tokenizer=tokenizer, progress=progress,
+                           wandb_run=wandb_run)
     run.run_phase(PhaseSpec(
         order=0, name="sft", steps=sft.steps, step_fn=worker.step, owner=worker,
         eval_fn=validate, eval_every=cfg.trainer.eval_every, save_every=cfg.trainer.save_every,
@@ -137,9 +136,8 @@ def run_preference_recipe(cfg: RunConfig, output_dir: Path, *, progress: bool = 
                               steps=cfg.trainer.max_steps, attention=resolved_attention(cfg.trainer, model),
                               max_tokens_per_pass=cfg.trainer.max_tokens_per_pass)
     validate = validator(cfg, model, tokenizer)
-    run = Run(output_dir, model, tokenizer=tokenizer, log_every=cfg.trainer.log_every,
-              keep_checkpoints=cfg.trainer.keep_checkpoints, progress=progress,
-              tensorboard=cfg.trainer.tensorboard, wandb_run=wandb_run)
+    run = Run.from_trainer(output_dir, model, cfg.trainer, tokenizer=tokenizer, progress=progress,
+                           wandb_run=wandb_run)
     run.run_phase(PhaseSpec(
         order=0, name="preference", steps=cfg.trainer.max_steps, step_fn=worker.step, owner=worker,
         eval_fn=validate, eval_every=cfg.trainer.eval_every, save_every=cfg.trainer.save_every,

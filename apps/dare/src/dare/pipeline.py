@@ -213,9 +213,8 @@ def run_rl_recipe(cfg: RunConfig, output_dir: Path, *, progress: bool = True) ->
         reward_fn=reward, detokenize=detokenizer(tokenizer),
         rank_setup=functools.partial(rank_setup, cfg, reward))
     validate = validator(cfg, model, tokenizer)
-    run = Run(output_dir, model, tokenizer=tokenizer, log_every=cfg.trainer.log_every,
-              keep_checkpoints=cfg.trainer.keep_checkpoints, progress=progress,
-              tensorboard=cfg.trainer.tensorboard, wandb_run=wandb_run)
+    run = Run.from_trainer(output_dir, model, cfg.trainer, tokenizer=tokenizer, progress=progress,
+                           wandb_run=wandb_run)
     try:
         run.run_phase(PhaseSpec(
             order=0, name="rl", steps=cfg.trainer.max_steps, step_fn=step_fn, owner=owner,

@@ -95,9 +95,8 @@ def run_quickstart(cfg: RunConfig, output_dir: Path, *, progress: bool = True) -
     task = AdditionTask(need(cfg.task, "task"), tokenizer)
     model = build_tiny_model(cfg, tokenizer)
     seed = cfg.trainer.seed
-    run = Run(output_dir, model, tokenizer=tokenizer, log_every=cfg.trainer.log_every,
-              keep_checkpoints=cfg.trainer.keep_checkpoints, progress=progress,
-              tensorboard=cfg.trainer.tensorboard, wandb_run=wandb_run)
+    run = Run.from_trainer(output_dir, model, cfg.trainer, tokenizer=tokenizer, progress=progress,
+                           wandb_run=wandb_run)
 
     def evaluate() -> dict[str, float]:
         return {"eval_accuracy": evaluate_accuracy(model, task, cfg)}

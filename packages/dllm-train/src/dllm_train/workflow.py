@@ -100,6 +100,14 @@ class Run:
         if self.latest is not None:
             logger.info("resuming from %s", self.latest.path)
 
+    @classmethod
+    def from_trainer(cls, output_dir: Path, model: Any, trainer: TrainerConfig, *, tokenizer: Any = None,
+                     progress: bool = True, wandb_run: Any = None) -> Run:
+        """A run with the trainer's logging period, checkpoint count and TensorBoard switch."""
+        return cls(output_dir, model, tokenizer=tokenizer, log_every=trainer.log_every,
+                   keep_checkpoints=trainer.keep_checkpoints, progress=progress, tensorboard=trainer.tensorboard,
+                   wandb_run=wandb_run)
+
     def _start(self, spec: PhaseSpec) -> int | None:
         """First step to run, or None if the phase already finished."""
         if self.latest is None or self.latest.order < spec.order:
