@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -55,17 +56,35 @@ def test_model_with_lora_adapters_resumes(tmp_path: Path, tiny_llada: torch.nn.M
     assert all(torch.equal(v, saved[k]) for k, v in model.state_dict().items())
 
 
-def test_a_failed_checkpoint_write_says_why_and_leaves_no_partial_folder(tmp_path: Path, monkeypatch: Any) -> None:
+def _torch_save_full_disk() -> tuple[Any, str, BaseException]:
     import torch
 
+    return torch, "save", RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 3261214848 vs 3261214740")
+
+
+def _safetensors_full_disk() -> tuple[Any, str, BaseException]:
+    # seen on the H200: safetensors reports ENOSPC as its own SafetensorError, neither OSError nor RuntimeError
+    from safetensors import SafetensorError
+
+    import dllm_models.checkpoint as ckpt
+
+    return ckpt, "save_file", SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+
+@pytest.mark.parametrize("failure", [_torch_save_full_disk, _safetensors_full_disk], ids=["torch.save", "safetensors"])
+def test_a_failed_checkpoint_write_says_why_and_leaves_no_partial_folder(failure: Any, tmp_path: Path,
+                                                                          monkeypatch: Any) -> None:
     from dllm_train import list_checkpoints, save_checkpoint
     from tests.tiny_rl import tiny_model
 
-    def full_disk(*args: Any, **kwargs: Any) -> None:
-        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 3261214848 vs 3261214740")
+    module, name, error = failure()
 
-    monkeypatch.setattr(torch, "save", full_disk)
-    with pytest.raises(OSError, match="free disk space"):
+    def full_disk(*args: Any, **kwargs: Any) -> None:
+        raise error
+
+    monkeypatch.setattr(module, name, full_disk)
+    # the error's own words (e.g. "No space left on device") and the fix
+    with pytest.raises(OSError, match=f"{type(error).__name__}: {re.escape(str(error))}.*free disk space"):
         save_checkpoint(tmp_path, order=0, phase="rl", step=1, model=tiny_model("llada"), state={})
     assert list_checkpoints(tmp_path) == []
     assert not [p for p in (tmp_path / "checkpoints").iterdir()]
@@ -77,20 +96,3 @@ def test_keep_checkpoints_must_leave_one() -> None:
     assert TrainerConfig(keep_checkpoints=1).keep_checkpoints == 1
     with pytest.raises(ValueError, match="trainer.keep_checkpoints must be >= 1"):
         TrainerConfig(keep_checkpoints=0)
-
-
-def test_a_full_disk_while_writing_safetensors_is_the_same_clear_error(tmp_path: Path, monkeypatch: Any) -> None:
-    # seen on the H200: safetensors reports ENOSPC as its own SafetensorError, neither OSError nor RuntimeError
-    from safetensors import SafetensorError
-
-    import dllm_models.checkpoint as ckpt
-    from dllm_train import list_checkpoints, save_checkpoint
-    from tests.tiny_rl import tiny_model
-
-    def full_disk(*args: Any, **kwargs: Any) -> None:
-        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
-
-    monkeypatch.setattr(ckpt, "save_file", full_disk)
-    with pytest.raises(OSError, match="No space left on device.*free disk space"):
-        save_checkpoint(tmp_path, order=0, phase="rl", step=1, model=tiny_model("llada"), state={})
-    assert list_checkpoints(tmp_path) == []
