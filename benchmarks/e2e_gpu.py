@@ -133,17 +133,10 @@ def has_weights(folder: Path) -> bool:
 
 def write_weights(raw: dict[str, Any], folder: Path, device: str) -> float:
     """Random bf16 weights of `raw`'s architecture saved into `folder` (replaced); returns seconds."""
-    from dllm_models import build_model, save_model
+    from dllm_models import empty_model, save_model
 
     t0 = time.perf_counter()
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.bfloat16)  # built in bf16: no float32 copy of 8B weights on the way
-    try:
-        with torch.device("meta"):
-            model = build_model(raw)
-    finally:
-        torch.set_default_dtype(previous)
-    model = model.to_empty(device=device)
+    model = empty_model(raw, dtype=torch.bfloat16, device=device)  # no float32 copy of 8B weights on the way
     model.reset_parameters(generator=torch.Generator(device=device).manual_seed(0), std=0.02)  # type: ignore[operator]
     save_model(model, folder)
     del model

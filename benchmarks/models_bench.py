@@ -40,7 +40,7 @@ from torch import nn
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT.parent / "packages" / "dllm-models" / "src"))
 
-from dllm_models import build_model  # noqa: E402
+from dllm_models import empty_model  # noqa: E402
 from dllm_models.attention import AttentionMask, bd3lm_mask  # noqa: E402
 from dllm_models.logprob import final_hidden, naive_token_logprobs, output_head, token_logprobs  # noqa: E402
 from dllm_models.packing import pack, pack_like  # noqa: E402
@@ -93,14 +93,7 @@ def build(name: str, tiny: bool, device: torch.device, dtype: torch.dtype) -> nn
     raw = json.loads((ROOT / "configs" / name / "config.json").read_text())
     if tiny:
         raw.update(TINY[MODELS[name]])
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        with torch.device("meta"):
-            model = build_model(raw)
-    finally:
-        torch.set_default_dtype(previous)
-    model = model.to_empty(device=device)
+    model = empty_model(raw, dtype=dtype, device=device)
     with torch.no_grad():
         for pname, p in model.named_parameters():
             p.fill_(1.0) if pname.endswith("norm.weight") or pname.endswith("ln_f.weight") else p.normal_(0, 0.02)

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from dllm_models import build_model
+from dllm_models import empty_model
 from dllm_rollout import SamplingConfig, decode
 
 HERE = Path(__file__).resolve().parent
@@ -35,14 +35,7 @@ def _model(name: str, tiny: bool, device: str, dtype: torch.dtype, **overrides: 
         else:
             raw.update(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                        head_dim=32, intermediate_size=256)
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)  # built in its dtype: no float32 copy of 8B weights on the way
-    try:
-        with torch.device("meta"):
-            model = build_model(raw)
-    finally:
-        torch.set_default_dtype(previous)
-    model = model.to_empty(device=device)
+    model = empty_model(raw, dtype=dtype, device=device)  # no float32 copy of 8B weights on the way
     model.reset_parameters(generator=torch.Generator(device=device).manual_seed(0))  # type: ignore[operator]
     return model.eval()
 

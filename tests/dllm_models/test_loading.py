@@ -160,3 +160,18 @@ def test_partial_checkpoint_folders_are_clear_value_errors(tmp_path: Path) -> No
     shards[-1].unlink()
     with pytest.raises(ValueError, match="shard\\(s\\) missing"):
         load_model(sharded)
+
+
+def test_empty_model_allocates_the_architecture_in_its_dtype_and_restores_the_default() -> None:
+    from dllm_models import build_model, empty_model
+
+    raw = {"model_type": "llada", "d_model": 32, "n_layers": 1, "n_heads": 2, "n_kv_heads": 2,
+           "mlp_hidden_size": 64, "vocab_size": 40, "embedding_size": 40, "mask_token_id": 39}
+    before = torch.get_default_dtype()
+    model = empty_model(raw, dtype=torch.bfloat16, device="cpu")
+    assert torch.get_default_dtype() == before
+    params = dict(model.named_parameters())
+    assert params and all(p.dtype == torch.bfloat16 and p.device.type == "cpu" for p in params.values())
+    with torch.device("meta"):
+        reference = dict(build_model(raw).named_parameters())
+    assert {k: tuple(v.shape) for k, v in params.items()} == {k: tuple(v.shape) for k, v in reference.items()}

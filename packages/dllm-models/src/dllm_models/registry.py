@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import torch
 from torch import nn
 
 from dllm_models.families.dream import DreamConfig, DreamModel
@@ -128,3 +129,20 @@ def build_model(raw_config: dict[str, Any]) -> nn.Module:
     """Build the family's module from a config.json dict (weights uninitialised by contract)."""
     fam = family_for(raw_config)
     return fam.model_cls(fam.config_cls.from_hf(raw_config))
+
+
+def empty_model(raw_config: dict[str, Any], *, dtype: torch.dtype, device: torch.device | str) -> nn.Module:
+    """`build_model` with uninitialised `dtype` parameters allocated on `device`.
+
+    Built on the meta device under `dtype` as the default dtype, so a large model never exists
+    in float32 or on the CPU on the way; fill the parameters afterwards (`reset_parameters`,
+    a checkpoint).
+    """
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device("meta"):
+            model = build_model(raw_config)
+    finally:
+        torch.set_default_dtype(previous)
+    return model.to_empty(device=device)
