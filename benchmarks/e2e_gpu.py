@@ -701,6 +701,26 @@ def command_env(*, tiny: bool) -> dict[str, str]:
     return env
 
 
+def add_machine_options(ap: argparse.ArgumentParser, *, name: str, tiny_rss_gib: float) -> None:
+    """The options of every script that runs the user's commands on written model folders (this one,
+    scale_out.py): time limit, input folders, work folder, what to keep, host-memory cap, output."""
+    ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per command")
+    ap.add_argument("--checkpoints", type=Path, default=None, help="release config/tokenizer folders "
+                    "(default ../shared/checkpoints, else .devshare/checkpoints)")
+    ap.add_argument("--data", type=Path, default=None, help="GSM8K data (default ../shared/data, else .devshare/data)")
+    ap.add_argument("--workdir", type=Path, default=None, help=f"model folders, data, runs (default .bench/{name}; "
+                    "tiny: a temporary folder)")
+    ap.add_argument("--data-rows", type=int, default=512)
+    ap.add_argument("--keep-outputs", action="store_true", help="keep each run's checkpoints/ and model/")
+    ap.add_argument("--keep-models", action="store_true", help="keep model folders after their last run")
+    ap.add_argument("--max-rss-gib", type=float, default=None, help="kill a command whose processes hold more "
+                    f"host memory, and report their peak (default: {tiny_rss_gib:g} with --tiny, to spare a shared "
+                    "CPU machine; else no limit)")
+    ap.add_argument("--json", type=Path, default=None, help=f"rows as JSON (default $OUT/{name}.json when $OUT is set)")
+    ap.add_argument("--prepare-devshare", type=Path, nargs="?", const=REPO / ".devshare", default=None,
+                    help="copy the config/tokenizer/data files the runs need into DIR (default .devshare) and exit")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", default=DEFAULT_RUNS, help=f"comma-separated, of {sorted(RUNS)}; name@ModelFolder "
@@ -711,23 +731,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--eval-limit", type=int, default=None, help="GSM8K prompts of eval runs (default 64; tiny 4)")
     ap.add_argument("--eval-args", nargs="*", default=[], metavar="ARG", help="extra `dare eval` arguments")
     ap.add_argument("--resume", action="store_true", help="rerun each train command with one more step")
-    ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per command")
-    ap.add_argument("--checkpoints", type=Path, default=None, help="release config/tokenizer folders "
-                    "(default ../shared/checkpoints, else .devshare/checkpoints)")
-    ap.add_argument("--data", type=Path, default=None, help="GSM8K data (default ../shared/data, else .devshare/data)")
-    ap.add_argument("--workdir", type=Path, default=None, help="model folders, data, runs (default .bench/e2e_gpu; "
-                    "tiny: a temporary folder)")
     ap.add_argument("--runs-dir", type=Path, default=None, help="run output folders (default WORKDIR/runs): "
                     "on a machine with a small disk, model folders in /dev/shm and runs (checkpoints) on disk")
-    ap.add_argument("--data-rows", type=int, default=512)
-    ap.add_argument("--keep-outputs", action="store_true", help="keep each run's checkpoints/ and model/")
-    ap.add_argument("--keep-models", action="store_true", help="keep model folders after their last run")
     ap.add_argument("--tiny", action="store_true", help="toy shapes on CPU in a temporary folder")
-    ap.add_argument("--max-rss-gib", type=float, default=None, help="kill a command whose processes hold more "
-                    "host memory (default: 8 with --tiny, to spare a shared CPU machine; else no limit)")
-    ap.add_argument("--json", type=Path, default=None, help="rows as JSON (default $OUT/e2e_gpu.json when $OUT is set)")
-    ap.add_argument("--prepare-devshare", type=Path, nargs="?", const=REPO / ".devshare", default=None,
-                    help="copy the needed config/tokenizer/data files into DIR (default .devshare) and exit")
+    add_machine_options(ap, name="e2e_gpu", tiny_rss_gib=8)
     args = ap.parse_args(argv)
 
     checkpoints = args.checkpoints or _default_dir("checkpoints")

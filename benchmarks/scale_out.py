@@ -250,22 +250,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="dotted overrides for every run")
     ap.add_argument("--merge", type=Path, nargs="*", default=[], metavar="JSON",
                     help="rows of earlier scale_out.json files (other points) to add to the table and efficiency")
-    ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per command")
-    ap.add_argument("--checkpoints", type=Path, default=None, help="release config/tokenizer folders "
-                    "(default: the shared checkpoints beside the checkout, else .devshare/checkpoints)")
-    ap.add_argument("--data", type=Path, default=None, help="GSM8K data (default: as e2e_gpu.py)")
-    ap.add_argument("--workdir", type=Path, default=None, help="model folders, data, runs (default "
-                    ".bench/scale_out; tiny: a temporary folder, removed at the end)")
-    ap.add_argument("--data-rows", type=int, default=512)
-    ap.add_argument("--keep-outputs", action="store_true", help="keep each run's checkpoints/ and model/")
-    ap.add_argument("--keep-models", action="store_true", help="keep model folders after their last run")
-    ap.add_argument("--tiny", action="store_true", help="toy shapes on CPU Ray ranks (gloo) in a temporary folder")
-    ap.add_argument("--max-rss-gib", type=float, default=None, help="kill a command whose processes hold more "
-                    "host memory, and report their peak (default: 12 with --tiny; else off)")
-    ap.add_argument("--json", type=Path, default=None, help="rows as JSON (default $OUT/scale_out.json when "
-                    "$OUT is set)")
-    ap.add_argument("--prepare-devshare", type=Path, nargs="?", const=REPO / ".devshare", default=None,
-                    help="copy the configs, tokenizers and data the runs need into DIR (default .devshare) and exit")
+    ap.add_argument("--tiny", action="store_true", help="toy shapes on CPU Ray ranks (gloo) in a temporary folder "
+                    "(removed at the end)")
+    e2e_gpu.add_machine_options(ap, name="scale_out", tiny_rss_gib=12)
     args = ap.parse_args(argv)
     curve = args.curve if args.curve is not None else ("1,2" if args.tiny else "1,2,4,8")
     args.curve = [int(x) for x in curve.split(",") if x.strip()]
