@@ -29,6 +29,7 @@ from rollout_bench import _model  # noqa: E402
 
 from dllm_rollout import SamplingConfig, decode  # noqa: E402
 from dllm_rollout.block import grid_canvas  # noqa: E402
+from dllm_rollout.noise import RowNoise  # noqa: E402
 from dllm_rollout.sampling import confidence, propose, select  # noqa: E402
 
 
@@ -95,20 +96,20 @@ def _parts(model: Any, ids: torch.Tensor, attn: torch.Tensor, pos: torch.Tensor,
         active = torch.ones(b, dtype=torch.bool, device=logits.device)
         still = torch.ones(logits.shape[:2], dtype=torch.bool, device=logits.device)
         k = torch.ones(b, dtype=torch.long, device=logits.device)
+        noise = RowNoise(torch.arange(b), logits.device)
 
         def sample() -> None:
-            x0, probs, _ = propose(logits, temperature=0.0, top_k=None, top_p=None, generators=[],
+            x0, probs, _ = propose(logits, temperature=0.0, top_k=None, top_p=None, noise=noise,
                                    active=active, mask_id=0)
-            conf = confidence("low_confidence", logits, probs, x0, [], active)
+            conf = confidence("low_confidence", logits, probs, x0, noise, active)
             select(conf, still, k)
 
         out[f"{tag} propose+confidence+select (T=0)"] = _time(sample, device)
-        gens = [torch.Generator(device=logits.device).manual_seed(i) for i in range(b)]
 
         def sample_t1() -> None:
-            x0, probs, _ = propose(logits, temperature=1.0, top_k=None, top_p=None, generators=gens,
+            x0, probs, _ = propose(logits, temperature=1.0, top_k=None, top_p=None, noise=noise,
                                    active=active, mask_id=0)
-            confidence("low_confidence", logits, probs, x0, gens, active)
+            confidence("low_confidence", logits, probs, x0, noise, active)
 
         out[f"{tag} propose+confidence (T=1)"] = _time(sample_t1, device)
 

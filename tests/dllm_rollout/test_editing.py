@@ -140,7 +140,7 @@ def test_never_stalls(tiny_block_model: torch.nn.Module, threshold: float, editi
     {"temperature": 0.8, "top_k": 8, "top_p": 0.9, "threshold": 0.5, "editing_threshold": 0.0, "max_post_steps": 4},
 ])
 def test_cache_equals_recompute_and_seed_replays(tiny_block_model: torch.nn.Module, kwargs: dict[str, object]) -> None:
-    args: dict[str, object] = {"max_new_tokens": 9, "steps": BL, "block_length": BL, "seed": 5,
+    args: dict[str, object] = {"max_new_tokens": 9, "steps": BL, "block_length": BL, "seed": 3,
                                "record_trajectory": True, **kwargs}
     ref = generate(tiny_block_model, PROMPTS, cache=None, **args)  # type: ignore[arg-type]
     got = generate(tiny_block_model, PROMPTS, cache="prefix", **args)  # type: ignore[arg-type]

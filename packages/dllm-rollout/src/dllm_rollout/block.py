@@ -28,6 +28,7 @@ from dllm_rollout.config import SamplingConfig
 from dllm_rollout.editing import EDITS, rows_to_step, step_edits, still_open
 from dllm_rollout.fast import GraphedStep, StaticBlockCache, block_forward
 from dllm_rollout.masked import transfer_quota
+from dllm_rollout.noise import RowNoise
 from dllm_rollout.record import Recorder
 from dllm_rollout.sampling import confidence, propose, select
 
@@ -110,7 +111,7 @@ def decode_blocks(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
     device = prompt_ids.device
     canvas, attn, pos, r0, offsets = grid_canvas(prompt_ids, prompt_mask, bl, r, mask_id, traits.pad_token_id)
     b, width = canvas.shape
-    gens = [torch.Generator(device=device).manual_seed(int(s)) for s in seeds.tolist()]
+    noise = RowNoise(seeds, device)
     rec = Recorder(b, width - r0, device, steps=cfg.record_steps, ref=ref_model is not None)
     quota = transfer_quota(bl, cfg.steps)
     t = cfg.temperature if cfg.temperature > 0 else 1.0
@@ -132,8 +133,8 @@ def decode_blocks(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
             else:
                 logits = _recompute_logits(model, canvas, attn, pos, start, end)
             x0, probs, logp = propose(logits, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
-                                      generators=gens, active=active, mask_id=mask_id)
-            conf = confidence("maskgit_plus", logits, probs, x0, gens, active)
+                                      noise=noise, active=active, mask_id=mask_id)
+            conf = confidence("maskgit_plus", logits, probs, x0, noise, active)
             k = torch.full((b,), quota[step] if step < len(quota) else bl, dtype=torch.long, device=device)
             commit = select(conf, still, k, cfg.threshold) & active[:, None]
             edits = step_edits(x0, conf, canvas[:, start:end], active, mask_id=mask_id, lo=start - r0,
@@ -156,6 +157,8 @@ def decode_blocks(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
             live &= ~((region == eos_id) & (col >= offsets[:, None])).any(-1)
             if not bool(live.any()):
                 break
+    if cached is not None:
+        cached.release()
     region = canvas[:, r0:]
     region = torch.where(region == mask_id, torch.full_like(region, eos_id), region)
     return _batch(prompt_ids, prompt_mask, region, offsets, seeds, cfg, rec, traits, num_edits)
@@ -184,13 +187,18 @@ class _CachedBlocks:
         self.model, self.canvas, self.attn, self.pos, self.block = model, canvas, attn, pos, block
         self.static: StaticBlockCache | None = None
         self.shown = -1  # start column of the block the cache currently writes
-        self.step = GraphedStep(self._forward)
+        self.step: GraphedStep | None = GraphedStep(self._forward)
         if r0 > 0:
             # prompt blocks: keys/values only, the head runs on no column
             out = block_forward(model, canvas[:, :r0], 0, 0, attention_mask=attn[:, :r0],
                                 position_ids=pos[:, :r0], use_cache=True)
             self.static = StaticBlockCache(out.past_key_values, canvas.shape[0], canvas.shape[1], block)
             self.static.store(0, out.past_key_values, attn[:, :r0])
+
+    def release(self) -> None:
+        """Drop the cache and the graph now: the step holds a bound method of this object, a
+        reference cycle that would keep the cache alive until the next garbage collection."""
+        self.static, self.step = None, None
 
     def _forward(self, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         assert self.static is not None
@@ -206,6 +214,7 @@ class _CachedBlocks:
         if self.shown != start:
             self.static.show(start, end, self.attn[:, start:end])
             self.shown = start
+        assert self.step is not None, "released"
         logits: torch.Tensor = self.step(ids, pos)
         return logits, None
 

@@ -121,6 +121,17 @@ class StaticBlockCache:
             torch.arange(start, end, out=self.cache.write_columns)
 
 
+def graph_pool(device: torch.device) -> Any:
+    """A CUDA-graph memory pool that several `GraphedStep`s may share (None off CUDA or with graphs off).
+
+    Graphs sharing a pool must not be replayed concurrently, and a graph's outputs must be read
+    before a graph captured after it runs: true of decoding steps that run one after another.
+    """
+    if device.type != "cuda" or not CUDA_GRAPHS:
+        return None
+    return torch.cuda.graph_pool_handle()
+
+
 class GraphedStep:
     """`fn(*inputs)` replayed from a CUDA graph; inputs are copied into static buffers.
 
@@ -130,8 +141,10 @@ class GraphedStep:
     off, the inputs are not on CUDA, or the capture fails.
     """
 
-    def __init__(self, fn: Callable[..., Any]) -> None:
+    def __init__(self, fn: Callable[..., Any], pool: Any = None) -> None:
+        """Args: pool: a `graph_pool` shared with other steps (None: the graph's own pool)."""
         self.fn = fn
+        self.pool = pool
         self.graph: torch.cuda.CUDAGraph | None = None
         self.static: list[torch.Tensor] = []
         self.out: Any = None
@@ -145,9 +158,13 @@ class GraphedStep:
             self.fn(*self.static)  # warm-up: lazy inits, kernel selection
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        with torch.cuda.graph(graph, pool=self.pool):
             self.out = self.fn(*self.static)
         self.graph = graph
+
+    def reset(self) -> None:
+        """Drop the graph, its buffers and its memory (the next call captures again)."""
+        self.graph, self.out, self.static = None, None, []
 
     def __call__(self, *inputs: torch.Tensor) -> Any:
         if self.failed or not CUDA_GRAPHS or not inputs[0].is_cuda:

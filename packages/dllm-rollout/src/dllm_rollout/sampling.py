@@ -1,12 +1,15 @@
 """Token proposals, confidences and position selection shared by every decoder.
 
-Randomness is per sample: row b draws only from `generators[b]`, and only while it is active,
-so a sample decodes the same in any batch (replay).
+Randomness is per sample: row b draws only from its own stream of `noise` (a `RowNoise`), and only
+while it is active, so a sample decodes the same in any batch (replay). Nothing here reads a value
+back to the host, so a step's sampling can run inside a CUDA graph.
 """
 
 from __future__ import annotations
 
 import torch
+
+from dllm_rollout.noise import RowNoise
 
 NEG_INF = float("-inf")
 
@@ -36,14 +39,9 @@ def filter_logits(logits: torch.Tensor, top_k: int | None, top_p: float | None) 
     return logits
 
 
-def row_uniform(
-    shape: tuple[int, ...], generators: list[torch.Generator], active: torch.Tensor, device: torch.device
-) -> torch.Tensor:
-    """U(0,1) noise [B, *shape]; row b comes from generators[b], drawn only where active[b]."""
-    out = torch.full((len(generators), *shape), 0.5, device=device)
-    for b in torch.nonzero(active).flatten().tolist():
-        torch.rand(shape, generator=generators[b], device=device, out=out[b])  # straight into row b
-    return out
+def row_uniform(shape: tuple[int, ...], noise: RowNoise, active: torch.Tensor) -> torch.Tensor:
+    """U(0,1) noise [B, *shape]; row b's numbers come from its own stream, drawn only where active[b]."""
+    return noise.uniform(shape, active)
 
 
 def propose(
@@ -52,15 +50,15 @@ def propose(
     temperature: float,
     top_k: int | None,
     top_p: float | None,
-    generators: list[torch.Generator],
+    noise: RowNoise,
     active: torch.Tensor,
     mask_id: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Propose a token per position.
 
     Temperature 0 takes the argmax of the (filtered) logits; T > 0 samples from
-    softmax(filter(logits / T)) with the Gumbel-max trick (LLaDA, docs/generation.md#llada; equal in
-    law to Dream's categorical draw).
+    softmax(filter(logits / T)) by inverting its CDF at one uniform number per position (equal in
+    law to LLaDA's Gumbel-max draw, docs/generation.md#llada, and to Dream's categorical draw).
 
     Args:
         logits: [B, N, V] model logits (any float dtype).
@@ -76,7 +74,7 @@ def propose(
         trainer recomputes.
     """
     x0, logp, filtered = propose_tokens(logits, temperature=temperature, top_k=top_k, top_p=top_p,
-                                        generators=generators, active=active, mask_id=mask_id)
+                                        noise=noise, active=active, mask_id=mask_id)
     return x0, torch.softmax(filtered, dim=-1), logp
 
 
@@ -86,7 +84,7 @@ def propose_tokens(
     temperature: float,
     top_k: int | None,
     top_p: float | None,
-    generators: list[torch.Generator],
+    noise: RowNoise,
     active: torch.Tensor,
     mask_id: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -104,14 +102,22 @@ def propose_tokens(
     if temperature == 0.0:
         x0 = filtered.argmax(dim=-1)
     else:
-        noise = row_uniform(tuple(filtered.shape[1:]), generators, active, filtered.device)
-        # Gumbel(0, 1) = -log(-log u), in place on the noise buffer
-        noise.clamp_(1e-20, 1.0 - 1e-7).log_().neg_().log_().neg_()
-        x0 = noise.add_(filtered).argmax(dim=-1)
+        x0 = inverse_cdf(filtered, row_uniform(tuple(filtered.shape[1:-1]), noise, active))
     # `scaled` still holds the unfiltered logits (the filters return new tensors) except at the mask
     # id, which x0 never is (its logit is -inf while every row keeps a finite one)
     logp = scaled.gather(-1, x0[..., None]).squeeze(-1) - lse
     return x0, logp, filtered
+
+
+def inverse_cdf(logits: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Index drawn from softmax(logits) [..., V] by inverting its CDF at u [...] in (0, 1).
+
+    The first index whose cumulative mass reaches u times the total: entries at -inf (mass 0) are
+    never drawn, and one binary search per position replaces the [..., V] noise of Gumbel-max.
+    """
+    cdf = torch.softmax(logits, dim=-1).cumsum_(dim=-1)
+    target = (u * cdf[..., -1]).unsqueeze(-1)
+    return torch.searchsorted(cdf, target).squeeze(-1).clamp_(max=logits.shape[-1] - 1)
 
 
 RAW_CONFIDENCES = ("low_confidence", "random")  # confidences that never read `probs`
@@ -122,7 +128,7 @@ def confidence(
     logits: torch.Tensor,
     probs: torch.Tensor | None,
     x0: torch.Tensor,
-    generators: list[torch.Generator],
+    noise: RowNoise,
     active: torch.Tensor,
 ) -> torch.Tensor:
     """Confidence [B, N] of each proposal (higher = commit first).
@@ -135,7 +141,7 @@ def confidence(
         raw = logits.float()
         return torch.exp(raw.gather(-1, x0[..., None]).squeeze(-1) - torch.logsumexp(raw, dim=-1))
     if remasking == "random":
-        return row_uniform(tuple(x0.shape[1:]), generators, active, x0.device)
+        return row_uniform(tuple(x0.shape[1:]), noise, active)
     if probs is None:
         raise ValueError(f"remasking {remasking!r} reads the proposal probabilities: pass `probs`")
     if remasking in ("maskgit_plus", "origin"):
@@ -177,7 +183,7 @@ def sample_positions(
     candidates: torch.Tensor,
     k: torch.Tensor,
     alg_temp: float,
-    generators: list[torch.Generator],
+    noise: RowNoise,
     active: torch.Tensor,
 ) -> torch.Tensor:
     """k[b] candidates per row drawn without replacement from softmax(conf / alg_temp) (Dream).
@@ -185,6 +191,6 @@ def sample_positions(
     Gumbel-top-k: adding Gumbel noise to conf / alg_temp and taking the top k samples without
     replacement from that softmax (Kool et al. 2019).
     """
-    u = row_uniform(tuple(conf.shape[1:]), generators, active, conf.device)
-    gumbel = -torch.log(-torch.log(u.clamp(1e-20, 1.0 - 1e-7)))
+    u = row_uniform(tuple(conf.shape[1:]), noise, active)
+    gumbel = -torch.log(-torch.log(u))
     return select(conf.float() / alg_temp + gumbel, candidates, k)
