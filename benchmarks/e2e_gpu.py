@@ -511,15 +511,17 @@ def train_overrides(spec: RunSpec, args: argparse.Namespace, steps: int) -> list
     words = [f"sft.steps={steps}" if spec.kind == "sft" else f"trainer.max_steps={steps}"]
     if spec.kind == "rl" and args.prompts:
         words.append(f"rl.prompts_per_step={args.prompts}")
-    if args.tiny and spec.kind == "rl":
-        # CPU smoke test only: short responses; block families take the packed sdpa path with the
-        # fused log-prob head (the padded CPU default materialises [rows, 2 x length, vocab] logits of
-        # the BD3LM layout: over 20 GB at vocab 152k, 16 rows)
+    if args.tiny:
+        # CPU smoke test only: block families take the packed sdpa path with the fused log-prob head
+        # in RL and SFT alike (the padded CPU default materialises [rows, 2 x length, vocab] logits of
+        # the BD3LM layout: over 20 GB at vocab 152k, 16 rows; an SFT row of GSM8K alone passed the
+        # 8 GiB host cap); RL decodes short responses
         r = cfg.rollout
         if r.block_diffusion:
-            words += [f"rollout.max_new_tokens={2 * r.block_length}", "trainer.train_attention=sdpa"]
-        else:
-            words += ["rollout.max_new_tokens=16", "rollout.steps=8", "rollout.block_length=8"]
+            words.append("trainer.train_attention=sdpa")
+        if spec.kind == "rl":
+            words += ([f"rollout.max_new_tokens={2 * r.block_length}"] if r.block_diffusion else
+                      ["rollout.max_new_tokens=16", "rollout.steps=8", "rollout.block_length=8"])
     words += list(args.set or [])
     return words
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import zlib
 from typing import Any
 
 import torch
@@ -49,6 +50,13 @@ def partial_reward(text: str, answer: str) -> float:
     return sum(a == b for a, b in zip(text, answer)) / len(answer)
 
 
+def text_reward(text: str, answer: str) -> float:
+    """A reward in [0, 1) keyed on the text alone: distinct responses get distinct rewards, so every
+    group (and every node of a tree) whose samples differ carries a signal, whatever the random draws.
+    For tests of the update's mechanics, where `partial_reward` of an untrained model is often 0."""
+    return zlib.crc32(text.encode()) / 2**32
+
+
 def addition_prompts(prompts_per_step: int, group_size: int, seed: int = 0) -> Any:
     """step -> PromptBatch of 3-digit additions ("123+456=" -> "0579"), deterministic in step."""
     def sample(step: int) -> PromptBatch:
@@ -75,5 +83,5 @@ def fast(algorithm: RLAlgorithm[Any]) -> RLAlgorithm[Any]:
     return dataclasses.replace(algorithm, **small.get(type(algorithm).__name__, {}))  # type: ignore[type-var]
 
 
-__all__ = ["FAMILIES", "SAMPLING", "TOK", "addition_prompts", "fast", "local_rl", "partial_reward", "special_ids",
+__all__ = ["FAMILIES", "SAMPLING", "TOK", "addition_prompts", "fast", "local_rl", "partial_reward", "special_ids", "text_reward",
            "tiny_model"]

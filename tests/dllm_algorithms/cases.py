@@ -10,7 +10,7 @@ import torch
 import dllm_algorithms as da
 from dllm_rollout import SamplingConfig
 from dllm_train import RLAlgorithm, sample_seeds
-from tests.tiny_rl import SAMPLING, addition_prompts, local_rl
+from tests.tiny_rl import SAMPLING, addition_prompts, local_rl, text_reward
 
 ALGORITHMS: dict[str, RLAlgorithm[Any]] = {
     "D1": da.D1(), "CoupledGRPO": da.CoupledGRPO(), "JustGRPO": da.JustGRPO(), "BGPO": da.BGPO(mc_num=2),
@@ -35,6 +35,7 @@ def prepared_batch(name: str, family: str, model: Any, *, seed: int = 0, reuse: 
     `reuse=False` makes the actor run its separate old pass even where the training pass gives it.
     """
     alg = ALGORITHMS[name]
+    trainer.setdefault("reward", text_reward)  # every group and tree node with distinct samples has a signal
     rl = local_rl(model, alg, sampling=sampling_for(name), seed=seed, grad_clip=0.0, **trainer)
     rl.actor.reuse_old = reuse
     prompts, answers, groups = addition_prompts(2, 4, seed)(0).expanded()

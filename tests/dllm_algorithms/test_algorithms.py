@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tests.dllm_algorithms.cases import ALGORITHMS, IDS, PAIRS, prepared_batch, sampling_for
-from tests.tiny_rl import FAMILIES, local_rl, tiny_model
+from tests.tiny_rl import FAMILIES, local_rl, text_reward, tiny_model
 
 ALL_PAIRS = [(n, f) for n, alg in ALGORITHMS.items() for f in FAMILIES if f in alg.families]
 
@@ -18,7 +18,7 @@ ALL_PAIRS = [(n, f) for n, alg in ALGORITHMS.items() for f in FAMILIES if f in a
 @pytest.mark.parametrize(("name", "family"), ALL_PAIRS, ids=[f"{n}-{f}" for n, f in ALL_PAIRS])
 def test_steps_change_the_trainable_parameters(name: str, family: str) -> None:
     model = tiny_model(family)
-    rl = local_rl(model, ALGORITHMS[name], sampling=sampling_for(name), max_tokens_per_pass=32)
+    rl = local_rl(model, ALGORITHMS[name], sampling=sampling_for(name), max_tokens_per_pass=32, reward=text_reward)
     before = {k: v.detach().clone() for k, v in model.state_dict().items()}
     changed = False
     for step in range(3):
