@@ -68,11 +68,14 @@ class _BlockLogits:
 
     def __init__(self, model: Any, cfg: SamplingConfig, canvas: torch.Tensor, attn: torch.Tensor,
                  pos: torch.Tensor) -> None:
-        self.model, self.cfg, self.canvas, self.attn, self.pos = model, cfg, canvas, attn, pos
+        self.model, self.cfg, self.canvas, self.pos = model, cfg, canvas, pos
         self.shift = int(model.traits.logit_shift)
         bl = cfg.block_length
+        # the full forwards' mask, None when every column is real: read once here, not by the model at
+        # every step (its check is a host sync)
+        self.mask = None if bool(attn.bool().all()) else attn
         # visibility of the in-place caches: the real columns (None when all are: no mask, flash kernels)
-        self.padding = None if cfg.cache is None or bool(attn.bool().all()) else attn.bool().clone()
+        self.padding = None if cfg.cache is None or self.mask is None else attn.bool().clone()
         self.columns = torch.zeros(bl, dtype=torch.long, device=canvas.device)  # head columns of full forwards
         self.window_columns = torch.arange(bl, device=canvas.device)  # head columns of cached steps
         self.full: KVCache | None = None  # the canvas-wide cache, as the full forward writes it
@@ -100,13 +103,13 @@ class _BlockLogits:
         self.columns.copy_(raw_columns(start, end, self.shift, c.device))
         if self.cfg.cache is None:
             with head_columns(m, self.columns):
-                no_cache: torch.Tensor = m(c, attention_mask=self.attn, position_ids=self.pos).logits
+                no_cache: torch.Tensor = m(c, attention_mask=self.mask, position_ids=self.pos).logits
             return no_cache
         hi = c.shape[1] if self.cfg.cache == "prefix" else end
         if step == 0 or self.past is None:
             if self.full is None:  # the first block allocates the canvas-wide cache
                 with head_columns(m, self.columns):
-                    out = m(c, attention_mask=self.attn, position_ids=self.pos, use_cache=True)
+                    out = m(c, attention_mask=self.mask, position_ids=self.pos, use_cache=True)
                 cache = out.past_key_values
                 self.full = KVCache(cache.keys, cache.values, self.padding,
                                     write_columns=torch.arange(c.shape[1], device=c.device))
