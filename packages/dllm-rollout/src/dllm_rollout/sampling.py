@@ -73,9 +73,10 @@ def propose(
         log-prob of x0 under the unfiltered softmax(logits / T) (T=1 at T=0): the policy log-prob a
         trainer recomputes.
     """
-    x0, logp, filtered = propose_tokens(logits, temperature=temperature, top_k=top_k, top_p=top_p,
-                                        noise=noise, active=active, mask_id=mask_id)
-    return x0, torch.softmax(filtered, dim=-1), logp
+    x0, logp, _, probs = _draw(logits, temperature=temperature, top_k=top_k, top_p=top_p, noise=noise,
+                               active=active, mask_id=mask_id, keep_probs=True)
+    assert probs is not None
+    return x0, probs, logp
 
 
 def propose_tokens(
@@ -93,20 +94,45 @@ def propose_tokens(
     Same draws and tokens as `propose`. The log-prob is read as (logits / T)[x0] - logsumexp(logits / T):
     one reduction instead of a [B, N, V] log-softmax.
     """
+    x0, logp, filtered, _ = _draw(logits, temperature=temperature, top_k=top_k, top_p=top_p, noise=noise,
+                                  active=active, mask_id=mask_id, keep_probs=False)
+    return x0, logp, filtered
+
+
+def _draw(
+    logits: torch.Tensor,
+    *,
+    temperature: float,
+    top_k: int | None,
+    top_p: float | None,
+    noise: RowNoise,
+    active: torch.Tensor,
+    mask_id: int | None,
+    keep_probs: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(x0, logp, filtered, probs): `propose_tokens`, and with `keep_probs` the softmax of the filtered
+    logits too, computed once for the draw and the caller (None without `keep_probs`)."""
     t = temperature if temperature > 0 else 1.0
     scaled = logits.float() / t  # a fresh float32 tensor: the edits below are in place
     lse = torch.logsumexp(scaled, dim=-1)
     if mask_id is not None:
         scaled[..., mask_id] = NEG_INF  # no host-to-device index copy (a sync)
     filtered = filter_logits(scaled, top_k, top_p)
+    probs = None
     if temperature == 0.0:
         x0 = filtered.argmax(dim=-1)
+        if keep_probs:
+            probs = torch.softmax(filtered, dim=-1)
     else:
-        x0 = inverse_cdf(filtered, row_uniform(tuple(filtered.shape[1:-1]), noise, active))
+        probs = torch.softmax(filtered, dim=-1)
+        u = row_uniform(tuple(filtered.shape[1:-1]), noise, active)
+        x0 = _first_reaching(probs.cumsum(dim=-1) if keep_probs else probs.cumsum_(dim=-1), u)
+        if not keep_probs:
+            probs = None
     # `scaled` still holds the unfiltered logits (the filters return new tensors) except at the mask
     # id, which x0 never is (its logit is -inf while every row keeps a finite one)
     logp = scaled.gather(-1, x0[..., None]).squeeze(-1) - lse
-    return x0, logp, filtered
+    return x0, logp, filtered, probs
 
 
 def inverse_cdf(logits: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
@@ -115,9 +141,13 @@ def inverse_cdf(logits: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     The first index whose cumulative mass reaches u times the total: entries at -inf (mass 0) are
     never drawn, and one binary search per position replaces the [..., V] noise of Gumbel-max.
     """
-    cdf = torch.softmax(logits, dim=-1).cumsum_(dim=-1)
+    return _first_reaching(torch.softmax(logits, dim=-1).cumsum_(dim=-1), u)
+
+
+def _first_reaching(cdf: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """First index of each row of the non-decreasing `cdf` [..., V] that reaches u [...] times its total."""
     target = (u * cdf[..., -1]).unsqueeze(-1)
-    return torch.searchsorted(cdf, target).squeeze(-1).clamp_(max=logits.shape[-1] - 1)
+    return torch.searchsorted(cdf, target).squeeze(-1).clamp_(max=cdf.shape[-1] - 1)
 
 
 RAW_CONFIDENCES = ("low_confidence", "random")  # confidences that never read `probs`
