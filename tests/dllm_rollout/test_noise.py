@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from dllm_rollout.noise import RowNoise, mix64
-from dllm_rollout.sampling import inverse_cdf, propose_tokens
+from dllm_rollout.sampling import inverse_cdf, propose
 
 U64 = (1 << 64) - 1
 
@@ -82,13 +82,13 @@ def test_inverse_cdf_draws_from_the_softmax() -> None:
     assert bool(((freq - p).abs() <= 5 * sigma + 1e-12).all()), (freq, p)
 
 
-def test_propose_tokens_samples_the_tempered_filtered_softmax_and_its_logp() -> None:
+def test_propose_samples_the_tempered_filtered_softmax_and_its_logp() -> None:
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(1, 1, 12, generator=g) * 2
     n, t = 30_000, 0.7
     noise = RowNoise(torch.arange(n) + 7)
-    x0, logp, _ = propose_tokens(logits.expand(n, 1, -1), temperature=t, top_k=5, top_p=None, noise=noise,
-                                 active=torch.ones(n, dtype=torch.bool), mask_id=None)
+    x0, _, logp = propose(logits.expand(n, 1, -1), temperature=t, top_k=5, top_p=None, noise=noise,
+                          active=torch.ones(n, dtype=torch.bool), mask_id=None, keep_probs=False)
     kept = logits[0, 0].topk(5).indices
     p = torch.zeros(12, dtype=torch.float64)
     p[kept] = torch.softmax(logits[0, 0, kept].double() / t, -1)
@@ -105,8 +105,8 @@ def test_mask_id_is_never_proposed() -> None:
     logits = torch.zeros(64, 2, 6)
     logits[..., 3] = 5.0  # the mask id is the most likely token
     noise = RowNoise(torch.arange(64))
-    x0, _, _ = propose_tokens(logits, temperature=1.0, top_k=None, top_p=None, noise=noise,
-                              active=torch.ones(64, dtype=torch.bool), mask_id=3)
+    x0, _, _ = propose(logits, temperature=1.0, top_k=None, top_p=None, noise=noise,
+                       active=torch.ones(64, dtype=torch.bool), mask_id=3)
     assert not bool((x0 == 3).any())
 
 

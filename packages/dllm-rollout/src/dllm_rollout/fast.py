@@ -162,10 +162,6 @@ class GraphedStep:
             self.out = self.fn(*self.static)
         self.graph = graph
 
-    def reset(self) -> None:
-        """Drop the graph, its buffers and its memory (the next call captures again)."""
-        self.graph, self.out, self.static = None, None, []
-
     def __call__(self, *inputs: torch.Tensor) -> Any:
         if self.failed or not CUDA_GRAPHS or not inputs[0].is_cuda:
             return self.fn(*inputs)

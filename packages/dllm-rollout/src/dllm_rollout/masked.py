@@ -22,7 +22,7 @@ from dllm_rollout.config import LLADA_REMASKING, SamplingConfig
 from dllm_rollout.fast import GraphedStep, block_forward, graph_pool, head_columns, raw_columns
 from dllm_rollout.noise import RowNoise
 from dllm_rollout.record import Recorder
-from dllm_rollout.sampling import RAW_CONFIDENCES, confidence, propose_tokens, row_uniform, sample_positions, select
+from dllm_rollout.sampling import RAW_CONFIDENCES, confidence, propose, row_uniform, sample_positions, select
 
 DREAM_EPS = 1e-3
 
@@ -100,7 +100,8 @@ class _BlockLogits:
     def __call__(self, start: int, end: int, step: int) -> torch.Tensor:
         m, c = self.model, self.canvas
         lo = start - self.shift
-        self.columns.copy_(raw_columns(start, end, self.shift, c.device))
+        if self.cfg.cache is None or step == 0 or self.past is None:  # a full forward: head on the block
+            self.columns.copy_(raw_columns(start, end, self.shift, c.device))
         if self.cfg.cache is None:
             with head_columns(m, self.columns):
                 no_cache: torch.Tensor = m(c, attention_mask=self.mask, position_ids=self.pos).logits
@@ -192,10 +193,10 @@ def decode_masked(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
             if not bool(active.any()):
                 break
             logits = block_logits(start, end, step)
-            x0, logp, filtered = propose_tokens(logits, temperature=cfg.temperature, top_k=cfg.top_k,
-                                                top_p=cfg.top_p, noise=noise, active=active, mask_id=mask_id)
             # LLaDA's confidences read the raw logits; Dream's read softmax(filtered)
-            probs = None if cfg.remasking in RAW_CONFIDENCES else torch.softmax(filtered, dim=-1)
+            x0, probs, logp = propose(logits, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
+                                      noise=noise, active=active, mask_id=mask_id,
+                                      keep_probs=cfg.remasking not in RAW_CONFIDENCES)
             conf = confidence(cfg.remasking, logits, probs, x0, noise, active)
             k = _quota(cfg, still, step, spb, quota)
             if cfg.remasking == "origin" and cfg.threshold is None:

@@ -53,86 +53,47 @@ def propose(
     noise: RowNoise,
     active: torch.Tensor,
     mask_id: int | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    keep_probs: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """Propose a token per position.
 
     Temperature 0 takes the argmax of the (filtered) logits; T > 0 samples from
     softmax(filter(logits / T)) by inverting its CDF at one uniform number per position (equal in
     law to LLaDA's Gumbel-max draw, docs/generation.md#llada, and to Dream's categorical draw).
+    The log-prob is read as (logits / T)[x0] - logsumexp(logits / T): one reduction instead of a
+    [B, N, V] log-softmax.
 
     Args:
         logits: [B, N, V] model logits (any float dtype).
         active: [B] bool, rows that draw noise this step.
         mask_id: never proposed (a random or early checkpoint can put mass on it, which would
             leave a committed position masked).
+        keep_probs: return the [B, N, V] probabilities (computed once for the draw and the caller);
+            False where no confidence reads them (`RAW_CONFIDENCES`): the draw then reuses their memory.
 
     Returns:
         x0: [B, N] proposals; probs: [B, N, V] float32 softmax(filter(logits / T)) (T=1 at T=0), the
-        distribution every Dream confidence reads (computed on first use: a lazy tensor view is not
-        possible, so callers that never read it should call `propose_tokens`); logp: [B, N] float32
+        distribution every Dream confidence reads (None without `keep_probs`); logp: [B, N] float32
         log-prob of x0 under the unfiltered softmax(logits / T) (T=1 at T=0): the policy log-prob a
         trainer recomputes.
     """
-    x0, logp, _, probs = _draw(logits, temperature=temperature, top_k=top_k, top_p=top_p, noise=noise,
-                               active=active, mask_id=mask_id, keep_probs=True)
-    assert probs is not None
-    return x0, probs, logp
-
-
-def propose_tokens(
-    logits: torch.Tensor,
-    *,
-    temperature: float,
-    top_k: int | None,
-    top_p: float | None,
-    noise: RowNoise,
-    active: torch.Tensor,
-    mask_id: int | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """`propose` without the [B, N, V] probabilities: (x0, logp, filtered scaled logits).
-
-    Same draws and tokens as `propose`. The log-prob is read as (logits / T)[x0] - logsumexp(logits / T):
-    one reduction instead of a [B, N, V] log-softmax.
-    """
-    x0, logp, filtered, _ = _draw(logits, temperature=temperature, top_k=top_k, top_p=top_p, noise=noise,
-                                  active=active, mask_id=mask_id, keep_probs=False)
-    return x0, logp, filtered
-
-
-def _draw(
-    logits: torch.Tensor,
-    *,
-    temperature: float,
-    top_k: int | None,
-    top_p: float | None,
-    noise: RowNoise,
-    active: torch.Tensor,
-    mask_id: int | None,
-    keep_probs: bool,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """(x0, logp, filtered, probs): `propose_tokens`, and with `keep_probs` the softmax of the filtered
-    logits too, computed once for the draw and the caller (None without `keep_probs`)."""
     t = temperature if temperature > 0 else 1.0
     scaled = logits.float() / t  # a fresh float32 tensor: the edits below are in place
     lse = torch.logsumexp(scaled, dim=-1)
     if mask_id is not None:
         scaled[..., mask_id] = NEG_INF  # no host-to-device index copy (a sync)
     filtered = filter_logits(scaled, top_k, top_p)
-    probs = None
+    probs = torch.softmax(filtered, dim=-1) if keep_probs or temperature > 0 else None
     if temperature == 0.0:
         x0 = filtered.argmax(dim=-1)
-        if keep_probs:
-            probs = torch.softmax(filtered, dim=-1)
     else:
-        probs = torch.softmax(filtered, dim=-1)
+        assert probs is not None
         u = row_uniform(tuple(filtered.shape[1:-1]), noise, active)
         x0 = _first_reaching(probs.cumsum(dim=-1) if keep_probs else probs.cumsum_(dim=-1), u)
-        if not keep_probs:
-            probs = None
     # `scaled` still holds the unfiltered logits (the filters return new tensors) except at the mask
     # id, which x0 never is (its logit is -inf while every row keeps a finite one)
     logp = scaled.gather(-1, x0[..., None]).squeeze(-1) - lse
-    return x0, logp, filtered, probs
+    return x0, probs if keep_probs else None, logp
 
 
 def inverse_cdf(logits: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
