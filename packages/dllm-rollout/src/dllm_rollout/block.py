@@ -28,6 +28,7 @@ from dllm_rollout.config import SamplingConfig
 from dllm_rollout.editing import EDITS, rows_to_step, step_edits, still_open
 from dllm_rollout.fast import GraphedStep, StaticBlockCache, block_forward
 from dllm_rollout.masked import transfer_quota
+from dllm_rollout.progress import check_progress
 from dllm_rollout.noise import RowNoise
 from dllm_rollout.record import Recorder
 from dllm_rollout.sampling import confidence, propose, select
@@ -123,11 +124,15 @@ def decode_blocks(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
     for start in range(r0, width, bl):
         end = start + bl
         step, post, open_rows = 0, torch.zeros_like(num_edits), live.clone()
+        logits: torch.Tensor | None = None
         while True:
             still = (canvas[:, start:end] == mask_id) & open_rows[:, None]
             active, post = rows_to_step(open_rows, still.any(-1), post, post_budget)
             if not bool(active.any()):
                 break
+            # the quota fills a block in cfg.steps steps, threshold decoding in at most bl; then the
+            # post-fill budget (editing)
+            check_progress(step, max(cfg.steps, bl) + post_budget + 1, start, end, logits)
             if cached is not None:
                 logits = cached.logits(start, end)
             else:

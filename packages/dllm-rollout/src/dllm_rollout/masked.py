@@ -21,6 +21,7 @@ from dllm_rollout.batch import RolloutBatch
 from dllm_rollout.config import LLADA_REMASKING, SamplingConfig
 from dllm_rollout.fast import GraphedStep, block_forward, graph_pool, head_columns, raw_columns
 from dllm_rollout.noise import RowNoise
+from dllm_rollout.progress import check_progress
 from dllm_rollout.record import Recorder
 from dllm_rollout.sampling import RAW_CONFIDENCES, confidence, propose, row_uniform, sample_positions, select
 
@@ -187,11 +188,14 @@ def decode_masked(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
     for blk in range(first_step // spb, cfg.num_blocks):
         start, end = p + blk * bl, p + (blk + 1) * bl
         step = first_step - blk * spb if blk == first_step // spb else 0
+        logits: torch.Tensor | None = None
         while last_step is None or blk * spb + step < last_step:
             still = canvas[:, start:end] == mask_id
             active = still.any(-1)
             if not bool(active.any()):
                 break
+            # quota schedules fill a block in spb steps, threshold decoding in at most bl
+            check_progress(step, spb + bl, start, end, logits)
             logits = block_logits(start, end, step)
             # LLaDA's confidences read the raw logits; Dream's read softmax(filtered)
             x0, probs, logp = propose(logits, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
