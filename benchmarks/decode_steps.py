@@ -4,7 +4,9 @@ What issue #17 measures for decoding, taken from whole `dllm_rollout.decode` cal
 `dare train` and `dare eval` run, sampling included), never from a loop written here:
 
 - SDAR-8B, block 4, exact KV cache (`cache="prefix"`): the decode's wall time divided by its
-  forwards (blocks x (steps + 1 store pass)).
+  forwards (blocks x (steps + 1 store pass)), and the same without the prompt's prefill (the
+  one full forward over the prompt blocks, timed alone: it is not a cached forward, as the
+  LLaDA figure leaves out its block-start full forwards).
 - LLaDA-8B, Fast-dLLM dual cache, block 32: the decode's wall time minus its block-start full
   forwards (timed alone), divided by the dual steps.
 
@@ -34,6 +36,7 @@ sys.path.insert(0, str(HERE))
 from rollout_bench import _model  # noqa: E402
 
 from dllm_rollout import SamplingConfig, decode, fast  # noqa: E402
+from dllm_rollout.block import grid_canvas  # noqa: E402
 from dllm_rollout.fast import block_forward  # noqa: E402
 
 
@@ -86,9 +89,17 @@ def main() -> None:
         cfg = SamplingConfig(max_new_tokens=r, block_length=4, steps=4, block_diffusion=True, temperature=1.0,
                              top_k=50, stop_at_eos=False, cache="prefix")
         walls = _decode_both(sdar, ids, mask, cfg, device)
+        traits = sdar.traits  # type: ignore[union-attr]
+        canvas, attn, pos, r0, _ = grid_canvas(ids, mask, 4, r, int(traits.mask_token_id), int(traits.pad_token_id))
+        with torch.no_grad():  # the decoder's prefill: keys/values of the prompt blocks, no head
+            prefill = min(_wall(lambda: block_forward(sdar, canvas[:, :r0], 0, 0, attention_mask=attn[:, :r0],
+                                                      position_ids=pos[:, :r0], use_cache=True), device)
+                          for _ in range(3))
         forwards = (r // 4) * (4 + 1)
-        rows["sdar"] = {**walls, "forwards": forwards,
-                        **{f"ms per forward, {k}": 1e3 * v / forwards for k, v in walls.items() if k != "same tokens"}}
+        rows["sdar"] = {**walls, "forwards": forwards, "prefill s": prefill,
+                        **{f"ms per forward, {k}": 1e3 * v / forwards for k, v in walls.items() if k != "same tokens"},
+                        **{f"ms per cached forward (no prefill), {k}": 1e3 * (v - prefill) / forwards
+                           for k, v in walls.items() if k != "same tokens"}}
         del sdar
         if device == "cuda":
             torch.cuda.empty_cache()
