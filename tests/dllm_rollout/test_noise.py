@@ -74,7 +74,7 @@ def test_inverse_cdf_draws_from_the_softmax() -> None:
     logits = torch.tensor([1.0, 0.0, float("-inf"), 2.0, -1.0])
     n = 40_000
     noise = RowNoise(torch.arange(n))
-    x = inverse_cdf(logits.expand(n, 1, -1), noise.uniform((1,), torch.ones(n, dtype=torch.bool)))
+    x = inverse_cdf(torch.softmax(logits, -1).expand(n, 1, -1), noise.uniform((1,), torch.ones(n, dtype=torch.bool)))
     freq = torch.bincount(x.flatten(), minlength=5).double() / n
     p = torch.softmax(logits.double(), -1)
     assert float(freq[2]) == 0.0  # zero mass is never drawn

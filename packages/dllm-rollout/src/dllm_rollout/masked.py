@@ -23,7 +23,7 @@ from dllm_rollout.fast import GraphedStep, block_forward, graph_pool, head_colum
 from dllm_rollout.noise import RowNoise
 from dllm_rollout.progress import check_progress
 from dllm_rollout.record import Recorder
-from dllm_rollout.sampling import RAW_CONFIDENCES, confidence, propose, row_uniform, sample_positions, select
+from dllm_rollout.sampling import RAW_CONFIDENCES, confidence, propose, sample_positions, select
 
 DREAM_EPS = 1e-3
 
@@ -205,7 +205,7 @@ def decode_masked(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
             k = _quota(cfg, still, step, spb, quota)
             if cfg.remasking == "origin" and cfg.threshold is None:
                 reveal = float(_dream_ratio(step, spb)) if step < spb - 1 else 1.0
-                commit = still & (row_uniform((bl,), noise, active) < reveal)
+                commit = still & (noise.uniform((bl,), active) < reveal)
             elif cfg.alg_temp and cfg.threshold is None:
                 commit = sample_positions(conf, still, k, cfg.alg_temp, noise, active)
             else:

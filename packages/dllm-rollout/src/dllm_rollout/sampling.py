@@ -39,11 +39,6 @@ def filter_logits(logits: torch.Tensor, top_k: int | None, top_p: float | None) 
     return logits
 
 
-def row_uniform(shape: tuple[int, ...], noise: RowNoise, active: torch.Tensor) -> torch.Tensor:
-    """U(0,1) noise [B, *shape]; row b's numbers come from its own stream, drawn only where active[b]."""
-    return noise.uniform(shape, active)
-
-
 def propose(
     logits: torch.Tensor,
     *,
@@ -88,25 +83,21 @@ def propose(
         x0 = filtered.argmax(dim=-1)
     else:
         assert probs is not None
-        u = row_uniform(tuple(filtered.shape[1:-1]), noise, active)
-        x0 = _first_reaching(probs.cumsum(dim=-1) if keep_probs else probs.cumsum_(dim=-1), u)
+        x0 = inverse_cdf(probs, noise.uniform(tuple(filtered.shape[1:-1]), active), overwrite=not keep_probs)
     # `scaled` still holds the unfiltered logits (the filters return new tensors) except at the mask
     # id, which x0 never is (its logit is -inf while every row keeps a finite one)
     logp = scaled.gather(-1, x0[..., None]).squeeze(-1) - lse
     return x0, probs if keep_probs else None, logp
 
 
-def inverse_cdf(logits: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """Index drawn from softmax(logits) [..., V] by inverting its CDF at u [...] in (0, 1).
+def inverse_cdf(probs: torch.Tensor, u: torch.Tensor, *, overwrite: bool = False) -> torch.Tensor:
+    """Index drawn from the distribution `probs` [..., V] by inverting its CDF at u [...] in (0, 1).
 
-    The first index whose cumulative mass reaches u times the total: entries at -inf (mass 0) are
-    never drawn, and one binary search per position replaces the [..., V] noise of Gumbel-max.
+    The first index whose cumulative mass reaches u times the total: entries of mass 0 (-inf
+    logits) are never drawn, and one binary search per position replaces the [..., V] noise of
+    Gumbel-max. `overwrite` accumulates the CDF in `probs` itself (when the caller is done with it).
     """
-    return _first_reaching(torch.softmax(logits, dim=-1).cumsum_(dim=-1), u)
-
-
-def _first_reaching(cdf: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """First index of each row of the non-decreasing `cdf` [..., V] that reaches u [...] times its total."""
+    cdf = probs.cumsum_(dim=-1) if overwrite else probs.cumsum(dim=-1)
     target = (u * cdf[..., -1]).unsqueeze(-1)
     return torch.searchsorted(cdf, target).squeeze(-1).clamp_(max=cdf.shape[-1] - 1)
 
@@ -132,7 +123,7 @@ def confidence(
         raw = logits.float()
         return torch.exp(raw.gather(-1, x0[..., None]).squeeze(-1) - torch.logsumexp(raw, dim=-1))
     if remasking == "random":
-        return row_uniform(tuple(x0.shape[1:]), noise, active)
+        return noise.uniform(tuple(x0.shape[1:]), active)
     if probs is None:
         raise ValueError(f"remasking {remasking!r} reads the proposal probabilities: pass `probs`")
     if remasking in ("maskgit_plus", "origin"):
@@ -182,6 +173,6 @@ def sample_positions(
     Gumbel-top-k: adding Gumbel noise to conf / alg_temp and taking the top k samples without
     replacement from that softmax (Kool et al. 2019).
     """
-    u = row_uniform(tuple(conf.shape[1:]), noise, active)
+    u = noise.uniform(tuple(conf.shape[1:]), active)
     gumbel = -torch.log(-torch.log(u))
     return select(conf.float() / alg_temp + gumbel, candidates, k)
