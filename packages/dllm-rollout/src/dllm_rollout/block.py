@@ -28,8 +28,8 @@ from dllm_rollout.config import SamplingConfig
 from dllm_rollout.editing import EDITS, rows_to_step, step_edits, still_open
 from dllm_rollout.fast import GraphedStep, StaticBlockCache, block_forward
 from dllm_rollout.masked import transfer_quota
-from dllm_rollout.progress import check_progress
 from dllm_rollout.noise import RowNoise
+from dllm_rollout.progress import check_progress
 from dllm_rollout.record import Recorder
 from dllm_rollout.sampling import confidence, propose, select
 
