@@ -64,8 +64,6 @@ def tiny_llada_config(**overrides: object) -> dict[str, object]:
 
 @pytest.fixture
 def tiny_llada() -> torch.nn.Module:
-    from dllm_models import build_model
+    from tests.dllm_models.tiny_configs import build_tiny
 
-    model = build_model(tiny_llada_config())
-    model.reset_parameters(generator=torch.Generator().manual_seed(0), std=0.2)  # type: ignore[operator]
-    return model.eval()
+    return build_tiny("llada")

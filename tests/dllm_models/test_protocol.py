@@ -7,11 +7,9 @@ import pytest
 import torch
 from torch import nn
 
-from dllm_models import build_model
 from dllm_models.attention import AttentionMask, bd3lm_mask
 from dllm_models.logprob import model_token_logprobs, output_head, shift_hidden
 from dllm_models.packing import pack, pack_like, unpack
-from tests.conftest import tiny_llada_config
 from tests.dllm_models.tiny_configs import build_tiny
 
 FAMILIES = ["llada", "Dream", "sdar", "sdar_moe", "llada2_moe"]
@@ -21,10 +19,6 @@ TOL = {"rtol": 1e-5, "atol": 1e-5}
 
 
 def _build(family: str) -> nn.Module:
-    if family == "llada":
-        model = build_model(tiny_llada_config())
-        model.reset_parameters(generator=torch.Generator().manual_seed(0), std=0.2)  # type: ignore[operator]
-        return model.eval()
     return build_tiny(family)
 
 

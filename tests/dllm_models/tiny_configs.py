@@ -121,9 +121,16 @@ TINY_CONFIGS = {
 
 
 def build_tiny(family: str, seed: int = 0, std: float = 0.2, **overrides: object) -> nn.Module:
-    """A tiny model of `family` with seeded normal(0, std) weights, in eval mode."""
+    """A tiny model of `family` (a TINY_CONFIGS key, or "llada": conftest's tiny LLaDA) with seeded
+    normal(0, std) weights, in eval mode."""
     from dllm_models import build_model
 
-    model = build_model(TINY_CONFIGS[family](**overrides))
+    if family == "llada":
+        from tests.conftest import tiny_llada_config
+
+        raw = tiny_llada_config(**overrides)
+    else:
+        raw = TINY_CONFIGS[family](**overrides)
+    model = build_model(raw)
     model.reset_parameters(generator=torch.Generator().manual_seed(seed), std=std)  # type: ignore[operator]
     return model.eval()

@@ -40,19 +40,10 @@ def test_decoding_leaves_no_reference_cycles(family: str, cache: str | None) -> 
     import gc
 
     from dllm_rollout import generate
-    from tests.dllm_models.tiny_configs import build_tiny
 
-    if family == "llada":
-        from dllm_models import build_model
-        from tests.conftest import tiny_llada_config
-
-        model = build_model(tiny_llada_config())
-        model.reset_parameters(generator=torch.Generator().manual_seed(0), std=0.2)  # type: ignore[operator]
-        model.eval()
-        kwargs: dict[str, object] = {"max_new_tokens": 16, "steps": 8, "block_length": 8}
-    else:
-        model = build_tiny(family)
-        kwargs = {"max_new_tokens": 8, "steps": 4, "block_length": 4}
+    model = tiny(family)
+    kwargs: dict[str, object] = ({"max_new_tokens": 16, "steps": 8, "block_length": 8} if family == "llada" else
+                                 {"max_new_tokens": 8, "steps": 4, "block_length": 4})
     gc.collect()
     gc.disable()
     try:

@@ -21,13 +21,6 @@ def _cuda_model(family: str) -> torch.nn.Module:
         pytest.skip("needs a CUDA device")
     from tests.dllm_models.tiny_configs import build_tiny
 
-    if family == "llada":
-        from dllm_models import build_model
-        from tests.conftest import tiny_llada_config
-
-        model = build_model(tiny_llada_config())
-        model.reset_parameters(generator=torch.Generator().manual_seed(0), std=0.2)  # type: ignore[operator]
-        return model.cuda().eval()
     return build_tiny(family).cuda().eval()
 
 

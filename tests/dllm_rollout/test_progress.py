@@ -11,14 +11,7 @@ from tests.dllm_rollout.conftest import tiny
 
 
 def _poisoned(family: str) -> torch.nn.Module:
-    if family == "llada":
-        from dllm_models import build_model
-        from tests.conftest import tiny_llada_config
-
-        model = build_model(tiny_llada_config())
-        model.reset_parameters(generator=torch.Generator().manual_seed(0), std=0.2)  # type: ignore[operator]
-    else:
-        model = tiny(family)
+    model = tiny(family)
     with torch.no_grad():
         model.get_output_embeddings().weight.fill_(float("nan"))  # type: ignore[operator]
     return model
