@@ -1,4 +1,4 @@
-"""Per-step time of the product's decoders, CUDA graphs on and off, in one process.
+"""Per-step time of the product's decoders, CUDA graphs and the fused sampling kernel on and off, in one process.
 
 What issue #17 measures for decoding, taken from whole `dllm_rollout.decode` calls (the code that
 `dare train` and `dare eval` run, sampling included), never from a loop written here:
@@ -35,7 +35,7 @@ sys.path.insert(0, str(HERE))
 
 from rollout_bench import _model  # noqa: E402
 
-from dllm_rollout import SamplingConfig, decode, fast  # noqa: E402
+from dllm_rollout import SamplingConfig, decode, fast, sampling  # noqa: E402
 from dllm_rollout.block import grid_canvas  # noqa: E402
 from dllm_rollout.fast import block_forward  # noqa: E402
 
@@ -51,21 +51,32 @@ def _wall(fn: Callable[[], Any], device: str) -> float:
     return time.perf_counter() - t0
 
 
+VARIANTS = (("graphs on, fused sampling", True, True), ("graphs on, unfused sampling", True, False),
+            ("graphs off, fused sampling", False, True))
+"""(name, CUDA graphs, fused sampling kernel): the product's default first."""
+
+
 def _decode_both(model: Any, ids: torch.Tensor, mask: torch.Tensor, cfg: SamplingConfig,
                  device: str) -> dict[str, float]:
-    """Decode wall seconds with graphs on and off (each after a warm-up decode), same tokens checked."""
+    """Decode wall seconds of each variant (each after a warm-up decode). Graphs on and off must give
+    the same tokens; the unfused sampling path gives the same tokens up to float32 rounding of
+    its CDF (a rounding flip changes the rest of that row's decode), reported as a fraction."""
     seeds = torch.arange(ids.shape[0])
     out: dict[str, float] = {}
     tokens = {}
-    for graphs in (True, False):
-        fast.CUDA_GRAPHS = graphs
-        decode(model, ids, mask, seeds, cfg)  # warm-up: kernels, autotune, allocator
-        holder: dict[str, Any] = {}
-        out[f"graphs={'on' if graphs else 'off'}"] = _wall(
-            lambda: holder.update(batch=decode(model, ids, mask, seeds, cfg)), device)
-        tokens[graphs] = holder["batch"].response_ids
-    fast.CUDA_GRAPHS = True
-    out["same tokens"] = float(torch.equal(tokens[True], tokens[False]))
+    for name, graphs, fused in VARIANTS:
+        fast.CUDA_GRAPHS, sampling.FUSED_SAMPLING = graphs, fused
+        try:
+            decode(model, ids, mask, seeds, cfg)  # warm-up: kernels, autotune, allocator
+            holder: dict[str, Any] = {}
+            out[name] = _wall(lambda: holder.update(batch=decode(model, ids, mask, seeds, cfg)), device)
+        finally:
+            fast.CUDA_GRAPHS, sampling.FUSED_SAMPLING = True, True
+        tokens[name] = holder["batch"].response_ids
+    first, unfused, eager = (tokens[name] for name, _, _ in VARIANTS)
+    if not torch.equal(first, eager):
+        raise AssertionError("graphs on and off decoded different tokens")
+    out["same tokens fused vs unfused (fraction)"] = float((first == unfused).float().mean())
     return out
 
 
@@ -97,9 +108,10 @@ def main() -> None:
                           for _ in range(3))
         forwards = (r // 4) * (4 + 1)
         rows["sdar"] = {**walls, "forwards": forwards, "prefill s": prefill,
-                        **{f"ms per forward, {k}": 1e3 * v / forwards for k, v in walls.items() if k != "same tokens"},
+                        **{f"ms per forward, {k}": 1e3 * v / forwards
+                           for k, v in walls.items() if not k.startswith("same tokens")},
                         **{f"ms per cached forward (no prefill), {k}": 1e3 * (v - prefill) / forwards
-                           for k, v in walls.items() if k != "same tokens"}}
+                           for k, v in walls.items() if not k.startswith("same tokens")}}
         del sdar
         if device == "cuda":
             torch.cuda.empty_cache()
@@ -118,7 +130,7 @@ def main() -> None:
         dual = blocks * (spb - 1)
         rows["llada"] = {**walls, "full forward s": full, "block starts": blocks, "dual steps": dual,
                          **{f"ms per dual step, {k}": 1e3 * (v - blocks * full) / dual
-                            for k, v in walls.items() if k != "same tokens"}}
+                            for k, v in walls.items() if not k.startswith("same tokens")}}
     print(json.dumps(rows, indent=1))
     out = os.environ.get("OUT")
     if out:

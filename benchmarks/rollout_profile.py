@@ -27,10 +27,10 @@ sys.path.insert(0, str(HERE))
 
 from rollout_bench import _model  # noqa: E402
 
-from dllm_rollout import SamplingConfig, decode  # noqa: E402
+from dllm_rollout import SamplingConfig, decode, sampling  # noqa: E402
 from dllm_rollout.block import grid_canvas  # noqa: E402
 from dllm_rollout.noise import RowNoise  # noqa: E402
-from dllm_rollout.sampling import confidence, propose, select  # noqa: E402
+from dllm_rollout.sampling import propose_scored, select  # noqa: E402
 
 
 def _time(fn: Callable[[], Any], device: str, reps: int = 3) -> float:
@@ -98,20 +98,21 @@ def _parts(model: Any, ids: torch.Tensor, attn: torch.Tensor, pos: torch.Tensor,
         k = torch.ones(b, dtype=torch.long, device=logits.device)
         noise = RowNoise(torch.arange(b), logits.device)
 
-        def sample() -> None:
-            x0, probs, _ = propose(logits, temperature=0.0, top_k=None, top_p=None, noise=noise,
-                                   active=active, mask_id=0)
-            conf = confidence("low_confidence", logits, probs, x0, noise, active)
-            select(conf, still, k)
+        for remasking, temperature, top_k in (("low_confidence", 0.0, None), ("low_confidence", 0.6, None),
+                                              ("maskgit_plus", 1.0, 50)):
+            for fused in (True, False):
+                def sample() -> None:
+                    sampling.FUSED_SAMPLING = fused
+                    try:
+                        _, conf, _ = propose_scored(logits, remasking=remasking, temperature=temperature,
+                                                    top_k=top_k, top_p=None, noise=noise, active=active, mask_id=0)
+                        select(conf, still, k)
+                    finally:
+                        sampling.FUSED_SAMPLING = True
 
-        out[f"{tag} propose+confidence+select (T=0)"] = _time(sample, device)
-
-        def sample_t1() -> None:
-            x0, probs, _ = propose(logits, temperature=1.0, top_k=None, top_p=None, noise=noise,
-                                   active=active, mask_id=0)
-            confidence("low_confidence", logits, probs, x0, noise, active)
-
-        out[f"{tag} propose+confidence (T=1)"] = _time(sample_t1, device)
+                kind = "fused" if fused else "unfused"
+                out[f"{tag} propose_scored+select ({remasking}, T={temperature}, top-k {top_k}, {kind})"] = _time(
+                    sample, device)
 
 
 def main() -> None:

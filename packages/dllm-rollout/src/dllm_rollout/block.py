@@ -31,7 +31,7 @@ from dllm_rollout.masked import transfer_quota
 from dllm_rollout.noise import RowNoise
 from dllm_rollout.progress import check_progress
 from dllm_rollout.record import Recorder
-from dllm_rollout.sampling import confidence, propose, select
+from dllm_rollout.sampling import propose_scored, select
 
 
 def grid_layout(prompt_lengths: torch.Tensor, block_length: int, max_new_tokens: int) -> tuple[int, int, torch.Tensor]:
@@ -137,9 +137,9 @@ def decode_blocks(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
                 logits = cached.logits(start, end)
             else:
                 logits = _recompute_logits(model, canvas, attn, pos, start, end)
-            x0, probs, logp = propose(logits, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
-                                      noise=noise, active=active, mask_id=mask_id)
-            conf = confidence("maskgit_plus", logits, probs, x0, noise, active)
+            x0, conf, logp = propose_scored(logits, remasking="maskgit_plus", temperature=cfg.temperature,
+                                            top_k=cfg.top_k, top_p=cfg.top_p, noise=noise, active=active,
+                                            mask_id=mask_id)
             k = torch.full((b,), quota[step] if step < len(quota) else bl, dtype=torch.long, device=device)
             commit = select(conf, still, k, cfg.threshold) & active[:, None]
             edits = step_edits(x0, conf, canvas[:, start:end], active, mask_id=mask_id, lo=start - r0,

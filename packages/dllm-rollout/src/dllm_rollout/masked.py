@@ -23,7 +23,7 @@ from dllm_rollout.fast import GraphedStep, block_forward, graph_pool, head_colum
 from dllm_rollout.noise import RowNoise
 from dllm_rollout.progress import check_progress
 from dllm_rollout.record import Recorder
-from dllm_rollout.sampling import RAW_CONFIDENCES, confidence, propose, sample_positions, select
+from dllm_rollout.sampling import propose_scored, sample_positions, select
 
 DREAM_EPS = 1e-3
 
@@ -198,10 +198,9 @@ def decode_masked(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
             check_progress(step, spb + bl, start, end, logits)
             logits = block_logits(start, end, step)
             # LLaDA's confidences read the raw logits; Dream's read softmax(filtered)
-            x0, probs, logp = propose(logits, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
-                                      noise=noise, active=active, mask_id=mask_id,
-                                      keep_probs=cfg.remasking not in RAW_CONFIDENCES)
-            conf = confidence(cfg.remasking, logits, probs, x0, noise, active)
+            x0, conf, logp = propose_scored(logits, remasking=cfg.remasking, temperature=cfg.temperature,
+                                            top_k=cfg.top_k, top_p=cfg.top_p, noise=noise, active=active,
+                                            mask_id=mask_id)
             k = _quota(cfg, still, step, spb, quota)
             if cfg.remasking == "origin" and cfg.threshold is None:
                 reveal = float(_dream_ratio(step, spb)) if step < spb - 1 else 1.0

@@ -7,11 +7,18 @@ back to the host, so a step's sampling can run inside a CUDA graph.
 
 from __future__ import annotations
 
+import os
+
 import torch
 
+from dllm_rollout import fused_sampling
 from dllm_rollout.noise import RowNoise
 
 NEG_INF = float("-inf")
+# `propose_scored` runs `fused_sampling.draw` on CUDA (and on CPU under TRITON_INTERPRET=1, for
+# tests); DLLM_ROLLOUT_FUSED_SAMPLING=0 (or setting this to False) keeps the unfused path
+FUSED_SAMPLING = os.environ.get("DLLM_ROLLOUT_FUSED_SAMPLING", "1") != "0"
+_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def filter_logits(logits: torch.Tensor, top_k: int | None, top_p: float | None) -> torch.Tensor:
@@ -103,6 +110,47 @@ def inverse_cdf(probs: torch.Tensor, u: torch.Tensor, *, overwrite: bool = False
 
 
 RAW_CONFIDENCES = ("low_confidence", "random")  # confidences that never read `probs`
+FUSED_CONFIDENCES = ("maskgit_plus", "origin", *RAW_CONFIDENCES)  # confidences `fused_sampling` returns
+
+
+def fuses(logits: torch.Tensor, remasking: str, top_p: float | None) -> bool:
+    """Whether `propose_scored` takes the fused kernel for these logits and settings: on CUDA with
+    Triton, a confidence the kernel returns, and no nucleus filter (it needs a sort)."""
+    return (FUSED_SAMPLING and fused_sampling.HAS_TRITON and (logits.is_cuda or _INTERPRET)
+            and remasking in FUSED_CONFIDENCES and (top_p is None or top_p >= 1.0))
+
+
+def propose_scored(
+    logits: torch.Tensor,
+    *,
+    remasking: str,
+    temperature: float,
+    top_k: int | None,
+    top_p: float | None,
+    noise: RowNoise,
+    active: torch.Tensor,
+    mask_id: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`propose` then `confidence(remasking, ...)`: proposals x0 [B, N], their confidences [B, N] and
+    log-probs [B, N], drawing the same noise in the same order.
+
+    Where `fuses` holds, one Triton kernel (`fused_sampling.draw`) reads the logits twice instead
+    of the dozen [B, N, V] float32 passes of the unfused path; it equals that path up to float32
+    rounding (tested), and the unfused path runs everywhere else.
+    """
+    if not fuses(logits, remasking, top_p):
+        x0, probs, logp = propose(logits, temperature=temperature, top_k=top_k, top_p=top_p, noise=noise,
+                                  active=active, mask_id=mask_id, keep_probs=remasking not in RAW_CONFIDENCES)
+        return x0, confidence(remasking, logits, probs, x0, noise, active), logp
+    shape = tuple(logits.shape[1:-1])
+    u = noise.uniform(shape, active).reshape(-1) if temperature > 0 else None
+    out = fused_sampling.draw(logits.reshape(-1, logits.shape[-1]), u, temperature=temperature, top_k=top_k,
+                              mask_id=mask_id)
+    if remasking == "random":
+        conf = noise.uniform(shape, active)
+    else:
+        conf = (out.raw_prob if remasking == "low_confidence" else out.prob).view(-1, *shape)
+    return out.x0.view(-1, *shape), conf, out.logp.view(-1, *shape)
 
 
 def confidence(
