@@ -96,6 +96,12 @@ def test_rl_recipe_resumes_exactly_on_each_backend(backend: str, tiny_checkpoint
     assert train(resumed, 2) == 0  # the same folder again: resumes after its step-1 checkpoint
     # every step ran on the Ray ranks, and the resumed run only step 2
     assert ray_steps == ([0, 1, 0, 1] if backend == "ray" else [])
+    for ckpt in sorted((resumed / "checkpoints").iterdir()):
+        owner = torch.load(ckpt / "trainer_state.pt", weights_only=False)["owner"]
+        if backend == "ray":  # the ranks wrote their own shards; no optimizer state went through the driver
+            assert (ckpt / "shards" / ".metadata").is_file() and "optimizer" not in owner
+        else:
+            assert not (ckpt / "shards").exists() and owner["optimizer"]["state"]
     assert measured(resumed / "metrics.jsonl") == measured(straight / "metrics.jsonl")  # (without timings)
     assert json.loads((straight / "metrics.jsonl").read_text().splitlines()[1])["kl"] > 0  # a reference at work
     a, b = load_model(straight / "model").state_dict(), load_model(resumed / "model").state_dict()

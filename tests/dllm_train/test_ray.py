@@ -4,6 +4,7 @@ through the same `dllm_train.rl_step` as one process."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,7 +17,12 @@ from tests.tiny_rl import addition_prompts, local_rl, tiny_model
 pytestmark = pytest.mark.ray
 
 
-def test_ray_workflow_runs_rl_steps_and_reports_the_local_metrics(ray_cluster: Any) -> None:
+def _reproducible(metrics: dict[str, float]) -> dict[str, float]:
+    """A step's metrics without wall-clock timings (`*_s`) and peak memory."""
+    return {k: v for k, v in metrics.items() if not (k.endswith("_s") or k == "peak_gib")}
+
+
+def test_ray_workflow_runs_rl_steps_and_reports_the_local_metrics(ray_cluster: Any, tmp_path: Path) -> None:
     from dllm_train import TrainerConfig
     from dllm_train.distributed import DistributedConfig, RayRLWorkflow
     from tests.dllm_train.distributed_helpers import TINY_RL, tiny_rank_setup
@@ -39,9 +45,25 @@ def test_ray_workflow_runs_rl_steps_and_reports_the_local_metrics(ray_cluster: A
             assert report["max_abs_gap"] == 0.0 and len(report["keys"]) == report["num_weights"], report
         wf.pull_weights(driver_model)
         assert any(not torch.equal(before[k], v) for k, v in driver_model.state_dict().items())
-        state = wf.state()  # full optimizer state gathered on rank 0, round-trips through load_state
-        assert state["updates"] == 2 and state["optimizer"]["state"]
+        # checkpoints: the counters through the driver, parameters and optimizer state as the ranks' shards
+        state = wf.state()
+        assert state == {"updates": 2, "skipped": 0}
+        wf.save_shards(tmp_path / "shards")
+        assert (tmp_path / "shards" / ".metadata").is_file()
+        saved = wf.group.call("full_weights")[0]
+        first = wf.step(2)
+        after = wf.group.call("full_weights")[0]
+        assert any(not torch.equal(saved[k], v) for k, v in after.items())
         wf.load_state(state)
+        wf.load_shards(tmp_path / "shards")  # back to the state after step 2, on every rank
+        back = wf.group.call("full_weights")[0]
+        assert all(torch.equal(saved[k], back[k]) for k in saved)
+        for report in wf.group.call("handoff_report"):  # the rollout replicas took the loaded weights
+            assert report["max_abs_gap"] == 0.0, report
+        # the optimizer state came back too: step 3 reruns exactly (its moments decide the update)
+        assert _reproducible(wf.step(2)) == _reproducible(first)
+        again = wf.group.call("full_weights")[0]
+        assert all(torch.equal(after[k], again[k]) for k in after)
     finally:
         wf.shutdown()
 

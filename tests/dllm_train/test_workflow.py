@@ -126,3 +126,58 @@ def test_token_editing_is_refused_where_trajectories_are_replayed() -> None:
     wf = local_rl(tiny_model("sdar"), fast(BGPO()), sampling=editing)  # no trajectory read: allowed
     assert wf.rank.rollout.sampling.editing_threshold == 0.5
     assert wf.rank.consistency_every == 0
+
+
+class _ShardedOwner:
+    """A `ShardedStateful` owner whose 'ranks' write one file per checkpoint into `shards/`."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.value, self.fail, self.loaded_from = 0, fail, None
+
+    def step(self, i: int) -> dict[str, float]:
+        self.value += 1
+        return {"loss": float(i)}
+
+    def state(self) -> dict[str, Any]:
+        return {"counter": self.value}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        self.value = int(state["counter"])
+
+    def save_shards(self, folder: Path) -> None:
+        if self.fail:
+            raise OSError("no space left on device")
+        folder.mkdir()
+        (folder / "rank0.bin").write_text(str(self.value))
+
+    def load_shards(self, folder: Path) -> None:
+        self.loaded_from = folder
+        assert (folder / "rank0.bin").read_text() == str(self.value)
+
+
+def test_a_sharded_owner_writes_its_shards_into_the_checkpoint_and_resumes_from_them(tmp_path: Path) -> None:
+    from dllm_train import ShardedStateful
+
+    owner = _ShardedOwner()
+    assert isinstance(owner, ShardedStateful)
+    Run(tmp_path, tiny_model("llada"), progress=False).run_phase(
+        PhaseSpec(order=0, name="rl", steps=2, step_fn=owner.step, owner=owner))
+    ckpt = tmp_path / "checkpoints" / "0-rl-000002"
+    assert (ckpt / "shards" / "rank0.bin").read_text() == "2"
+    fresh = _ShardedOwner()
+    Run(tmp_path, tiny_model("llada"), progress=False).run_phase(
+        PhaseSpec(order=0, name="rl", steps=3, step_fn=fresh.step, owner=fresh))
+    assert fresh.loaded_from == ckpt / "shards" and fresh.value == 3  # resumed at 2, ran step 3
+    # a plain owner (the local backend) cannot take the ranks' shards
+    wf, model = _d1()
+    with pytest.raises(ValueError, match="trainer.backend=ray"):
+        Run(tmp_path, model, progress=False).run_phase(
+            PhaseSpec(order=0, name="rl", steps=4, step_fn=wf.step, owner=wf))
+
+
+def test_a_failed_shard_write_leaves_no_partial_checkpoint(tmp_path: Path) -> None:
+    owner = _ShardedOwner(fail=True)
+    with pytest.raises(OSError, match="could not write the checkpoint"):
+        Run(tmp_path, tiny_model("llada"), progress=False).run_phase(
+            PhaseSpec(order=0, name="rl", steps=1, step_fn=owner.step, owner=owner))
+    assert list((tmp_path / "checkpoints").iterdir()) == []

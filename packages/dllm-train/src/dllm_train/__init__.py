@@ -35,6 +35,7 @@ from dllm_train.workflow import (
     OffloadedScorer,
     PhaseSpec,
     Run,
+    ShardedStateful,
     resolved_attention,
     set_activation_checkpointing,
 )
@@ -66,6 +67,7 @@ __all__ = [
     "RolloutWorker",
     "Run",
     "SFTConfig",
+    "ShardedStateful",
     "SFTWorker",
     "ScoreCall",
     "Scorer",

@@ -2,7 +2,8 @@
 
 A checkpoint is a folder `checkpoints/<phase>-<step>/` holding the model as a release-layout
 checkpoint (`model/`: config.json + safetensors) and `trainer_state.pt` (optimizer, counters,
-phase results). It is written under a temporary name and renamed into place, so a crash at any
+phase results); a sharded owner (the Ray backend) adds `shards/`, its ranks' own shards of the
+parameters and optimizer state. It is written under a temporary name and renamed into place, so a crash at any
 moment leaves either the previous checkpoint or the new one, never half of one.
 """
 
@@ -12,6 +13,8 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,6 +42,52 @@ def _name(order: int, phase: str, step: int) -> str:
     return f"{order}-{phase}-{step:06d}"
 
 
+SHARDS = "shards"
+"""Folder of a checkpoint holding parameters and optimizer state as every rank's own shards
+(`torch.distributed.checkpoint`), written by a sharded owner (`workflow.ShardedStateful`)."""
+
+
+@contextmanager
+def new_checkpoint(output_dir: Path, *, order: int, phase: str, step: int, keep: int = 2) -> Iterator[Path]:
+    """A checkpoint folder to fill inside the block, made visible atomically when the block ends.
+
+    Inside, the folder has a temporary name (ignored by `list_checkpoints`); at the end it is renamed
+    to `checkpoints/<order>-<phase>-<step>` and only the newest `keep` checkpoints stay. If the
+    block raises, the folder is removed and the previous checkpoints are untouched; a write error
+    (full disk) becomes one `OSError` naming the free space and the fix.
+    """
+    root = output_dir / "checkpoints"
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / _name(order, phase, step)
+    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=root))
+    try:
+        yield tmp
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    except (OSError, RuntimeError, SafetensorError) as err:  # torch.save: RuntimeError; safetensors: its own
+        shutil.rmtree(tmp, ignore_errors=True)
+        free = shutil.disk_usage(root).free / 2**30
+        raise OSError(f"could not write the checkpoint {final} ({type(err).__name__}: {err}); {free:.1f} GiB free "
+                      "there. A checkpoint holds the weights and the optimizer state (AdamW: twice the weights): "
+                      "free disk space or pass --output-dir on a larger disk; the previous checkpoint, if any, "
+                      "is intact and the run resumes from it") from err
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    for old in list_checkpoints(output_dir)[:-keep]:
+        shutil.rmtree(old.path, ignore_errors=True)
+
+
+def write_checkpoint_files(folder: Path, *, model: Any, state: dict[str, Any], tokenizer: Any = None) -> None:
+    """The model (`model/`, release layout) and the trainer state (`trainer_state.pt`) of a checkpoint."""
+    save_model(model, folder / "model", tokenizer=tokenizer)
+    with open(folder / "trainer_state.pt", "wb") as fh:
+        torch.save(state, fh)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
 def save_checkpoint(
     output_dir: Path, *, order: int, phase: str, step: int, model: Any, state: dict[str, Any],
     tokenizer: Any = None, keep: int = 2,
@@ -55,32 +104,9 @@ def save_checkpoint(
         tokenizer: optional tokenizer saved with the model.
         keep: number of checkpoints kept.
     """
-    root = output_dir / "checkpoints"
-    root.mkdir(parents=True, exist_ok=True)
-    final = root / _name(order, phase, step)
-    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=root))
-    try:
-        save_model(model, tmp / "model", tokenizer=tokenizer)
-        with open(tmp / "trainer_state.pt", "wb") as fh:
-            torch.save(state, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-    except (OSError, RuntimeError, SafetensorError) as err:  # torch.save: RuntimeError; safetensors: its own
-        shutil.rmtree(tmp, ignore_errors=True)
-        free = shutil.disk_usage(root).free / 2**30
-        raise OSError(f"could not write the checkpoint {final} ({type(err).__name__}: {err}); {free:.1f} GiB free "
-                      "there. A checkpoint holds the weights and the optimizer state (AdamW: twice the weights): "
-                      "free disk space or pass --output-dir on a larger disk; the previous checkpoint, if any, "
-                      "is intact and the run resumes from it") from err
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    for old in list_checkpoints(output_dir)[:-keep]:
-        shutil.rmtree(old.path, ignore_errors=True)
-    return final
+    with new_checkpoint(output_dir, order=order, phase=phase, step=step, keep=keep) as folder:
+        write_checkpoint_files(folder, model=model, state=state, tokenizer=tokenizer)
+    return output_dir / "checkpoints" / _name(order, phase, step)
 
 
 def list_checkpoints(output_dir: Path) -> list[CheckpointRef]:

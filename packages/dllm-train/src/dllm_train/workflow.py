@@ -12,7 +12,7 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from tqdm import tqdm
@@ -20,7 +20,7 @@ from tqdm import tqdm
 from dllm_models import BaseWeightsView, has_adapters
 from dllm_rollout import SamplingConfig
 from dllm_train.algorithm import RLAlgorithm
-from dllm_train.checkpointing import latest_checkpoint, load_checkpoint, save_checkpoint
+from dllm_train.checkpointing import SHARDS, latest_checkpoint, load_checkpoint, new_checkpoint, write_checkpoint_files
 from dllm_train.config import OptimConfig, TrainerConfig
 from dllm_train.likelihood import Scorer
 from dllm_train.metrics import MetricsWriter, format_line, read_metrics
@@ -35,6 +35,19 @@ class Stateful(Protocol):
     def state(self) -> dict[str, Any]: ...
 
     def load_state(self, state: dict[str, Any]) -> None: ...
+
+
+@runtime_checkable
+class ShardedStateful(Protocol):
+    """An owner whose parameters and optimizer state live sharded over ranks (the Ray backend).
+
+    Its ranks write their own shards into a checkpoint's `shards/` folder and read them back, so
+    nothing is gathered into one process: `state()` then holds only the small rest (counters).
+    """
+
+    def save_shards(self, folder: Path) -> None: ...
+
+    def load_shards(self, folder: Path) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -114,13 +127,24 @@ class Run:
             return 0
         if self.latest.order > spec.order or self.latest.step >= spec.steps:
             return None
+        shards = self.latest.path / SHARDS
+        sharded = isinstance(spec.owner, ShardedStateful)
+        if shards.is_dir() and not sharded:
+            raise ValueError(f"the checkpoint {self.latest.path} keeps its optimizer state as Ray ranks' shards "
+                             f"({SHARDS}/); resume it with trainer.backend=ray, or start a new --output-dir")
         spec.owner.load_state(self.state["owner"])
+        if sharded and shards.is_dir():
+            assert isinstance(spec.owner, ShardedStateful)
+            spec.owner.load_shards(shards)
         return self.latest.step
 
     def _save(self, spec: PhaseSpec, step: int) -> None:
-        state = {"owner": spec.owner.state(), "results": self.results}
-        save_checkpoint(self.output_dir, order=spec.order, phase=spec.name, step=step,
-                        model=self.model, state=state, tokenizer=self.tokenizer, keep=self.keep_checkpoints)
+        with new_checkpoint(self.output_dir, order=spec.order, phase=spec.name, step=step,
+                            keep=self.keep_checkpoints) as folder:
+            if isinstance(spec.owner, ShardedStateful):
+                spec.owner.save_shards(folder / SHARDS)
+            state = {"owner": spec.owner.state(), "results": self.results}
+            write_checkpoint_files(folder, model=self.model, state=state, tokenizer=self.tokenizer)
 
     def run_phase(self, spec: PhaseSpec) -> None:
         start = self._start(spec)

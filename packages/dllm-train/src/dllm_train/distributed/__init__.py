@@ -8,6 +8,8 @@ from dllm_train.distributed.fsdp import (
     init_process_group,
     load_full_optimizer_state,
     load_full_state_dict,
+    load_sharded_state,
+    save_sharded_state,
     shard_model,
     trainable_state_dict,
 )
@@ -44,6 +46,8 @@ __all__ = [
     "init_process_group",
     "load_full_optimizer_state",
     "load_full_state_dict",
+    "load_sharded_state",
+    "save_sharded_state",
     "lockstep_passes",
     "map_tensors",
     "select_rows",

@@ -22,8 +22,10 @@ from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
     get_optimizer_state_dict,
+    get_state_dict,
     set_model_state_dict,
     set_optimizer_state_dict,
+    set_state_dict,
 )
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -158,6 +160,29 @@ def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> 
                                     options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
+def save_sharded_state(model: nn.Module, optimizer: torch.optim.Optimizer, folder: str) -> None:
+    """Write this rank's shards of the parameters (FSDP2's own, e.g. float32 masters) and of the
+    optimizer state to `folder` (`torch.distributed.checkpoint`); a collective.
+
+    Nothing is gathered: every rank writes its own files in parallel, a tensor at a time, so
+    neither host memory nor any one process holds the full optimizer state (64 GB of AdamW
+    moments at 8B). `folder` must be one folder that every rank can reach.
+    """
+    from torch.distributed.checkpoint.state_dict_saver import save
+
+    model_state, optim_state = get_state_dict(model, optimizer)
+    save({"model": model_state, "optimizer": optim_state}, checkpoint_id=folder)
+
+
+def load_sharded_state(model: nn.Module, optimizer: torch.optim.Optimizer, folder: str) -> None:
+    """Inverse of `save_sharded_state` (any number of ranks: DCP reshards); a collective."""
+    from torch.distributed.checkpoint.state_dict_loader import load
+
+    model_state, optim_state = get_state_dict(model, optimizer)
+    load({"model": model_state, "optimizer": optim_state}, checkpoint_id=folder)  # in place
+    set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optim_state)
+
+
 def load_full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer,
                               state: dict[str, Any]) -> None:
     """Load rank 0's full optimizer state into every rank's shard."""
@@ -174,6 +199,8 @@ __all__ = [
     "init_process_group",
     "load_full_optimizer_state",
     "load_full_state_dict",
+    "load_sharded_state",
+    "save_sharded_state",
     "shard_model",
     "trainable_state_dict",
     "transformer_blocks",

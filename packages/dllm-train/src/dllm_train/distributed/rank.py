@@ -37,11 +37,12 @@ from dllm_train.algorithm import RLAlgorithm
 from dllm_train.config import OptimConfig, TrainerConfig
 from dllm_train.distributed.fsdp import (
     broadcast_parameters,
-    full_optimizer_state,
     full_state_dict,
     handoff_state_dict,
     load_full_optimizer_state,
     load_full_state_dict,
+    load_sharded_state,
+    save_sharded_state,
     shard_model,
 )
 from dllm_train.distributed.parallel_dims import ParallelDims, sequence_parallel_group
@@ -208,15 +209,26 @@ class RankWorker:
         return full_state_dict(self.model, cpu=True)
 
     def state(self) -> dict[str, Any]:
-        """Optimizer state gathered on rank 0 plus the update counters; a collective."""
-        return {"optimizer": full_optimizer_state(self.model, self.actor.optimizer),
-                "updates": self.actor.updates, "skipped": self.actor.skipped}
+        """The update counters (parameters and optimizer state go to `save_shards`)."""
+        return {"updates": self.actor.updates, "skipped": self.actor.skipped}
 
     def load_state(self, state: dict[str, Any]) -> None:
-        """Inverse of `state` (rank 0's optimizer state is broadcast); a collective."""
-        load_full_optimizer_state(self.model, self.actor.optimizer, state["optimizer"])
+        """Inverse of `state`. A state holding "optimizer" (rank 0's full optimizer state, as
+        checkpoints written before sharded checkpoints hold it) is broadcast: a collective then."""
+        if "optimizer" in state:
+            load_full_optimizer_state(self.model, self.actor.optimizer, state["optimizer"])
         self.actor.updates = int(state["updates"])
         self.actor.skipped = int(state["skipped"])
+
+    def save_shards(self, folder: str) -> None:
+        """Write this rank's shards of the actor's parameters and optimizer state into `folder`
+        (`fsdp.save_sharded_state`: nothing gathered); a collective."""
+        save_sharded_state(self.model, self.actor.optimizer, folder)
+
+    def load_shards(self, folder: str) -> None:
+        """Inverse of `save_shards`, then the rollout replica takes the loaded weights; a collective."""
+        load_sharded_state(self.model, self.actor.optimizer, folder)
+        self.rollout.load_weights(full_state_dict(self.model))
 
 
 def _frozen_copy(model: Any) -> Any:

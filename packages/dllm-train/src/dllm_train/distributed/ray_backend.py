@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -253,16 +254,31 @@ class RayRLWorkflow:
         model.load_state_dict(full)
 
     def state(self) -> dict[str, Any]:
-        """Optimizer state (full, from rank 0) and counters, for `Run` checkpoints."""
+        """The ranks' update counters, for `Run` checkpoints; the parameters and optimizer state
+        are written by the ranks themselves (`save_shards`)."""
         out: dict[str, Any] = self.group.call("state")[0]
         return out
 
+    def save_shards(self, folder: Path) -> None:
+        """Every rank writes its shards of the actor's parameters (FSDP2's float32 masters under
+        mixed precision) and optimizer state into `folder` (a checkpoint's `shards/`, on a path
+        every rank reaches). Nothing travels through the driver: gathering the full AdamW state on
+        rank 0 and shipping it through Ray needed three copies of it in host memory (64 GB each at
+        8B), which is what killed the first 8B run's final save."""
+        self.group.call("save_shards", [(str(folder),) for _ in range(self.dist.num_workers)])
+
+    def load_shards(self, folder: Path) -> None:
+        """Inverse of `save_shards`: the ranks' actors, optimizers and rollout replicas resume exactly
+        (the references stay the initial policy)."""
+        self.group.call("load_shards", [(str(folder),) for _ in range(self.dist.num_workers)])
+
     def load_state(self, state: dict[str, Any]) -> None:
-        """Inverse of `state`. With a driver model, the ranks' actors and rollout replicas first take
-        its weights: a resuming `Run` has loaded the checkpoint's weights into it, as it does into
-        the local actor's own model (the ranks' references stay the initial policy)."""
+        """Inverse of `state`; `Run` then calls `load_shards`. A state holding "optimizer" comes from a
+        checkpoint without shards (written before them): with a driver model, the ranks' actors and
+        rollout replicas first take its weights (a resuming `Run` has loaded the checkpoint's weights
+        into it), then rank 0's full optimizer state is broadcast."""
         n = self.dist.num_workers
-        if self.driver_model is not None:
+        if "optimizer" in state and self.driver_model is not None:
             weights = {k: v.detach().cpu() for k, v in self.driver_model.state_dict().items()}
             self.group.call("load_weights", [(weights if r == 0 else {},) for r in range(n)])
         self.group.call("load_state", [(state,) for _ in range(n)])
