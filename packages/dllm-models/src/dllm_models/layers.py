@@ -14,9 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dllm_models import kernels as _kernels
-from dllm_models.kernels import HAS_TRITON
-
-_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+from dllm_models.kernels import runs_on
 
 
 @dataclass(frozen=True)
@@ -34,7 +32,7 @@ class KernelConfig:
 
     def use_fused(self, x: torch.Tensor) -> bool:
         """Whether an op on `x` takes the fused path."""
-        return self.fused and HAS_TRITON and (x.is_cuda or (_INTERPRET and x.device.type == "cpu"))
+        return self.fused and runs_on(x)
 
 
 PLAIN = KernelConfig(fused=False)

@@ -25,13 +25,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-try:
-    import triton  # type: ignore[import-untyped,unused-ignore]
-    import triton.language as tl  # type: ignore[import-untyped,unused-ignore]
-
-    HAS_TRITON = True
-except ImportError:  # pragma: no cover - Triton ships with CUDA torch builds
-    HAS_TRITON = False
+from dllm_models.kernels import HAS_TRITON
 
 BLOCK_V = 4096
 
@@ -54,6 +48,8 @@ class Draw(NamedTuple):
 
 
 if HAS_TRITON:
+    import triton  # type: ignore[import-untyped,unused-ignore]
+    import triton.language as tl  # type: ignore[import-untyped,unused-ignore]
 
     @triton.jit  # type: ignore[untyped-decorator,unused-ignore]
     def _draw_kernel(  # type: ignore[no-untyped-def]

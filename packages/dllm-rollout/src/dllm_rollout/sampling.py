@@ -11,6 +11,7 @@ import os
 
 import torch
 
+from dllm_models.kernels import runs_on
 from dllm_rollout import fused_sampling
 from dllm_rollout.noise import RowNoise
 
@@ -18,7 +19,6 @@ NEG_INF = float("-inf")
 # `propose_scored` runs `fused_sampling.draw` on CUDA (and on CPU under TRITON_INTERPRET=1, for
 # tests); DLLM_ROLLOUT_FUSED_SAMPLING=0 (or setting this to False) keeps the unfused path
 FUSED_SAMPLING = os.environ.get("DLLM_ROLLOUT_FUSED_SAMPLING", "1") != "0"
-_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def filter_logits(logits: torch.Tensor, top_k: int | None, top_p: float | None) -> torch.Tensor:
@@ -116,8 +116,8 @@ FUSED_CONFIDENCES = ("maskgit_plus", "origin", *RAW_CONFIDENCES)  # confidences 
 def fuses(logits: torch.Tensor, remasking: str, top_p: float | None) -> bool:
     """Whether `propose_scored` takes the fused kernel for these logits and settings: on CUDA with
     Triton, a confidence the kernel returns, and no nucleus filter (it needs a sort)."""
-    return (FUSED_SAMPLING and fused_sampling.HAS_TRITON and (logits.is_cuda or _INTERPRET)
-            and remasking in FUSED_CONFIDENCES and (top_p is None or top_p >= 1.0))
+    return (FUSED_SAMPLING and runs_on(logits) and remasking in FUSED_CONFIDENCES
+            and (top_p is None or top_p >= 1.0))
 
 
 def propose_scored(
@@ -146,11 +146,12 @@ def propose_scored(
     u = noise.uniform(shape, active).reshape(-1) if temperature > 0 else None
     out = fused_sampling.draw(logits.reshape(-1, logits.shape[-1]), u, temperature=temperature, top_k=top_k,
                               mask_id=mask_id)
-    if remasking == "random":
-        conf = noise.uniform(shape, active)
+    x0 = out.x0.view(-1, *shape)
+    if remasking == "random":  # its own noise, drawn after the proposals' as in the unfused path
+        conf = confidence(remasking, logits, None, x0, noise, active)
     else:
         conf = (out.raw_prob if remasking == "low_confidence" else out.prob).view(-1, *shape)
-    return out.x0.view(-1, *shape), conf, out.logp.view(-1, *shape)
+    return x0, conf, out.logp.view(-1, *shape)
 
 
 def confidence(

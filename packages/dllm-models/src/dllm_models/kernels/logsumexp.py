@@ -8,6 +8,7 @@ Set TRITON_INTERPRET=1 before importing to run them on CPU (tests).
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -21,6 +22,13 @@ except ImportError:  # pragma: no cover - Triton ships with CUDA torch builds
     HAS_TRITON = False
 
 _BLOCK_V = 4096
+_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def runs_on(x: torch.Tensor) -> bool:
+    """Whether a Triton kernel can run on `x`: a CUDA tensor with Triton installed, or a CPU tensor
+    under TRITON_INTERPRET=1 (the interpreter, for tests)."""
+    return HAS_TRITON and (x.is_cuda or (_INTERPRET and x.device.type == "cpu"))
 
 
 if HAS_TRITON:
