@@ -38,8 +38,8 @@ class CheckpointRef:
     step: int
 
 
-def _name(order: int, phase: str, step: int) -> str:
-    return f"{order}-{phase}-{step:06d}"
+def _path(output_dir: Path, order: int, phase: str, step: int) -> Path:
+    return output_dir / "checkpoints" / f"{order}-{phase}-{step:06d}"
 
 
 SHARDS = "shards"
@@ -56,9 +56,9 @@ def new_checkpoint(output_dir: Path, *, order: int, phase: str, step: int, keep:
     block raises, the folder is removed and the previous checkpoints are untouched; a write error
     (full disk) becomes one `OSError` naming the free space and the fix.
     """
-    root = output_dir / "checkpoints"
+    final = _path(output_dir, order, phase, step)
+    root = final.parent
     root.mkdir(parents=True, exist_ok=True)
-    final = root / _name(order, phase, step)
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=root))
     try:
         yield tmp
@@ -106,7 +106,7 @@ def save_checkpoint(
     """
     with new_checkpoint(output_dir, order=order, phase=phase, step=step, keep=keep) as folder:
         write_checkpoint_files(folder, model=model, state=state, tokenizer=tokenizer)
-    return output_dir / "checkpoints" / _name(order, phase, step)
+    return _path(output_dir, order, phase, step)
 
 
 def list_checkpoints(output_dir: Path) -> list[CheckpointRef]:

@@ -127,15 +127,13 @@ class Run:
             return 0
         if self.latest.order > spec.order or self.latest.step >= spec.steps:
             return None
-        shards = self.latest.path / SHARDS
-        sharded = isinstance(spec.owner, ShardedStateful)
-        if shards.is_dir() and not sharded:
+        owner, shards = spec.owner, self.latest.path / SHARDS
+        if shards.is_dir() and not isinstance(owner, ShardedStateful):
             raise ValueError(f"the checkpoint {self.latest.path} keeps its optimizer state as Ray ranks' shards "
                              f"({SHARDS}/); resume it with trainer.backend=ray, or start a new --output-dir")
-        spec.owner.load_state(self.state["owner"])
-        if sharded and shards.is_dir():
-            assert isinstance(spec.owner, ShardedStateful)
-            spec.owner.load_shards(shards)
+        owner.load_state(self.state["owner"])
+        if isinstance(owner, ShardedStateful) and shards.is_dir():
+            owner.load_shards(shards)
         return self.latest.step
 
     def _save(self, spec: PhaseSpec, step: int) -> None:
