@@ -83,5 +83,11 @@ def fast(algorithm: RLAlgorithm[Any]) -> RLAlgorithm[Any]:
     return dataclasses.replace(algorithm, **small.get(type(algorithm).__name__, {}))  # type: ignore[type-var]
 
 
-__all__ = ["FAMILIES", "SAMPLING", "TOK", "addition_prompts", "fast", "local_rl", "partial_reward", "special_ids", "text_reward",
+def reproducible(record: dict[str, Any]) -> dict[str, Any]:
+    """A step's metrics without what a rerun cannot reproduce: wall-clock timings (`*_s`: rollout_s,
+    old_s, reference_s, update_s) and peak memory (`peak_gib`)."""
+    return {k: v for k, v in record.items() if not (k.endswith("_s") or k == "peak_gib")}
+
+
+__all__ = ["FAMILIES", "SAMPLING", "TOK", "addition_prompts", "fast", "local_rl", "partial_reward", "reproducible", "special_ids", "text_reward",
            "tiny_model"]

@@ -9,6 +9,7 @@ from typing import Any
 from dare.config import RunConfig, apply_overrides
 from dare.recipes import quickstart
 from dare.tasks.addition import AdditionConfig, AdditionTask, build_tokenizer
+from tests.tiny_rl import reproducible
 
 TINY = [
     "model.d_model=32", "model.n_layers=1", "model.n_heads=2", "model.mlp_hidden_size=64",
@@ -29,10 +30,8 @@ def tiny_config(*extra: str) -> RunConfig:
 
 
 def measured(path: Path) -> list[dict[str, Any]]:
-    """The records of a metrics.jsonl without what a rerun cannot reproduce: wall-clock timings
-    (`*_s`: rollout_s, old_s, reference_s, update_s) and peak memory (`peak_gib`)."""
-    records = [json.loads(line) for line in path.read_text().splitlines()]
-    return [{k: v for k, v in r.items() if not (k.endswith("_s") or k == "peak_gib")} for r in records]
+    """The records of a metrics.jsonl without what a rerun cannot reproduce (`tiny_rl.reproducible`)."""
+    return [reproducible(json.loads(line)) for line in path.read_text().splitlines()]
 
 
 __all__ = ["TASK", "TINY", "measured", "tiny_config"]

@@ -12,14 +12,9 @@ import torch
 
 from dllm_algorithms import BGPO, CJGRPO, D1, DMPO, EBPO, ESPO, MDPO, SPG, CoupledGRPO, DTreeRPO, JustGRPO
 from dllm_train import RLAlgorithm
-from tests.tiny_rl import addition_prompts, local_rl, tiny_model
+from tests.tiny_rl import addition_prompts, local_rl, reproducible, tiny_model
 
 pytestmark = pytest.mark.ray
-
-
-def _reproducible(metrics: dict[str, float]) -> dict[str, float]:
-    """A step's metrics without wall-clock timings (`*_s`) and peak memory."""
-    return {k: v for k, v in metrics.items() if not (k.endswith("_s") or k == "peak_gib")}
 
 
 def test_ray_workflow_runs_rl_steps_and_reports_the_local_metrics(ray_cluster: Any, tmp_path: Path) -> None:
@@ -61,7 +56,7 @@ def test_ray_workflow_runs_rl_steps_and_reports_the_local_metrics(ray_cluster: A
         for report in wf.group.call("handoff_report"):  # the rollout replicas took the loaded weights
             assert report["max_abs_gap"] == 0.0, report
         # the optimizer state came back too: step 3 reruns exactly (its moments decide the update)
-        assert _reproducible(wf.step(2)) == _reproducible(first)
+        assert reproducible(wf.step(2)) == reproducible(first)
         again = wf.group.call("full_weights")[0]
         assert all(torch.equal(after[k], again[k]) for k in after)
     finally:

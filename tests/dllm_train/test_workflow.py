@@ -13,7 +13,7 @@ import torch
 from dllm_algorithms import BGPO, CJGRPO, D1
 from dllm_rollout import SamplingConfig
 from dllm_train import LocalRL, PhaseSpec, Run, check_settings, read_metrics
-from tests.tiny_rl import SAMPLING, fast, local_rl, tiny_model
+from tests.tiny_rl import SAMPLING, fast, local_rl, reproducible, tiny_model
 
 
 def _params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -83,12 +83,7 @@ def test_resume_continues_exactly_like_an_uninterrupted_run(tmp_path: Path) -> N
     resumed = _run_rl(tmp_path / "b", steps=6, save_every=0)
     assert [r["step"] for r in resumed] == [1, 2, 3, 4, 5, 6]
     for x, y in zip(straight, resumed):
-        assert _measured(x) == _measured(y)
-
-
-def _measured(record: dict[str, Any]) -> dict[str, Any]:
-    """A metrics record without its wall-clock timings (`*_s`) and peak memory (`peak_gib`)."""
-    return {k: v for k, v in record.items() if not (k.endswith("_s") or k == "peak_gib")}
+        assert reproducible(x) == reproducible(y)
 
 
 def test_consistency_metric_is_reported_and_exact_without_cache() -> None:
