@@ -86,7 +86,7 @@ def test_outputs_and_manifest(tmp_path: Path) -> None:
     assert manifest["seed"] == 7 and manifest["preset"] == "d1"
     assert manifest["reward_mode"] == "d1" and manifest["assistant_prefill"] == "<reasoning>"
     assert len(manifest["prompt_template_hash"]) == 64
-    assert len(manifest["weights_sha256"]) == 64
+    assert manifest["weights_fingerprint"].startswith("mix32-v1:") and len(manifest["weights_fingerprint"]) == 73
     assert manifest["packages"]["dllm-eval"] is not None
     assert "skip_special_tokens=False" in manifest["eos_handling"] and manifest["instruction"]
     assert json.loads(lines[0])["response"].endswith("<eos>")  # d1 decodes every token
@@ -99,7 +99,7 @@ def test_prompt_hash_changes_with_preset(tmp_path: Path) -> None:
     a = run_benchmark(None, CharTokenizer(), "gsm8k", limit=2, generate_fn=gen)
     b = run_benchmark(None, CharTokenizer(), "gsm8k", preset="d1", limit=2, generate_fn=gen)
     assert a.manifest["prompt_template_hash"] != b.manifest["prompt_template_hash"]
-    assert a.manifest["weights_sha256"] is None and a.accuracy == 0.0
+    assert a.manifest["weights_fingerprint"] is None and a.accuracy == 0.0
 
 
 def test_d1_prompt_is_template_plus_prefill() -> None:

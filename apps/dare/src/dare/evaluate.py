@@ -13,12 +13,72 @@ import torch
 logger = logging.getLogger(__name__)
 
 
+def catalogue() -> str:
+    """`dare eval --list`: every benchmark and preset, one line each with what it is."""
+    from dllm_eval import BENCHMARKS, PRESETS
+
+    lines = ["benchmarks:"]
+    lines += [f"  {b.name:16s} {b.group:7s} {b.summary}" for b in BENCHMARKS.values()]
+    lines += ["", "presets (--preset):"]
+    lines += [f"  {p.name:16s} {p.summary}" for p in PRESETS.values()]
+    return "\n".join(lines)
+
+
+class _ListAction(argparse.Action):
+    """`--list`: print the catalogue and exit, before the checkpoint argument is required."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
+                 option_string: str | None = None) -> None:
+        print(catalogue())
+        parser.exit(0)
+
+
+def _names(text: str) -> list[str]:
+    return [n.strip() for n in text.split(",") if n.strip()]
+
+
+def check_eval_args(args: argparse.Namespace) -> None:
+    """Raise `ValueError` for any bad `dare eval` argument, before a model is loaded: benchmarks,
+    presets, reward modes (with "did you mean" for a near miss), `--limit`, `--batch-size` and
+    the decoding overrides."""
+    from dllm_eval import REWARD_MODES, get_benchmark, get_preset
+    from dllm_eval.presets import did_you_mean
+
+    if not _names(args.benchmarks):
+        raise ValueError("--benchmarks is empty; pass names such as --benchmarks gsm8k,math500 (see dare eval --list)")
+    if not _names(args.preset):
+        raise ValueError("--preset is empty; pass one such as --preset dare_local (see dare eval --list)")
+    for name in _names(args.benchmarks):
+        try:
+            get_benchmark(name)
+        except ValueError as err:
+            raise ValueError(f"--benchmarks: {err}") from None
+    for name in _names(args.preset):
+        try:
+            get_preset(name)
+        except ValueError as err:
+            raise ValueError(f"--preset: {err}") from None
+    for mode in _names(args.reward_mode or ""):
+        if mode not in REWARD_MODES:
+            raise ValueError(f"--reward-mode {mode!r} unknown{did_you_mean(mode, REWARD_MODES)}; "
+                             f"valid: {sorted(REWARD_MODES)}")
+    for flag, value in (("--limit", args.limit), ("--batch-size", args.batch_size),
+                        ("--max-new-tokens", args.max_new_tokens), ("--steps", args.steps),
+                        ("--block-length", args.block_length)):
+        if value is not None and value < 1:
+            raise ValueError(f"{flag} must be >= 1, got {value}" + (
+                " (leave --limit out to evaluate every row)" if flag == "--limit" else ""))
+
+
 def add_eval_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("eval", help="evaluate a checkpoint on benchmarks")
     p.add_argument("checkpoint", help="checkpoint folder (config.json, safetensors, tokenizer files)")
-    p.add_argument("--benchmarks", default="gsm8k", help="comma-separated names (see dllm_eval.BENCHMARKS)")
+    p.add_argument("--list", action=_ListAction, nargs=0, help="list the benchmarks and presets, then exit")
+    p.add_argument("--adapter", default=None,
+                   help="a LoRA adapter folder in PEFT's format (a LoRA run's adapter/) applied to the checkpoint")
+    p.add_argument("--benchmarks", default="gsm8k", help="comma-separated names (see dare eval --list)")
     p.add_argument("--preset", default="dare_local",
-                   help="protocol preset(s), comma-separated to compare protocols side by side (see dllm_eval.PRESETS)")
+                   help="protocol preset(s), comma-separated to compare protocols side by side (see dare eval --list)")
     p.add_argument("--reward-mode", default=None,
                    help="reward table(s), comma-separated to report them side by side: default (ours), "
                         "dare (DARE's verl rules), d1 (d1's parsers); default: each preset's own")
@@ -37,29 +97,37 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 
 def run_eval(args: argparse.Namespace) -> int:
+    check_eval_args(args)  # before anything is loaded
     out = Path(args.output_dir) if args.output_dir else Path("runs") / f"eval-{time.strftime('%Y%m%d-%H%M%S')}"
-    names = [b.strip() for b in args.benchmarks.split(",") if b.strip()]
+    names = _names(args.benchmarks)
     if args.batch_size is None:
         args.batch_size = 64 if str(args.device).startswith("cuda") else 8
-    if args.batch_size < 1:
-        raise SystemExit(f"dare eval: --batch-size must be >= 1, got {args.batch_size}")
-    presets = [p.strip() for p in args.preset.split(",") if p.strip()]
-    modes = [m.strip() for m in (args.reward_mode or "").split(",") if m.strip()]
+    presets = _names(args.preset)
+    modes = _names(args.reward_mode or "")
+    if args.adapter is not None and args.harness != "native":
+        raise ValueError("--adapter works with the native harness only; drop --harness opencompass")
     if args.harness == "opencompass":
         from dllm_eval.opencompass.driver import run_opencompass
 
         return run_opencompass(args.checkpoint, names, preset=presets, limit=args.limit, output_dir=out)
-    from dllm_eval import (REWARD_MODES, get_benchmark, get_preset, infer_family, render_table, rescore,
-                           run_benchmark, write_result)
+    from dllm_eval import (get_benchmark, get_preset, infer_family, render_table, rescore, run_benchmark,
+                           weights_fingerprint, write_result)
     from dllm_eval.presets import for_model
     from dllm_models import load_model, load_tokenizer
 
-    unknown = [m for m in modes if m not in REWARD_MODES]
-    if unknown:
-        raise ValueError(f"--reward-mode {','.join(unknown)} unknown; valid: {sorted(REWARD_MODES)}")
+    if args.adapter is not None:
+        from dllm_models.lora import check_peft_adapter
+
+        check_peft_adapter(args.adapter)
     model = load_model(args.checkpoint, dtype=args.dtype, device=args.device)
+    if args.adapter is not None:
+        from dllm_models.lora import load_peft_adapter
+
+        model = load_peft_adapter(model, args.adapter)
     tokenizer = load_tokenizer(args.checkpoint)
     family = infer_family(model)
+    fingerprint = weights_fingerprint(model)  # once per model, on its device: every benchmark's manifest
+    extra = {"adapter": str(args.adapter)} if args.adapter is not None else {}
     results = []
     for preset_name, name in [(p, n) for p in presets for n in names]:
         preset = get_preset(preset_name)
@@ -78,7 +146,11 @@ def run_eval(args: argparse.Namespace) -> int:
         sub = out / name if len(presets) == 1 else out / preset_name / name
         result = run_benchmark(model, tokenizer, bench, preset=preset, batch_size=args.batch_size,
                                limit=args.limit, seed=args.seed, output_dir=sub, decoding=decoding,
-                               reward_mode=modes[0] if modes else None, family=family)
+                               reward_mode=modes[0] if modes else None, family=family,
+                               fingerprint=fingerprint)
+        if extra:
+            result.manifest.update(extra)
+            write_result(sub, result)
         logger.info("%s: %d samples in %.1f s", name, len(result.samples), time.perf_counter() - t0)
         results.append(result)
         for mode in modes[1:]:  # same responses, another reward table

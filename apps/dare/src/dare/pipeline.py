@@ -122,12 +122,15 @@ def validator(cfg: RunConfig, model: Any, tokenizer: Any) -> Callable[[], dict[s
 
 def finish(cfg: RunConfig, output_dir: Path, run: Run, model: Any, tokenizer: Any, *, steps: int,
            curves: Sequence[str], t0: float) -> dict[str, Any]:
-    """Export `model/` (LoRA adapters merged into a copy), plot the curves, write summary.json."""
+    """Export `model/` (LoRA adapters merged into a copy, and alone in PEFT's format under
+    `adapter/`), plot the curves, write summary.json."""
     run.close()
     export = model
-    if need(cfg.checkpoint, "checkpoint").lora_rank:
-        from dllm_models.lora import merge_lora
+    ckpt = need(cfg.checkpoint, "checkpoint")
+    if ckpt.lora_rank:
+        from dllm_models.lora import merge_lora, save_peft_adapter
 
+        save_peft_adapter(model, output_dir / "adapter", base_model=ckpt.checkpoint)
         export = merge_lora(copy.deepcopy(model))
     save_model(export, output_dir / "model", tokenizer=tokenizer)
     records = read_metrics(output_dir / "metrics.jsonl")

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from dllm_eval.data import Message, Row, load_rows
-from dllm_eval.presets import DecodingSettings, Preset, get_preset
+from dllm_eval.presets import DecodingSettings, Preset, did_you_mean, get_preset
 from dllm_eval.rewards import RewardResult, compute_reward
 
 __all__ = ["BENCHMARKS", "Benchmark", "get_benchmark"]
@@ -24,12 +24,14 @@ class Benchmark:
         data_source: reward router key (:data:`dllm_eval.REWARDS`).
         group: decoding group in presets (``math``, ``code`` or ``puzzle``).
         licence: licence of the underlying data.
+        summary: one line saying what the benchmark asks (for ``dare eval --list``).
     """
 
     name: str
     data_source: str
     group: Group
     licence: str
+    summary: str = ""
 
     def __post_init__(self) -> None:
         if self.group not in ("math", "code", "puzzle"):
@@ -108,19 +110,28 @@ _MIT = "MIT"
 BENCHMARKS: dict[str, Benchmark] = {
     b.name: b
     for b in (
-        Benchmark(name="gsm8k", data_source="gsm8k", group="math", licence=_MIT),
-        Benchmark(name="math500", data_source="math500", group="math", licence=_MIT),
+        Benchmark(name="gsm8k", data_source="gsm8k", group="math", licence=_MIT,
+                  summary="grade-school math word problems (GSM8K test split)"),
+        Benchmark(name="math500", data_source="math500", group="math", licence=_MIT,
+                  summary="competition math, 500 problems of the MATH test set"),
         Benchmark(name="aime2024", data_source="aime2024", group="math",
-                  licence="public competition problems"),
+                  licence="public competition problems",
+                  summary="AIME 2024 competition problems (integer answers)"),
         Benchmark(name="aime2025", data_source="aime2025", group="math",
-                  licence="public competition problems"),
+                  licence="public competition problems",
+                  summary="AIME 2025 competition problems (integer answers)"),
         Benchmark(name="countdown", data_source="countdown", group="puzzle",
-                  licence="generated"),
-        Benchmark(name="sudoku", data_source="sudoku", group="puzzle", licence="generated"),
-        Benchmark(name="humaneval", data_source="humaneval", group="code", licence=_MIT),
+                  licence="generated",
+                  summary="reach a target number from given numbers with + - * /"),
+        Benchmark(name="sudoku", data_source="sudoku", group="puzzle", licence="generated",
+                  summary="4x4 Sudoku puzzles"),
+        Benchmark(name="humaneval", data_source="humaneval", group="code", licence=_MIT,
+                  summary="Python functions from docstrings, run against unit tests"),
         Benchmark(name="humanevalplus", data_source="humanevalplus", group="code",
-                  licence="Apache-2.0 (EvalPlus) over MIT (HumanEval)"),
-        Benchmark(name="mbpp", data_source="mbpp", group="code", licence="CC-BY-4.0"),
+                  licence="Apache-2.0 (EvalPlus) over MIT (HumanEval)",
+                  summary="HumanEval with EvalPlus's extra tests"),
+        Benchmark(name="mbpp", data_source="mbpp", group="code", licence="CC-BY-4.0",
+                  summary="basic Python programming problems, run against unit tests"),
     )
 }
 """Benchmarks by name."""
@@ -129,5 +140,5 @@ BENCHMARKS: dict[str, Benchmark] = {
 def get_benchmark(name: str) -> Benchmark:
     """The benchmark called ``name``; unknown names raise ``ValueError`` listing valid ones."""
     if name not in BENCHMARKS:
-        raise ValueError(f"unknown benchmark {name!r}; valid: {sorted(BENCHMARKS)}")
+        raise ValueError(f"unknown benchmark {name!r}{did_you_mean(name, BENCHMARKS)}; valid: {sorted(BENCHMARKS)}")
     return BENCHMARKS[name]

@@ -17,8 +17,9 @@ Each preset names the file it follows; :data:`PRESETS` holds:
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Iterable, Literal
 
 from dllm_eval.data import Message
 from dllm_eval.prompts import (
@@ -34,7 +35,7 @@ from dllm_eval.prompts import (
 )
 
 __all__ = ["D1_MATH_SYSTEM_PROMPT", "GROUPS", "PRESETS", "REWARD_MODE_NAMES", "DecodingSettings",
-           "Preset", "get_preset"]
+           "Preset", "did_you_mean", "get_preset"]
 
 GROUPS: tuple[str, ...] = ("math", "code", "puzzle")
 REWARD_MODE_NAMES: tuple[str, ...] = ("default", "dare", "d1")
@@ -109,6 +110,7 @@ class Preset:
         gsm8k_extraction: answer extraction for GSM8K in the default reward mode.
         reward_mode: reward table used for scoring (``default``, ``dare`` or ``d1``).
         source: the file(s) the protocol follows.
+        summary: one line saying what the protocol is (for ``dare eval --list``).
     """
 
     name: str
@@ -126,6 +128,7 @@ class Preset:
     gsm8k_extraction: str = "boxed"
     reward_mode: str = "default"
     source: str = ""
+    summary: str = ""
 
     def __post_init__(self) -> None:
         missing = set(GROUPS) - set(self.decoding)
@@ -194,6 +197,7 @@ def _d1(length: int) -> Preset:
         subsets={"sudoku": D1_SUDOKU_ROWS},
         gsm8k_extraction="last_number",
         reward_mode="d1",
+        summary=f"d1's evaluation at {length} new tokens ({length // 2} steps, block 32, greedy, d1's parsers)",
         source=f"dllm-reasoning/d1 eval/eval.py (gen_length {length}, diffusion_steps "
                f"{length // 2}, block_length 32), eval/gsm8k.py, eval/math500.py, "
                "eval/countdown.py, eval/sudoku.py, eval/parse_and_get_acc.py",
@@ -210,6 +214,7 @@ PRESETS: dict[str, Preset] = {
         max_prompt_tokens={"math": 512, "puzzle": 512, "code": 1024},
         gsm8k_extraction="boxed",
         reward_mode="dare",
+        summary="DARE's local bench: 512 new tokens (puzzles 256), block 32, prefix cache, DARE's rewards",
         source="yjyddq/DARE scripts/eval_local_bench.sh (val_only; use_cache=True, "
                "dual_cache=False; val temperature 0, Dream 0.2 with top_p 0.95; "
                "max_prompt_length 512, code 1024, filter_overlong_prompts; dllm_rm reward)",
@@ -233,6 +238,7 @@ PRESETS: dict[str, Preset] = {
         repeats={"aime2024": 8, "aime2025": 8},
         gsm8k_extraction="last_number",
         reward_mode="default",
+        summary="the OpenCompass configs of DARE's published table (GSM8K 4-shot, AIME 8 repeats)",
         source="yjyddq/DARE opencompass/llada_examples/llada_instruct_gen_gsm8k_length256_"
                "block8.py, ..._math_length512_block64.py, ..._aime2024_length2048_block64.py "
                "(datasets gsm8k_gen_1d7fe4, math_0shot_gen_11c4b5, aime2024_gen_repeat8_6e39a4)",
@@ -241,8 +247,14 @@ PRESETS: dict[str, Preset] = {
 """Evaluation protocols by name."""
 
 
+def did_you_mean(name: str, valid: Iterable[str]) -> str:
+    """`` (did you mean 'x'?)`` for the valid names closest to a misspelled ``name``, else ``""``."""
+    close = difflib.get_close_matches(name, list(valid), n=2, cutoff=0.6)
+    return f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
+
+
 def get_preset(name: str) -> Preset:
     """The preset called ``name``; unknown names raise ``ValueError`` listing valid ones."""
     if name not in PRESETS:
-        raise ValueError(f"unknown preset {name!r}; valid: {sorted(PRESETS)}")
+        raise ValueError(f"unknown preset {name!r}{did_you_mean(name, PRESETS)}; valid: {sorted(PRESETS)}")
     return PRESETS[name]

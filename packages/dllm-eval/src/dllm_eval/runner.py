@@ -209,6 +209,7 @@ def run_benchmark(
     reward_mode: str | None = None,
     family: str | None = None,
     filter_overlong: bool = True,
+    fingerprint: str | None = None,
 ) -> BenchmarkResult:
     """Generate and score a benchmark; optionally write ``samples.jsonl`` + ``manifest.json``.
 
@@ -232,7 +233,10 @@ def run_benchmark(
         generate_fn: generation function (see :data:`GenerateFn`).
         decoding: overrides the preset's decoding settings for this benchmark.
         score_workers: threads used for scoring (code rewards run in the sandbox).
-        hash_weights: include the SHA-256 of the weights in the manifest.
+        hash_weights: include the weights' fingerprint in the manifest
+            (:func:`dllm_eval.manifest.weights_fingerprint`, computed on the model's device).
+        fingerprint: that fingerprint, when the caller took it already (once per model for
+            several benchmarks); None computes it here when ``hash_weights``.
         reward_mode: reward table (``default``, ``dare``, ``d1``); None = the preset's.
         family: model family for the preset's per-family decoding; None = inferred from the
             model (:func:`infer_family`).
@@ -286,6 +290,7 @@ def run_benchmark(
         eos_handling=eos_handling, prompts=prompts,
         chat_template=getattr(tokenizer, "chat_template", None), model=model, seed=seed,
         batch_size=batch_size, limit=limit, hash_weights=hash_weights,
+        fingerprint=fingerprint,
     )
     manifest.update({
         "reward_mode": mode,

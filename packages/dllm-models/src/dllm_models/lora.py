@@ -7,10 +7,11 @@ forward signature; only adapter weights are trainable afterwards.
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
-
-import re
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -109,6 +110,95 @@ def merge_lora(model: nn.Module) -> nn.Module:
         if hasattr(model, attr):
             delattr(model, attr)
     return model
+
+
+PEFT_CONFIG = "adapter_config.json"
+PEFT_WEIGHTS = "adapter_model.safetensors"
+_PEFT_PREFIX = "base_model.model."  # what `peft.PeftModel` puts before the wrapped model's names
+
+
+def save_peft_adapter(model: nn.Module, folder: str | Path, *, adapter_name: str = "default",
+                      base_model: str | None = None) -> Path:
+    """Write the adapters of `model` (`apply_lora`) in PEFT's format, which
+    `peft.PeftModel.from_pretrained(base, folder)` and `load_peft_adapter` read.
+
+    Args:
+        model: a family module carrying LoRA adapters.
+        folder: the adapter folder to write (`adapter_config.json`, `adapter_model.safetensors`).
+        adapter_name: the peft adapter to save.
+        base_model: recorded as `base_model_name_or_path` (the base checkpoint folder).
+
+    Returns:
+        `folder`.
+    """
+    peft = _peft()
+    from safetensors.torch import save_file
+
+    configs = getattr(model, "peft_config", {})
+    if adapter_name not in configs:
+        raise ValueError(f"the model carries no LoRA adapter {adapter_name!r} to save (apply_lora first)")
+    config = configs[adapter_name]
+    state = peft.get_peft_model_state_dict(model, adapter_name=adapter_name)
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    saved = peft.LoraConfig(**{**config.to_dict(), "base_model_name_or_path": base_model, "inference_mode": True})
+    saved.save_pretrained(str(out))
+    tensors = {f"{_PEFT_PREFIX}{k}": v.detach().to("cpu").contiguous() for k, v in state.items()}
+    save_file(tensors, str(out / PEFT_WEIGHTS), metadata={"format": "pt"})
+    return out
+
+
+def check_peft_adapter(folder: str | Path) -> dict[str, Any]:
+    """Raise `ValueError` unless `folder` holds a PEFT LoRA adapter; return its config (read from
+    `adapter_config.json` alone: no weights are loaded and peft is not needed)."""
+    root = Path(folder)
+    missing = [n for n in (PEFT_CONFIG, PEFT_WEIGHTS) if not (root / n).is_file()]
+    if missing:
+        raise ValueError(f"adapter folder {str(root)!r} lacks {', '.join(missing)}: pass the adapter/ folder "
+                         "of a LoRA run (or a folder written by peft's save_pretrained)")
+    try:
+        config = json.loads((root / PEFT_CONFIG).read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise ValueError(f"{root / PEFT_CONFIG} cannot be read: {err}") from None
+    if not isinstance(config, dict) or config.get("peft_type") != "LORA":
+        kind = config.get("peft_type") if isinstance(config, dict) else None
+        raise ValueError(f"{root / PEFT_CONFIG} is not a LoRA adapter (peft_type {kind!r}); only LoRA is supported")
+    return config
+
+
+def load_peft_adapter(model: nn.Module, folder: str | Path, *, merge: bool = True) -> nn.Module:
+    """Apply the PEFT LoRA adapter in `folder` to `model` (its base), in place.
+
+    Args:
+        model: the base family module the adapter was trained on.
+        folder: a folder of `save_peft_adapter` or peft's `save_pretrained`.
+        merge: fold the adapter into the base weights (`merge_lora`), so decoding costs what the
+            base model costs; False keeps the LoRA layers.
+
+    Returns:
+        The same module with the adapter applied.
+    """
+    check_peft_adapter(folder)
+    peft = _peft()
+    from safetensors.torch import load_file
+
+    root = Path(folder)
+    config = peft.LoraConfig.from_pretrained(str(root))
+    model = peft.inject_adapter_in_model(config, model, adapter_name="default")
+    state = {k.removeprefix(_PEFT_PREFIX): v for k, v in load_file(str(root / PEFT_WEIGHTS)).items()}
+    wanted = set(peft.get_peft_model_state_dict(model, adapter_name="default"))
+    if set(state) != wanted:
+        extra, absent = sorted(set(state) - wanted)[:3], sorted(wanted - set(state))[:3]
+        raise ValueError(f"adapter {str(root)!r} does not fit this model: keys not in the model {extra}, "
+                         f"model keys not in the adapter {absent}; pass the base checkpoint it was trained on")
+    try:
+        peft.set_peft_model_state_dict(model, state, adapter_name="default")
+    except RuntimeError as err:  # a tensor of another shape: another base model
+        raise ValueError(f"adapter {str(root)!r} does not fit this model ({str(err).splitlines()[-1].strip()}); "
+                         "pass the base checkpoint it was trained on") from None
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return merge_lora(model) if merge else model
 
 
 def lora_parameter_names(model: nn.Module) -> list[str]:
