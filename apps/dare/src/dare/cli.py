@@ -1,4 +1,4 @@
-"""The `dare` command: train, eval, recipes."""
+"""The `dare` command: train, eval, recipes, show, runs, compare."""
 
 from __future__ import annotations
 
@@ -14,11 +14,13 @@ from typing import Any
 from tqdm import tqdm
 
 from dare.algorithms import describe
+from dare.compare import add_compare_parser
 from dare.config import RunConfig, apply_overrides, load_config
 from dare.evaluate import add_eval_parser
 from dare.inputs import check_eval_inputs
 from dare.recipes import RECIPE_DOCS, RECIPES, get_recipe
 from dare.run_folder import check_run_folder, config_change_allowed
+from dare.runs import add_runs_parser
 
 
 class _TqdmHandler(logging.Handler):
@@ -127,6 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("overrides", nargs="*", help="dotted overrides applied first, e.g. algorithm=bgpo")
     show.add_argument("--config", help="a resolved config.json from an earlier run")
     show.set_defaults(func=_show, train_help=False)
+    add_runs_parser(sub)
+    add_compare_parser(sub)
     return parser
 
 
