@@ -93,7 +93,7 @@ def test_wandb_needs_a_project() -> None:
         TrainerConfig(wandb=True, wandb_project=" ")
 
 
-def test_curves_skip_empty_panels_and_mark_points(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_curves_skip_empty_panels_keep_flat_ones_and_mark_points(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import matplotlib.figure
 
     from dllm_train.metrics import plot_curves, plotted_keys
@@ -104,13 +104,31 @@ def test_curves_skip_empty_panels_and_mark_points(tmp_path: Path, monkeypatch: p
     records[-1]["eval_accuracy"] = 0.8
     points = {"eval_accuracy": [(0, 0.41, "after SFT")], "loss": [(0, nan, "nothing")]}
     keys = ["reward_mean", "eval_accuracy", "ppo_kl", "consistency", "loss", "absent"]
-    # flat zeros, all-NaN curves and keys with only a NaN point get no panel
-    assert plotted_keys(records, keys, points) == ["reward_mean", "eval_accuracy"]
+    # all-NaN curves and keys with only a NaN point get no panel; a flat curve (ppo_kl at 0) keeps its own
+    assert plotted_keys(records, keys, points) == ["reward_mean", "eval_accuracy", "ppo_kl"]
     assert plotted_keys([{"step": 1}], ["x"], {"x": [(0, 0.5, "before")]}) == ["x"]  # a point alone: a panel
     titles: list[str] = []
     monkeypatch.setattr(matplotlib.figure.Figure, "suptitle",
                         lambda self, t, **kw: titles.append(t))  # type: ignore[misc]
     path = plot_curves(records, keys, tmp_path / "reward.png", title="d1: 41% -> 80%", points=points)
     assert path is not None and path.stat().st_size > 0 and titles == ["d1: 41% -> 80%"]
-    assert plot_curves(records, ["ppo_kl", "consistency"], tmp_path / "none.png") is None
+    assert plot_curves(records, ["consistency", "absent"], tmp_path / "none.png") is None
     assert not (tmp_path / "none.png").exists()
+
+
+def test_a_flat_curve_keeps_its_panel_labelled_as_flat(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import matplotlib.axes
+
+    from dllm_train.metrics import flat_value, plot_curves
+
+    records = [{"step": i, "reward_mean": 0.0, "loss": 0.5 / i} for i in range(1, 5)]
+    assert flat_value(records, "reward_mean") == 0.0 and flat_value(records, "loss") is None
+    titles: list[str] = []
+    labels: list[str] = []
+    monkeypatch.setattr(matplotlib.axes.Axes, "set_title", lambda self, t, **kw: titles.append(t))  # type: ignore[misc]
+    real = matplotlib.axes.Axes.set_ylabel
+    monkeypatch.setattr(matplotlib.axes.Axes, "set_ylabel",
+                        lambda self, t, **kw: (labels.append(t), real(self, t, **kw))[1])  # type: ignore[misc]
+    assert plot_curves(records, ["reward_mean", "loss"], tmp_path / "curves.png") is not None
+    assert titles == ["reward_mean is flat at 0 over all 4 steps"]
+    assert labels == ["reward_mean\n(flat at 0)", "loss"]

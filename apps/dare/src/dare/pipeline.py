@@ -30,7 +30,7 @@ from dare.datasets import chat_prompt_ids
 from dare.inputs import check_checkpoint, check_family_name, check_rl_columns, check_rl_data, train_file_entries
 from dare.rl_backend import rl_backend
 from dare.run_folder import open_run_folder
-from dare.sinks import open_wandb_run
+from dare.sinks import curve_keys, curves_title, open_wandb_run
 from dllm_eval import DATASETS, Row, load_rows, score
 from dllm_models import load_model, load_tokenizer, save_model
 from dllm_train import (
@@ -134,7 +134,8 @@ def finish(cfg: RunConfig, output_dir: Path, run: Run, model: Any, tokenizer: An
         export = merge_lora(copy.deepcopy(model))
     save_model(export, output_dir / "model", tokenizer=tokenizer)
     records = read_metrics(output_dir / "metrics.jsonl")
-    plot_curves(records, list(curves), output_dir / "curves.png")
+    plot_curves(records, curve_keys(records, curves), output_dir / "curves.png",
+                title=curves_title(cfg, output_dir, records))
     summary = {"recipe": cfg.recipe, "algorithm": cfg.algorithm_name, "steps": steps, "results": run.results,
                "wall_time_s_this_invocation": round(time.perf_counter() - t0, 1)}
     (output_dir / "summary.json").write_text(json.dumps(summary, indent=2))

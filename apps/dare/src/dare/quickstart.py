@@ -14,7 +14,7 @@ import torch
 from dare.config import RunConfig, need
 from dare.rl_backend import rl_backend
 from dare.run_folder import open_run_folder
-from dare.sinks import open_wandb_run
+from dare.sinks import curves_title, open_wandb_run
 from dare.tasks.addition import AdditionTask, build_tokenizer, exact_match_reward
 from dllm_models import build_model, save_model
 from dllm_rollout import SamplingConfig, decode, left_pad
@@ -134,8 +134,8 @@ def run_quickstart(cfg: RunConfig, output_dir: Path, *, progress: bool = True) -
     before, after = run.results["eval_accuracy_before_rl"], run.results["eval_accuracy_after_rl"]
     plot_curves(records, ["reward_mean", "eval_accuracy", "loss", "clip_frac", "ppo_kl", "consistency_max_abs_gap"],
                 output_dir / "reward.png",
-                title=f"{cfg.algorithm_name} RL on {task.cfg.digits}-digit addition: held-out accuracy "
-                      f"{before:.1%} after SFT -> {after:.1%} after RL",
+                title=curves_title(cfg, output_dir, records, f"{cfg.algorithm_name} RL on {task.cfg.digits}-digit "
+                                   f"addition: held-out accuracy {before:.1%} after SFT -> {after:.1%} after RL"),
                 points={"eval_accuracy": [(0, before, "after SFT (RL step 0)"),
                                           (cfg.trainer.max_steps, after, "after RL")]})
     summary = {

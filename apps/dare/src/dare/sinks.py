@@ -1,7 +1,9 @@
-"""Metric sinks a run config switches on beyond metrics.jsonl (TensorBoard is opened per phase by `Run`)."""
+"""Metric sinks a run config switches on beyond metrics.jsonl (TensorBoard is opened per phase by `Run`),
+and what a run's figures (`curves.png`, `reward.png`) show first and say in their title."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,3 +26,39 @@ def open_wandb_run(cfg: RunConfig, output_dir: Path) -> Any:
         return open_wandb(output_dir, project=t.wandb_project, name=t.wandb_run_name, config=to_dict(cfg))
     except ImportError as err:
         raise ValueError(str(err)) from err
+
+
+FIRST = ("reward_mean",)
+"""What a user checks first in a run's figure: the reward, then every held-out accuracy."""
+
+
+def curve_keys(records: Sequence[dict[str, Any]], keys: Sequence[str]) -> list[str]:
+    """The panels of a run's figure, top to bottom: the reward (`FIRST`) when `records` or `keys`
+    have it, every held-out accuracy the records logged (`eval_accuracy`, `eval/<name>_accuracy`),
+    then the rest of `keys`."""
+    from dare.runs import accuracy_of
+
+    logged = {k for r in records for k in r}
+    accuracy = sorted(k for k in logged if accuracy_of({k: 0.0}) is not None)
+    first = [k for k in FIRST if k in keys or k in logged]
+    ordered = [*first, *accuracy]
+    return ordered + [k for k in keys if k not in ordered]
+
+
+def curves_title(cfg: RunConfig, output_dir: Path, records: Sequence[dict[str, Any]], detail: str = "") -> str:
+    """A run figure's title: recipe, algorithm and run folder; then `detail` or the last step's
+    reward and held-out accuracy."""
+    from dare.runs import accuracy_of, last_value
+
+    head = f"{cfg.recipe} ({cfg.algorithm_name}) in {output_dir}"
+    if not detail:
+        steps = [int(r["step"]) for r in records if "step" in r]
+        parts = [f"{max(steps)} steps"] if steps else []
+        reward = last_value(list(records), "reward_mean")
+        if reward is not None:
+            parts.append(f"last reward {reward:.3g}")
+        accuracies = [a for r in records if (a := accuracy_of(r)) is not None]
+        if accuracies:
+            parts.append(f"held-out accuracy {accuracies[-1]:.1%}")
+        detail = ", ".join(parts)
+    return f"{head}\n{detail}" if detail else head

@@ -145,17 +145,25 @@ def _finite(value: Any) -> bool:
 
 def plotted_keys(records: Sequence[dict[str, Any]], keys: Sequence[str],
                  points: Mapping[str, Sequence[Point]] | None = None) -> list[str]:
-    """The keys of `keys` that get a panel: those with a finite value that is not zero, in the
-    records or among `points` (a curve with no finite value, or flat at zero, says nothing)."""
+    """The keys of `keys` that get a panel: those with a finite value in the records or among
+    `points`. A flat curve keeps its panel (labelled as flat: an all-zero reward is what a user
+    checks first); a key with no finite value has nothing to draw."""
     points = points or {}
     return [k for k in keys
-            if any(_finite(r.get(k)) and r[k] != 0 for r in records)
-            or any(_finite(p[1]) for p in points.get(k, ()))]
+            if any(_finite(r.get(k)) for r in records) or any(_finite(p[1]) for p in points.get(k, ()))]
+
+
+def flat_value(records: Sequence[dict[str, Any]], key: str) -> float | None:
+    """The one value of `key` when every finite value of it in `records` is the same (None: it
+    varies, or it has none)."""
+    values = {float(r[key]) for r in records if _finite(r.get(key))}
+    return values.pop() if len(values) == 1 else None
 
 
 def plot_curves(records: Sequence[dict[str, Any]], keys: Sequence[str], path: Path, *, title: str = "",
                 points: Mapping[str, Sequence[Point]] | None = None) -> Path | None:
-    """One PNG with a panel per metric of `keys` that carries information (`plotted_keys`).
+    """One PNG with a panel per metric of `keys` that has a value (`plotted_keys`); a flat one
+    says so in its label (`key (flat at 0)`).
 
     Args:
         records: metric records, each with a `step`.
@@ -194,7 +202,10 @@ def plot_curves(records: Sequence[dict[str, Any]], keys: Sequence[str], path: Pa
         for step, value, label in points.get(key, ()):
             if _finite(value):
                 ax.plot([step], [value], "o", ms=6, label=f"{label}: {value:.3g}")
-        ax.set_ylabel(key)
+        flat = flat_value(records, key) if len(pts) > 1 else None
+        ax.set_ylabel(key if flat is None else f"{key}\n(flat at {flat:.3g})", fontsize=8)
+        if flat is not None:
+            ax.set_title(f"{key} is flat at {flat:.3g} over all {len(pts)} steps", fontsize=8, color="tab:red")
         ax.legend(loc="best", fontsize=7)
     axes[-1, 0].set_xlabel("step")
     if title:
