@@ -56,15 +56,28 @@ def _value(value: Any) -> str:
     return json.dumps(to_dict(value))
 
 
-def _lines(obj: Any, prefix: str, fields: list[dataclasses.Field[Any]], width: int) -> list[str]:
+STEP_DOCS: dict[str, dict[str, str]] = {
+    "sft": {"trainer.max_steps": "not used by SFT recipes: their optimizer steps are sft.steps.",
+            "sft.steps": "optimizer steps of the SFT phase (this recipe's step budget; trainer.max_steps is unused)."},
+    "preference": {"trainer.max_steps": "optimizer steps of the preference phase (this recipe's step budget)."},
+    "quickstart": {"sft.steps": "optimizer steps of the SFT warm start (first phase).",
+                   "trainer.max_steps": "optimizer steps of the RL phase (second phase, after sft.steps of SFT)."},
+}
+"""Per run kind, the doc of the step-budget fields where the generic one would mislead (the
+trainer's `max_steps` is documented for RL; SFT recipes count `sft.steps` instead)."""
+
+
+def _lines(obj: Any, prefix: str, fields: list[dataclasses.Field[Any]], width: int,
+           overrides: dict[str, str] | None = None) -> list[str]:
     docs = field_docs(type(obj))
+    overrides = overrides or {}
     lines = []
     for f in fields:
         value = getattr(obj, f.name)
         if dataclasses.is_dataclass(value):
-            lines += _lines(value, f"{prefix}{f.name}.", list(dataclasses.fields(value)), width)
+            lines += _lines(value, f"{prefix}{f.name}.", list(dataclasses.fields(value)), width, overrides)
         else:
-            doc = docs.get(f.name) or f"({f.type if isinstance(f.type, str) else getattr(f.type, '__name__', f.type)})"
+            doc = overrides.get(f"{prefix}{f.name}") or docs.get(f.name) or f"({f.type if isinstance(f.type, str) else getattr(f.type, '__name__', f.type)})"
             lines.append(f"  {f'{prefix}{f.name} = {_value(value)}':{width}s}  {doc}".rstrip())
     return lines
 
@@ -89,8 +102,8 @@ def describe_config(cfg: RunConfig, summary: str = "") -> str:
             homes = ELSEWHERE.get(type(value), {})
             title = f"{cfg.algorithm_name}: {title}" + (
                 f" ({', '.join(f'{k}: {v}' for k, v in homes.items())})" if homes else "")
-        out += ["", f"{f.name}: {title}", *_lines(value, f"{f.name}.", fields, width)]
+        out += ["", f"{f.name}: {title}", *_lines(value, f"{f.name}.", fields, width, STEP_DOCS.get(cfg.kind))]
     return "\n".join(out)
 
 
-__all__ = ["describe_config", "field_docs"]
+__all__ = ["STEP_DOCS", "describe_config", "field_docs"]
