@@ -106,6 +106,16 @@ def test_lora_sft_trains_only_the_adapters(folders: dict[str, Path], tmp_path: P
     merged = load_model(out / "model").state_dict()  # the export folds the adapters in
     changed = {k for k in base if not torch.equal(merged[k], base[k])}
     assert changed and all(k.replace(".weight", ".base_layer.weight") in trained for k in changed)
+    # the adapter alone, in PEFT's format, beside model/: on the base it is the merged model
+    from dllm_models.lora import load_peft_adapter
+
+    config = json.loads((out / "adapter" / "adapter_config.json").read_text())
+    assert config["peft_type"] == "LORA" and config["r"] == 4 and config["lora_alpha"] == 8
+    assert config["base_model_name_or_path"] == str(folders["llada"])
+    applied = load_peft_adapter(load_model(folders["llada"]), out / "adapter").state_dict()
+    assert set(applied) == set(merged)
+    for k in base:
+        torch.testing.assert_close(applied[k], merged[k], rtol=0, atol=1e-6)
 
 
 @pytest.mark.parametrize(("algorithm", "extra"), [("dpo", "algorithm.mc_num=4"), ("vrpo", "")])

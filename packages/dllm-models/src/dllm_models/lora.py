@@ -138,7 +138,7 @@ def save_peft_adapter(model: nn.Module, folder: str | Path, *, adapter_name: str
     if adapter_name not in configs:
         raise ValueError(f"the model carries no LoRA adapter {adapter_name!r} to save (apply_lora first)")
     config = configs[adapter_name]
-    state = peft.get_peft_model_state_dict(model, adapter_name=adapter_name)
+    state = peft.get_peft_model_state_dict(model, adapter_name=adapter_name, save_embedding_layers=False)
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
     saved = peft.LoraConfig(**{**config.to_dict(), "base_model_name_or_path": base_model, "inference_mode": True})
@@ -186,7 +186,7 @@ def load_peft_adapter(model: nn.Module, folder: str | Path, *, merge: bool = Tru
     config = peft.LoraConfig.from_pretrained(str(root))
     model = peft.inject_adapter_in_model(config, model, adapter_name="default")
     state = {k.removeprefix(_PEFT_PREFIX): v for k, v in load_file(str(root / PEFT_WEIGHTS)).items()}
-    wanted = set(peft.get_peft_model_state_dict(model, adapter_name="default"))
+    wanted = set(peft.get_peft_model_state_dict(model, adapter_name="default", save_embedding_layers=False))
     if set(state) != wanted:
         extra, absent = sorted(set(state) - wanted)[:3], sorted(wanted - set(state))[:3]
         raise ValueError(f"adapter {str(root)!r} does not fit this model: keys not in the model {extra}, "
