@@ -48,6 +48,7 @@ def no_load(monkeypatch: pytest.MonkeyPatch) -> None:
     (["--batch-size", "0"], "--batch-size must be >= 1, got 0"),
     (["--steps", "-1"], "--steps must be >= 1, got -1"),
     (["--benchmarks", ","], "--benchmarks is empty"),
+    (["--max-new-tokens", "10", "--block-length", "4"], "--max-new-tokens 10 must be a multiple of --block-length 4"),
 ])
 def test_bad_arguments_fail_before_the_model_loads(tiny_checkpoint: Path, tmp_path: Path, no_load: None,
                                                    capsys: pytest.CaptureFixture[str], words: list[str],

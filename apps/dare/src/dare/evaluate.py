@@ -68,6 +68,9 @@ def check_eval_args(args: argparse.Namespace) -> None:
         if value is not None and value < 1:
             raise ValueError(f"{flag} must be >= 1, got {value}" + (
                 " (leave --limit out to evaluate every row)" if flag == "--limit" else ""))
+    if args.max_new_tokens is not None and args.block_length is not None and args.max_new_tokens % args.block_length:
+        raise ValueError(f"--max-new-tokens {args.max_new_tokens} must be a multiple of --block-length "
+                         f"{args.block_length}")
 
 
 def add_eval_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
