@@ -18,9 +18,9 @@ def catalogue() -> str:
     from dllm_eval import BENCHMARKS, PRESETS
 
     lines = ["benchmarks:"]
-    lines += [f"  {b.name:16s} {b.group:7s} {b.summary}" for b in BENCHMARKS.values()]
+    lines += [f"  {b.name:18s} {b.group:7s} {b.summary}" for b in BENCHMARKS.values()]
     lines += ["", "presets (--preset):"]
-    lines += [f"  {p.name:16s} {p.summary}" for p in PRESETS.values()]
+    lines += [f"  {p.name:18s} {p.summary}" for p in PRESETS.values()]
     return "\n".join(lines)
 
 
