@@ -60,6 +60,14 @@ def test_each_status_is_read_from_the_folder(tmp_path: Path) -> None:
     assert read_run(interrupted).accuracy is None  # type: ignore[union-attr]
 
 
+def test_a_checkpoint_recipes_final_eval_is_its_accuracy(tmp_path: Path) -> None:
+    run = _run(tmp_path / "rl", steps=4, extra={4: {"eval/gsm8k_accuracy": 0.1}})
+    (run / "summary.json").write_text(json.dumps({"steps": 4, "results": {"final_eval": {
+        "eval/gsm8k_accuracy": 0.6, "eval/gsm8k_score": 0.9, "eval/math500_accuracy": 0.2}}}))
+    info = read_run(run)
+    assert info is not None and info.accuracy == pytest.approx(0.4) and info.status == "finished"
+
+
 def test_accuracy_steps_and_a_torn_line(tmp_path: Path) -> None:
     run = _run(tmp_path / "r", steps=3, extra={2: {"eval/gsm8k_accuracy": 0.2, "eval/math500_accuracy": 0.4},
                                                 3: {"eval_accuracy": float("nan")}}, checkpoints=(5,))

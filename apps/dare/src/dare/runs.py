@@ -124,6 +124,24 @@ def _steps_done(folder: Path, records: list[dict[str, Any]]) -> int:
     return max([done, *ckpt])
 
 
+def _summary_accuracy(path: Path, default: float | None) -> float | None:
+    """The final held-out accuracy of a summary.json: the quick start's `eval_accuracy_after_rl`, or
+    a checkpoint recipe's `results.final_eval` (mean over benchmarks); `default` when it has none."""
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return default
+    if not isinstance(summary, dict):
+        return default
+    after = summary.get("eval_accuracy_after_rl")
+    if isinstance(after, (int, float)) and _finite(after):
+        return float(after)
+    results = summary.get("results")
+    final = results.get("final_eval") if isinstance(results, dict) else None
+    found = accuracy_of(final) if isinstance(final, dict) else None
+    return default if found is None else found
+
+
 def _kind(algorithm: str) -> str:
     from dare.config import algorithm_kind
 
@@ -155,11 +173,7 @@ def read_run(folder: Path) -> RunInfo | None:
     accuracy = accuracies[-1] if accuracies else None
     summary = folder / "summary.json"
     if summary.is_file():
-        try:
-            after = json.loads(summary.read_text()).get("eval_accuracy_after_rl")
-            accuracy = float(after) if _finite(after) else accuracy
-        except (OSError, json.JSONDecodeError, AttributeError):
-            pass
+        accuracy = _summary_accuracy(summary, accuracy)
     if _lock_held(folder):
         status = "running"
     elif summary.is_file() and done >= total:
