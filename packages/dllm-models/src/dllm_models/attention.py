@@ -18,12 +18,17 @@ from __future__ import annotations
 
 import inspect
 import math
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+from dllm_models.kernels.decode_attention import decode_attention, decode_attention_fits
+
+DECODE_KERNEL = os.environ.get("DLLM_MODELS_DECODE_ATTENTION", "1") != "0"
 
 
 @dataclass(frozen=True)
@@ -158,12 +163,15 @@ def _sdpa_grouped(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Atten
     """Grouped-query attention when every query of a row sees the same keys (key padding at most).
 
     The n_rep query heads of each KV head are folded into the query axis ([B, Hkv, n_rep * Lq, D]),
-    so one plain attention call serves the group: no K/V copies and no GQA-specific kernel (at a
-    few queries per row, e.g. a cached decoding step, this is what keeps the step memory-bound).
+    so one plain attention call serves the group: no K/V copies and no GQA-specific kernel. At a
+    few queries per row (a cached decoding step) the Triton kernel `decode_attention` serves it
+    where it runs: it reads only the visible keys (`DLLM_MODELS_DECODE_ATTENTION=0` switches it off).
     """
     b, hq, lq, d = q.shape
     hkv = k.shape[1]
     folded = q.reshape(b, hkv, (hq // hkv) * lq, d)
+    if DECODE_KERNEL and decode_attention_fits(folded, k):
+        return decode_attention(folded, k, v, mask.key_padding).reshape(b, hq, lq, d)
     dense = mask.dense(1, k.shape[2], q.device)  # [B, 1, 1, Lk] or None: the same for every query
     out = F.scaled_dot_product_attention(folded, k, v, attn_mask=dense, is_causal=False)
     return out.reshape(b, hq, lq, d)
