@@ -72,7 +72,15 @@ from dllm_models.logprob import (  # noqa: E402
     model_token_logprobs,
     token_logprobs,
 )
-from dllm_models.lora import BaseWeightsView, adapter_state_dict, adapters_disabled, apply_lora, has_adapters, merge_lora  # noqa: E402
+from dllm_models.lora import (  # noqa: E402
+    BaseWeightsView,
+    adapter_state_dict,
+    adapters_disabled,
+    apply_lora,
+    has_adapters,
+    merge_lora,
+    merged_adapters,
+)
 from dllm_models.packing import Packed, pack, pack_like, unpack  # noqa: E402
 
 __all__ += [
@@ -80,6 +88,7 @@ __all__ += [
     "Packed",
     "adapter_state_dict",
     "adapters_disabled",
+    "merged_adapters",
     "apply_lora",
     "has_adapters",
     "available_backends",

@@ -14,11 +14,13 @@ import dataclasses
 import logging
 import math
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from typing import Any, Generic, TypeVar
 
 import torch
 
+from dllm_models import BaseWeightsView, merged_adapters
 from dllm_rollout import RolloutBatch, SamplingConfig, left_pad
 from dllm_train.algorithm import LossInputs, RLAlgorithm, RLBatch, SpecialTokens
 from dllm_train.config import OptimConfig
@@ -89,7 +91,10 @@ class RolloutWorker:
         if self.algorithm is not None and step < len(prompts) and not self.algorithm.chunkable_rollout:
             step = len(prompts)
         parts = []
-        with torch.no_grad():
+        # adapters folded into the weights for the decode (exactly restored after), unless the
+        # rollout also reads the same base weights as its frozen reference
+        merged = merged_adapters(self.model) if not isinstance(self.ref_model, BaseWeightsView) else nullcontext()
+        with torch.no_grad(), merged:
             for a in range(0, len(prompts), step):
                 ids, mask = left_pad(prompts[a:a + step], traits.pad_token_id, device)
                 s = seeds[a:a + step]
