@@ -57,21 +57,43 @@ def _sync() -> None:
 
 
 def native(folder: Path, prompts: list[list[int]], new: int, device: str, *,
-           kernel: bool = True) -> tuple[float, list[list[int]]]:
-    """Seconds and responses of `dllm_rollout.generate` (after one warm-up call on 2 rows);
-    `kernel=False` turns the decode-attention kernel off (dense-mask sdpa, for comparison)."""
+           kernel: bool = True, lora: str = "") -> tuple[float, list[list[int]]]:
+    """Seconds and responses of the native decoder (after one warm-up call on 2 rows).
+
+    `kernel=False` turns the decode-attention kernel off (dense-mask sdpa, for comparison).
+    `lora="merged"`: rank-64 adapters (non-zero B) decoded through the rollout worker (`dare train`'s
+    path, adapters folded in); `lora="unmerged"`: the same model through `generate` (adapters applied
+    at every call: the worker's path before).
+    """
     import dllm_models.attention as attention
-    from dllm_models import load_model
-    from dllm_rollout import generate
+    from dllm_models import apply_lora, load_model
+    from dllm_rollout import SamplingConfig, generate
+    from dllm_train.workers import RolloutWorker
 
     attention.DECODE_KERNEL = kernel
-
     model = load_model(folder, dtype=torch.bfloat16, device=device).eval()
-    kw = dict(max_new_tokens=new, steps=4, block_length=4, temperature=0.0, cache="prefix", stop_at_eos=False)
-    generate(model, prompts[:2], **kw)  # type: ignore[arg-type]
+    kw: dict[str, Any] = dict(max_new_tokens=new, steps=4, block_length=4, temperature=0.0, cache="prefix",
+                              stop_at_eos=False)
+
+    def run(p: list[list[int]]) -> Any:
+        return generate(model, p, **kw)
+
+    if lora:
+        model = apply_lora(model, rank=64, alpha=128).eval()
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "lora_B" in name:
+                    p.normal_(std=0.01)
+        if lora == "merged":
+            worker = RolloutWorker(model, SamplingConfig(**kw, block_diffusion=True))
+
+            def run(p: list[list[int]]) -> Any:  # noqa: F811
+                return worker.generate(p, torch.arange(len(p)))
+
+    run(prompts[:2])
     _sync()
     t0 = time.perf_counter()
-    batch = generate(model, prompts, **kw)  # type: ignore[arg-type]
+    batch = run(prompts)
     _sync()
     seconds = time.perf_counter() - t0
     out = batch.response_ids.tolist()
@@ -212,11 +234,13 @@ def main(argv: list[str] | None = None) -> int:
     for name in [e for e in engines if e.startswith("native")]:
         for r in rows:
             for n in news:
-                s, out = native(folder, prompts_all[:r], n, device, kernel=name != "native_sdpa")
+                lora = {"native_lora": "merged", "native_lora_unmerged": "unmerged"}.get(name, "")
+                s, out = native(folder, prompts_all[:r], n, device, kernel=name != "native_sdpa", lora=lora)
                 outputs[name, r, n] = out
                 row = {"engine": name, "rows": r, "new": n, "s": round(s, 2), "tok_s": round(r * n / s)}
-                if name != "native" and ("native", r, n) in outputs:
-                    row.update(agreement(outputs["native", r, n], out))
+                ref = {"native_lora_unmerged": "native_lora", "native_lora": ""}.get(name, "native")
+                if ref and name != ref and (ref, r, n) in outputs:
+                    row.update(agreement(outputs[ref, r, n], out))
                 results.append(row)
                 print(json.dumps(row), flush=True)
     if "lmdeploy" in engines:
