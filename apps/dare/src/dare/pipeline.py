@@ -184,7 +184,8 @@ def rank_setup(cfg: RunConfig, reward: RowReward) -> Any:
 
     return RankSetup(model=policy_with_adapters(cfg, "cpu"), sampling=cfg.rollout, reward_fn=reward,
                      detokenize=detokenizer(load_tokenizer(need(cfg.checkpoint, "checkpoint").checkpoint)),
-                     algorithm=cfg.algorithm, optim=need(cfg.rl_optim, "rl_optim"), trainer=cfg.trainer)
+                     algorithm=cfg.algorithm, optim=need(cfg.rl_optim, "rl_optim"), trainer=cfg.trainer,
+                     engine_folder=need(cfg.checkpoint, "checkpoint").checkpoint)
 
 
 def run_rl_recipe(cfg: RunConfig, output_dir: Path, *, progress: bool = True) -> dict[str, Any]:

@@ -9,6 +9,7 @@ DREAM_REMASKING = ("origin", "maskgit_plus", "topk_margin", "entropy")
 REMASKING = LLADA_REMASKING + DREAM_REMASKING
 CACHES = (None, "prefix", "dual")
 EOS_HANDLING = ("keep", "truncate")
+ENGINES = ("native", "lmdeploy")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,6 +61,9 @@ class SamplingConfig:
         max_rows: decode at most this many rows at a time (0: the whole batch in one call), so
             decoding memory is bounded; exact, since every row has its own seed. The trainer's
             rollout worker reads it (`dllm_train.RolloutWorker`), and so does `decode_in_chunks`.
+        engine: who decodes the trainer's rollouts: "native" (`generate`) or "lmdeploy" (its
+            PyTorch engine, colocated, for block-diffusion models; `dllm_train.EngineRolloutWorker`).
+        engine_kv_fraction: the share of free GPU memory the engine may take for its KV cache.
     """
 
     max_new_tokens: int
@@ -80,8 +84,14 @@ class SamplingConfig:
     record_steps: bool = False
     block_diffusion: bool = False
     max_rows: int = 0
+    engine: str = "native"
+    engine_kv_fraction: float = 0.3
 
     def __post_init__(self) -> None:
+        if self.engine not in ENGINES:
+            raise ValueError(f"rollout.engine={self.engine!r} unknown; choose one of {ENGINES}")
+        if not 0.0 < self.engine_kv_fraction < 1.0:
+            raise ValueError(f"rollout.engine_kv_fraction must be in (0, 1), got {self.engine_kv_fraction}")
         if self.max_rows < 0:
             raise ValueError(f"rollout.max_rows must be >= 0 (0: the whole batch at once), got {self.max_rows}")
         if self.max_new_tokens < 1:

@@ -23,7 +23,7 @@ from dllm_train.metrics import device_peak
 from dllm_train.algorithm import RLAlgorithm, RLBatch
 from dllm_train.dataflow import PromptBatch
 from dllm_train.seeding import sample_seeds
-from dllm_train.workers import ActorWorker, Prepared, ReferenceWorker, RewardWorker, RolloutWorker, special_tokens
+from dllm_train.workers import ActorWorker, Prepared, ReferenceWorker, RewardWorker, Rollout, special_tokens
 
 D = TypeVar("D")
 PromptSampler = Callable[[int], PromptBatch]
@@ -70,7 +70,7 @@ class PolicyRank(Generic[D]):
             decodes.
     """
 
-    def __init__(self, *, rollout: RolloutWorker, reward: RewardWorker, actor: ActorWorker[D],
+    def __init__(self, *, rollout: Rollout, reward: RewardWorker, actor: ActorWorker[D],
                  reference: ReferenceWorker | None, plan_generator: Callable[[int], torch.Generator],
                  consistency_every: int = 0, generates: bool = True,
                  share: Callable[[Any], Any] | None = None) -> None:
@@ -102,6 +102,7 @@ class PolicyRank(Generic[D]):
         if self.generates:
             rollout = self.rollout.generate(prompts, seeds)
             metrics["rollout_s"] = clock.lap()
+            metrics.update(self.rollout.last_metrics)
             batch = self.reward.score(rollout, answers, groups, special_tokens(self.rollout.model))
             every = self.consistency_every
             if every and (step + 1) % every == 0:

@@ -16,7 +16,7 @@ import math
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import torch
 
@@ -75,6 +75,7 @@ class RolloutWorker:
         self.sampling = sampling_for(model, sampling, algorithm)
         self.algorithm = algorithm
         self.ref_model = ref_model
+        self.last_metrics: dict[str, float] = {}
         if algorithm is not None and algorithm.needs_rollout_reference and ref_model is None:
             raise ValueError(f"algorithm {algorithm.label} scores rollouts with a reference model; "
                              "pass RolloutWorker(..., ref_model=<frozen copy of the initial policy>)")
@@ -110,16 +111,34 @@ class RolloutWorker:
         return concat_batches(parts, pad_id=int(traits.pad_token_id), mask_id=int(traits.mask_token_id))
 
     def load_weights(self, state: dict[str, torch.Tensor]) -> None:
-        """Weight hand-off from the actor: a full state dict, or only LoRA adapter weights.
+        """Weight hand-off from the actor (`load_rollout_weights`)."""
+        load_rollout_weights(self.model, state)
 
-        Keys missing from `state` keep their values, so an adapter-only dict
-        (`dllm_models.adapter_state_dict`) updates just the adapters.
-        """
-        own = self.model.state_dict()
-        unknown = [k for k in state if k not in own]
-        if unknown:
-            raise ValueError(f"load_weights got {len(unknown)} keys the rollout model lacks, e.g. {unknown[:3]}")
-        self.model.load_state_dict(state, strict=False)
+
+def load_rollout_weights(model: Any, state: dict[str, torch.Tensor]) -> None:
+    """Weight hand-off from the actor into a rollout model: a full state dict, or only LoRA adapters.
+
+    Keys missing from `state` keep their values, so an adapter-only dict
+    (`dllm_models.adapter_state_dict`) updates just the adapters.
+    """
+    own = model.state_dict()
+    unknown = [k for k in state if k not in own]
+    if unknown:
+        raise ValueError(f"load_weights got {len(unknown)} keys the rollout model lacks, e.g. {unknown[:3]}")
+    model.load_state_dict(state, strict=False)
+
+
+class Rollout(Protocol):
+    """What a rank's rollout worker offers: `RolloutWorker` (native decoding) and
+    `dllm_train.engine_rollout.EngineRolloutWorker` (an inference engine)."""
+
+    model: Any
+    sampling: SamplingConfig
+    last_metrics: dict[str, float]
+
+    def generate(self, prompts: Sequence[Sequence[int]], seeds: torch.Tensor) -> RolloutBatch: ...
+
+    def load_weights(self, state: dict[str, torch.Tensor]) -> None: ...
 
 
 class RewardWorker:

@@ -22,6 +22,7 @@ from dllm_rollout import SamplingConfig
 from dllm_train.algorithm import RLAlgorithm
 from dllm_train.checkpointing import SHARDS, latest_checkpoint, load_checkpoint, new_checkpoint, write_checkpoint_files
 from dllm_train.config import OptimConfig, TrainerConfig
+from dllm_train.engine_rollout import build_rollout_worker
 from dllm_train.likelihood import Scorer
 from dllm_train.metrics import MetricsWriter, format_line, read_metrics
 from dllm_train.seeding import generator
@@ -204,7 +205,8 @@ class LocalRL:
 
     def __init__(self, model: Any, *, prompts: PromptSampler, sampling: SamplingConfig,
                  reward_fn: Callable[[str, str], float], detokenize: Callable[[list[int]], str],
-                 algorithm: RLAlgorithm[Any], optim: OptimConfig, trainer: TrainerConfig) -> None:
+                 algorithm: RLAlgorithm[Any], optim: OptimConfig, trainer: TrainerConfig,
+                 engine_folder: str | None = None) -> None:
         check_settings(algorithm, sampling, consistency_every=trainer.consistency_every)
         self.prompts = prompts
         self.algorithm = algorithm
@@ -230,7 +232,8 @@ class LocalRL:
         self.actor: ActorWorker[Any] = ActorWorker(model, algorithm, optim, scorer=Scorer(model, attention=attention),
                                                    max_tokens_per_pass=budget)
         self.rank = PolicyRank(
-            rollout=RolloutWorker(model, sampling, algorithm=algorithm, ref_model=rollout_reference),
+            rollout=build_rollout_worker(model, sampling, algorithm=algorithm, ref_model=rollout_reference,
+                                         engine_folder=engine_folder),
             reward=RewardWorker(reward_fn, detokenize), actor=self.actor, reference=reference,
             plan_generator=lambda step: generator(self.seed, "plan", step),
             consistency_every=trainer.consistency_every,

@@ -35,6 +35,7 @@ from dllm_models import BaseWeightsView, has_adapters
 from dllm_rollout import SamplingConfig
 from dllm_train.algorithm import RLAlgorithm
 from dllm_train.config import OptimConfig, TrainerConfig
+from dllm_train.engine_rollout import build_rollout_worker
 from dllm_train.distributed.fsdp import (
     broadcast_parameters,
     full_state_dict,
@@ -75,6 +76,7 @@ class RankSetup:
     algorithm: RLAlgorithm[Any]
     optim: OptimConfig
     trainer: TrainerConfig
+    engine_folder: str | None = None
 
 
 def map_tensors(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
@@ -139,7 +141,8 @@ class RankWorker:
         budget = trainer.max_tokens_per_pass
         self.actor: ActorWorker[Any] = ActorWorker(self.model, alg, setup.optim,
                                                    scorer=self._scorer(self.model, attention), max_tokens_per_pass=budget)
-        self.rollout = RolloutWorker(replica, setup.sampling, algorithm=alg, ref_model=frozen)
+        self.rollout = build_rollout_worker(replica, setup.sampling, algorithm=alg, ref_model=frozen,
+                                            engine_folder=setup.engine_folder)
         ref_worker = None
         if base_reference:  # LoRA: the sharded policy's base weights, adapters off; no copy
             ref_worker = ReferenceWorker(self.model, scorer=BaseWeightsScorer(
