@@ -23,6 +23,9 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[ty
                    help="reward table(s), comma-separated to report them side by side: default (ours), "
                         "dare (DARE's verl rules), d1 (d1's parsers); default: each preset's own")
     p.add_argument("--harness", default="native", choices=("native", "opencompass"))
+    p.add_argument("--engine", default="native", choices=("native", "lmdeploy"),
+                   help="who decodes: the native decoder, or lmdeploy's PyTorch engine (block-diffusion "
+                        "models; needs the dllm-rollout[lmdeploy] extra)")
     p.add_argument("--limit", type=int, default=None, help="first N rows of each benchmark")
     p.add_argument("--batch-size", type=int, default=None,
                    help="prompts decoded together (default 64 on CUDA, 8 on CPU)")
@@ -60,6 +63,9 @@ def run_eval(args: argparse.Namespace) -> int:
     model = load_model(args.checkpoint, dtype=args.dtype, device=args.device)
     tokenizer = load_tokenizer(args.checkpoint)
     family = infer_family(model)
+    from dare.engine_eval import engine_generate
+
+    engine_fn = engine_generate(args.engine, args.checkpoint, model)
     results = []
     for preset_name, name in [(p, n) for p in presets for n in names]:
         preset = get_preset(preset_name)
@@ -78,13 +84,15 @@ def run_eval(args: argparse.Namespace) -> int:
         sub = out / name if len(presets) == 1 else out / preset_name / name
         result = run_benchmark(model, tokenizer, bench, preset=preset, batch_size=args.batch_size,
                                limit=args.limit, seed=args.seed, output_dir=sub, decoding=decoding,
-                               reward_mode=modes[0] if modes else None, family=family)
+                               reward_mode=modes[0] if modes else None, family=family, generate_fn=engine_fn)
         logger.info("%s: %d samples in %.1f s", name, len(result.samples), time.perf_counter() - t0)
         results.append(result)
         for mode in modes[1:]:  # same responses, another reward table
             other = rescore(result, mode)
             write_result(sub / f"reward-{mode}", other)
             results.append(other)
+    if engine_fn is not None:
+        engine_fn.close()
     table = render_table(results)
     (out / "results.md").write_text(table + "\n")
     print(table)
