@@ -175,13 +175,16 @@ def _model(family: str) -> torch.nn.Module:
     return build_tiny(family, seed=3, std=0.3).double()
 
 
-def _rollout(**extra: torch.Tensor) -> RolloutBatch:
-    """Three samples: left-padded prompts, right-padded (varying L) responses, P = 6, R = 7."""
+def _rollout(empty_row: bool = False, **extra: torch.Tensor) -> RolloutBatch:
+    """Three samples: left-padded prompts, right-padded (varying L) responses, P = 6, R = 7
+    (`empty_row`: the second response has no valid token, e.g. EOS first under eos_handling='truncate')."""
     g = torch.Generator().manual_seed(5)
     prompt = torch.randint(0, 60, (3, 6), generator=g)
     prompt_mask = torch.tensor([[0, 0, 1, 1, 1, 1], [1] * 6, [0, 1, 1, 1, 1, 1]], dtype=torch.bool)
     response = torch.randint(0, 60, (3, 7), generator=g)
     response_mask = torch.tensor([[1] * 7, [1, 1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 1, 1, 0]], dtype=torch.bool)
+    if empty_row:
+        response_mask[1] = False
     response = torch.where(response_mask, response, EOS)
     cfg = SamplingConfig(max_new_tokens=7, steps=4, block_length=BLOCK, block_diffusion=True)
     return RolloutBatch(prompt_ids=prompt, prompt_mask=prompt_mask, response_ids=response,
@@ -251,9 +254,10 @@ def test_bgpo_block_matches_dare(family: str) -> None:
     _assert_close(ours_loss, dare_loss, _grads(ours_loss, model), dare_grads)
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_ebpo_block_matches_dare(family: str) -> None:
-    model, rollout = _model(family), _rollout()
+@pytest.mark.parametrize(("family", "empty_row"), [("sdar", False), ("llada2_moe", False), ("sdar", True)])
+def test_ebpo_block_matches_dare(family: str, empty_row: bool) -> None:
+    # DARE averages the loss over the sequences with a valid response token (`sample_mask`)
+    model, rollout = _model(family), _rollout(empty_row)
     batch, alg = _batch(rollout), da.EBPO(mc_num=2)
     plan = alg.prepare(batch, torch.Generator().manual_seed(1))
     r = rollout.response_ids.shape[1]
