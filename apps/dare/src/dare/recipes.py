@@ -59,7 +59,7 @@ def _trainer(*, max_steps: int, save_every: int, eval_every: int = 0) -> Trainer
     return TrainerConfig(max_steps=max_steps, seed=0, eval_every=eval_every, save_every=save_every,
                          max_tokens_per_pass=16384, activation_checkpointing=True)
 _GROUP = {"espo": 16, "d-treerpo": 16}
-_PROMPTS = {"coupled-grpo@dream": 8}
+_PROMPTS = {"coupled-grpo@dream": 8, "bridgeratio-grpo@dream": 8}  # bridgeratio-grpo runs the coupled-grpo scripts
 _LR = {"d-treerpo": 3e-5, "dmpo": 1e-6}
 _ROLLOUT_CHANGES: dict[str, dict[str, object]] = {
     "justgrpo": {"block_length": 1, "steps": 512},
