@@ -138,3 +138,13 @@ def test_rollout_mini_batches_need_a_way_to_cut_the_data() -> None:
 
     with pytest.raises(ValueError, match="defines no num_rows / select_rows"):
         check_settings(Uncut(), SAMPLING, consistency_every=0)
+
+
+def test_metrics_jsonl_records_the_optimizer_steps_of_every_rl_step(tmp_path: Any) -> None:
+    from dllm_train import PhaseSpec, Run, read_metrics
+
+    model = tiny_model("llada")
+    rl = local_rl(model, CopiesPG(), reward=text_reward)
+    Run(tmp_path, model, progress=False).run_phase(PhaseSpec(order=0, name="rl", steps=2, step_fn=rl.step, owner=rl))
+    records = read_metrics(tmp_path / "metrics.jsonl")
+    assert [r["optimizer_steps"] for r in records] == [COPIES, COPIES]
