@@ -1,7 +1,8 @@
 """`task=<task>` on an RL recipe: the settings DARE's recipe scripts change per task (yjyddq/DARE at
 83ae8a3: recipe/llada/run_espo_llada_8b_instruct.sh:184-224, recipe/llada/run_d1_llada_8b_instruct.sh:87-115,
 recipe/llada/run_cj_grpo_llada_8b_instruct.sh:87-115, recipe/llada/run_justgrpo_llada_8b_instruct.sh:139-167,
-recipe/sdar/run_bgpo_sdar_8b_chat.sh:172-198; docs/algorithms.md#per-task-settings)."""
+recipe/sdar/run_bgpo_sdar_8b_chat.sh:172-198,
+recipe/llada2_mini/run_bgpo_llada2_mini.sh:92-120; docs/algorithms.md#per-task-settings)."""
 
 from __future__ import annotations
 
@@ -35,6 +36,10 @@ def test_lengths_follow_the_algorithms_script() -> None:
     sdar = resolve(get_recipe("sdar-bgpo"), ["task=code"])
     assert sdar.data is not None and sdar.rollout is not None
     assert (sdar.data.max_prompt_length, sdar.rollout.max_new_tokens) == (1024, get_recipe("sdar-bgpo").rollout.max_new_tokens)  # type: ignore[union-attr]
+    llada2 = resolve(get_recipe("llada2-ebpo"), ["task=code"])
+    assert llada2.data is not None and llada2.rollout is not None
+    assert (llada2.data.max_prompt_length, llada2.rollout.steps) == (1024, 32)
+    assert resolve(get_recipe("llada2-ebpo"), ["task=sudoku"]).rollout.steps == 16  # type: ignore[union-attr]
     tree = get_recipe("llada-d-treerpo")  # one setting for every task in DARE's d-TreeRPO script
     assert resolve(tree, ["task=sudoku"]).rollout == tree.rollout
 

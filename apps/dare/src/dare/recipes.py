@@ -201,14 +201,19 @@ def task_settings(family: str, algorithm: str, task: str) -> dict[str, object]:
     if algorithm in _TASK_FREE:
         return {}
     if family_kind(family) == "block":
-        # SDAR's BGPO/EBPO scripts: responses of 2048 for every task, prompts of 1024 for code
-        return {"data.max_prompt_length": 1024 if task == "code" else 512} if family == "sdar" else {}
+        if family not in ("sdar", "llada2"):  # no DARE RL script
+            return {}
+        # SDAR and LLaDA2 scripts: responses of 2048 for every task, prompts of 1024 for code
+        out: dict[str, object] = {"data.max_prompt_length": 1024 if task == "code" else 512}
+        if family == "llada2" and algorithm in ("bgpo", "ebpo"):
+            # LLaDA2 BGPO/EBPO decode R/2 steps in all (R for code): per block of 32, 16 (32)
+            out["rollout.steps"] = 32 if task == "code" else 16
+        return out
     prompt, response, steps = (_CJ_TASKS[family][task] if algorithm == "cj-grpo" and family in _CJ_TASKS
                                else _MASKED_TASKS[task])
     if algorithm == "justgrpo":  # decodes one token per step
         steps = response
-    out: dict[str, object] = {"data.max_prompt_length": prompt, "rollout.max_new_tokens": response,
-                              "rollout.steps": steps}
+    out = {"data.max_prompt_length": prompt, "rollout.max_new_tokens": response, "rollout.steps": steps}
     if algorithm == "espo":
         beta, clip, group = _ESPO_TASKS[task]
         out.update({"algorithm.kl_coef": beta, "algorithm.clip_low": clip, "algorithm.clip_high": clip,
