@@ -32,6 +32,13 @@ PromptSampler = Callable[[int], PromptBatch]
 
 def check_settings(algorithm: RLAlgorithm[Any], sampling: SamplingConfig, *, consistency_every: int) -> None:
     """Raise before any work on settings no step can honour (field, value and fix in the message)."""
+    if algorithm.mini_batch_rows not in ("all", "rollout"):
+        raise ValueError(f"algorithm {algorithm.label}: mini_batch_rows={algorithm.mini_batch_rows!r} is not "
+                         "one of 'all', 'rollout'")
+    if algorithm.mini_batch_rows == "rollout" and (type(algorithm).select_rows is RLAlgorithm.select_rows
+                                                   or type(algorithm).num_rows is RLAlgorithm.num_rows):
+        raise ValueError(f"algorithm {algorithm.label} trains in rollout-sized mini-batches "
+                         "(mini_batch_rows='rollout') but defines no num_rows / select_rows to cut its data")
     if consistency_every and not sampling.record_trajectory:
         raise ValueError(
             f"trainer.consistency_every={consistency_every} needs recorded trajectories; "

@@ -26,6 +26,7 @@ from dllm_train.algorithm import LossInputs, RLAlgorithm, RLBatch, SpecialTokens
 from dllm_train.config import OptimConfig
 from dllm_train.likelihood import Scorer
 from dllm_train.lockstep import group_all
+from dllm_train.minibatch import mean_metrics, mini_batches
 from dllm_train.passes import accumulate, evaluate
 from dllm_train.schedule import learning_rate
 
@@ -278,7 +279,8 @@ class ActorWorker(Generic[D]):
     def old_from_training_pass(self) -> bool:
         """Whether old values come from the training forward (see `reuse_old`)."""
         alg = self.algorithm
-        return self.reuse_old and alg.needs_old and alg.num_iterations == 1 and alg.row_local
+        return (self.reuse_old and alg.needs_old and alg.num_iterations == 1 and alg.row_local
+                and alg.mini_batch_rows == "all")
 
     def _values_fn(self, prepared: Prepared[D], iteration: int) -> Callable[[Any], torch.Tensor]:
         alg = self.algorithm
@@ -305,10 +307,20 @@ class ActorWorker(Generic[D]):
         return dataclasses.replace(prepared, old=old, old_outputs=outputs)
 
     def update(self, prepared: Prepared[D], advantages: torch.Tensor) -> dict[str, float]:
-        """One optimizer step per algorithm iteration; a non-finite loss or gradient skips it."""
+        """Per algorithm iteration, one optimizer step per mini-batch (`RLAlgorithm.mini_batch_rows`);
+        a non-finite loss or gradient skips it.
+
+        Returns:
+            the last iteration's metrics, averaged over its mini-batches, and `optimizer_steps`
+            (the optimizer updates made, skipped ones not counted).
+        """
         out: dict[str, float] = {}
+        made = 0
         for i in range(self.algorithm.num_iterations):
-            out = self._step(prepared, advantages, i)
+            parts = [self._step(part, advantages, i) for part in mini_batches(self.algorithm, prepared)]
+            made += sum(1 for p in parts if not p["skipped"])
+            out = mean_metrics(parts)
+        out["optimizer_steps"] = float(made)
         return out
 
     def _step(self, prepared: Prepared[D], advantages: torch.Tensor, iteration: int) -> dict[str, float]:
