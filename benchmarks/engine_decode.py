@@ -34,6 +34,26 @@ sys.path.insert(0, str(HERE))
 from e2e_gpu import _default_dir, prepare_model  # noqa: E402
 
 
+def sharpen_head(folder: Path, scale: float) -> None:
+    """Multiply the folder's `lm_head.weight` by `scale` once (a marker file records it).
+
+    Random weights give nearly flat logits, whose argmax flips under any rounding difference, so
+    greedy agreement between two correct implementations is near zero; a sharper head makes the
+    argmax robust and the agreement a test of "same function".
+    """
+    from safetensors.torch import load_file, save_file
+
+    marker = folder / f".head_scale_{scale:g}"
+    if scale == 1.0 or marker.exists():
+        return
+    index = folder / "model.safetensors.index.json"
+    name = json.loads(index.read_text())["weight_map"]["lm_head.weight"] if index.exists() else "model.safetensors"
+    tensors = load_file(str(folder / name))
+    tensors["lm_head.weight"] = tensors["lm_head.weight"] * scale
+    save_file(tensors, str(folder / name), metadata={"format": "pt"})
+    marker.write_text("")
+
+
 def chat_prompts(folder: Path, data: Path, n: int) -> list[list[int]]:
     """`n` GSM8K questions as chat-template token ids (cycled when the file has fewer)."""
     import pyarrow.parquet as pq
@@ -216,12 +236,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", type=int, default=0, help="profile one native decode of this many new tokens")
     ap.add_argument("--workdir", type=Path, default=Path("/dev/shm/engine_decode"))
     ap.add_argument("--tiny", action="store_true")
+    ap.add_argument("--head-scale", type=float, default=1.0, help="sharpen the random head (greedy agreement)")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() and not args.tiny else "cpu"
     info = prepare_model(args.model, _default_dir("checkpoints"), args.workdir, tiny=args.tiny, device=device)
     print(json.dumps(info), flush=True)
     folder = Path(info["folder"])
+    sharpen_head(folder, args.head_scale)
     rows = [int(x) for x in args.rows.split(",")]
     news = [int(x) for x in args.new.split(",")]
     data = _default_dir("data") / "rl/train/gsm8k_1.parquet"
