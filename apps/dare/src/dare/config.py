@@ -161,6 +161,26 @@ class RunConfig:
                              f"not family {family!r}")
         if kind == "sft":
             object.__setattr__(self, "algorithm", _sft_entry(self, entry))
+        if kind in ("rl", "quickstart"):
+            check_policy_gradient(self.algorithm, self.rollout, self.algorithm_name)
+
+
+def check_policy_gradient(algorithm: Any, rollout: SamplingConfig, name: str) -> None:
+    """Raise if RL `algorithm` would train with an identically zero policy gradient under `rollout`.
+
+    An algorithm that learns only from differences between the samples of a group
+    (`needs_distinct_samples`: group-relative advantages or weights) gets none when decoding is
+    deterministic (`SamplingConfig.deterministic`: temperature 0 with confidence-ordered commits),
+    since every sample of a group is then the same response with the same reward.
+    """
+    sampling = algorithm.sampling(rollout)
+    if not (algorithm.needs_distinct_samples and sampling.deterministic):
+        return
+    raise ValueError(
+        f"rollout.temperature={rollout.temperature} with remasking {sampling.remasking!r} decodes every sample "
+        f"of a prompt's group to the same response, so algorithm {name!r} ({algorithm.label}), which learns from "
+        "the differences within a group, would train with a policy gradient of exactly 0 (loss 0, grad norm 0 "
+        "every step). Set rollout.temperature > 0 (the recipes use 0.2-1.0)")
 
 
 _OPTIONAL = tuple(dict.fromkeys(n for names in SECTIONS.values() for n in names))

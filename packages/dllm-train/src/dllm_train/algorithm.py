@@ -103,6 +103,12 @@ class RLAlgorithm(ABC, Generic[D]):
             cannot reproduce.
         chunkable_rollout: `generate` may run on any subset of rows (`rollout.max_rows`); False
             for rollouts that couple rows (e.g. a tree over a whole group).
+        needs_distinct_samples (a property): the reward reaches the gradient only through differences
+            between the samples of a group (group-relative advantages or weights): when every
+            sample of a group is the same, as under deterministic decoding
+            (`SamplingConfig.deterministic`, e.g. temperature 0), the policy gradient is
+            identically zero. True for the default GRPO advantages; a run config refuses such
+            decoding for an algorithm that declares it.
     """
 
     needs_old: bool = True
@@ -118,6 +124,12 @@ class RLAlgorithm(ABC, Generic[D]):
     def needs_reference(self) -> bool:
         """Whether a frozen reference model scores `values` too (default: no)."""
         return False
+
+    @property
+    def needs_distinct_samples(self) -> bool:
+        """Whether the policy gradient is identically zero when every sample of a group is the
+        same (default: yes, as for the default GRPO advantages); see the class doc."""
+        return True
 
     @property
     def label(self) -> str:
