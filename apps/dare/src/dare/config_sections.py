@@ -83,7 +83,7 @@ class DataConfig:
 
     Attributes:
         train_files: comma-separated parquet paths (RL: or shipped dataset names); set by the user.
-            Schemas: RL in `pipeline.read_rl_rows`, SFT and preference in `dare.datasets`.
+            Schemas: RL in `dare.rl_data`, SFT and preference in `dare.datasets`.
         eval_files: comma-separated dllm_eval benchmark names validated during training.
         eval_max_rows: rows of each `eval_files` benchmark scored at every validation (the first
             N, the same at every validation; default 64); 0: every row (slow on big benchmarks).
