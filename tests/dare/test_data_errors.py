@@ -89,7 +89,7 @@ def _fails(capsys: pytest.CaptureFixture[str], ckpt: Path, data: Path | str, out
     ({"prompt": [MESSAGE, [{"role": "user", "content": ""}]]}, "row 1, column 'prompt': is empty"),
     ({"data_source": ["gsm8k", None]}, "row 1, column 'data_source': is null"),
     ({"data_source": ["gsm8k", "gsm8kk"]}, "row 1, column 'data_source': 'gsm8kk' (1 row(s)) is scored by no "
-                                           "verifier; did you mean 'gsm8k'?; known data sources: ["),
+                                           "verifier (did you mean 'gsm8k'?); known data sources: ["),
 ])
 def test_rl_cells_are_named_before_the_model_loads(columns: dict[str, list[Any]], needle: str, ckpt: Path,
                                                    tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -25,7 +25,7 @@ from dare.config_sections import (
     PreferenceConfig,
     TinyModelConfig,
 )
-from dare.config_tree import apply_tree, coerce, from_dict, parse_overrides, section_type
+from dare.config_tree import apply_tree, coerce, did_you_mean, did_you_mean_key, from_dict, parse_overrides, section_type
 from dare.config_tree import to_dict as _tree_to_dict
 from dare.tasks.addition import AdditionConfig
 from dllm_algorithms import SFT
@@ -59,7 +59,8 @@ def algorithm_kind(name: str) -> str:
         if name in table:
             return kind
     names = sorted([*ALGORITHMS, *SFT_ALGORITHMS, *PREFERENCE_ALGORITHMS])
-    raise ValueError(f"algorithm {name!r} is unknown; choose one of {names} (see `dare recipes`)")
+    raise ValueError(f"algorithm {name!r} is unknown{did_you_mean(name, names)}; choose one of {names} "
+                     "(see `dare recipes`)")
 
 
 def registry_entry(name: str) -> Any:
@@ -230,7 +231,8 @@ def run_config_from_dict(data: dict[str, Any]) -> RunConfig:
     names = [f.name for f in dataclasses.fields(RunConfig)]
     unknown = sorted(set(data) - set(names))
     if unknown:
-        raise ValueError(f"unknown config keys {unknown}: the run config has {names}")
+        raise ValueError(f"unknown config keys {unknown}{did_you_mean_key(unknown[0], names)}: the run config "
+                         f"has {names}")
     kwargs: dict[str, Any] = {}
     for key, value in data.items():
         if key == "algorithm":
@@ -278,7 +280,8 @@ def apply_overrides(cfg: RunConfig, overrides: list[str]) -> RunConfig:
     hints = typing.get_type_hints(RunConfig)
     for key, sub in tree.items():
         if key not in hints:
-            raise ValueError(f"unknown config key {key!r}: the run config has {sorted(hints)}")
+            raise ValueError(f"unknown config key {key!r}{did_you_mean_key(key, hints)}: the run config has "
+                             f"{sorted(hints)}")
         current, cls = getattr(cfg, key), section_type(hints[key])
         if cls is not None and current is None:
             full = f"{key}.{next(iter(sub))}" if isinstance(sub, dict) else key

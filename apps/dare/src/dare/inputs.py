@@ -12,6 +12,7 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
+from dare.config_tree import did_you_mean
 from dllm_models import NoWeightsError, family_for, has_tokenizer, read_config, weight_files
 
 
@@ -105,14 +106,6 @@ def check_parquet_file(path: str | Path, field: str = "data.train_files") -> int
         raise ValueError(f"{field} entry {str(path)!r} has no rows (an empty parquet file); pass a file with "
                          "examples, or drop it from the list")
     return rows
-
-
-def did_you_mean(word: str, choices: Collection[str]) -> str:
-    """'; did you mean 'x'?' for the closest of `choices` to `word` (difflib), else ''."""
-    import difflib
-
-    close = difflib.get_close_matches(word, [str(c) for c in choices], n=1, cutoff=0.6)
-    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 def config_positions(raw: dict[str, Any]) -> int | None:
@@ -233,5 +226,5 @@ def eval_prompt_warnings(model: Any, tokenizer: Any, bench: Any, preset: Any, ma
 
 
 __all__ = ["check_checkpoint", "check_eval_inputs", "check_family_name", "check_output_dir", "check_parquet_file",
-           "check_rl_columns", "check_rl_data", "config_positions", "did_you_mean", "eval_prompt_warnings",
+           "check_rl_columns", "check_rl_data", "config_positions", "eval_prompt_warnings",
            "max_positions", "train_file_entries"]

@@ -26,7 +26,8 @@ import pyarrow.parquet as pq  # type: ignore[import-untyped,unused-ignore]
 
 from dare.config import RunConfig, need
 from dare.datasets import cell_prompt, cell_text, chat_prompt_ids, check_kept
-from dare.inputs import check_rl_columns, config_positions, did_you_mean, train_file_entries
+from dare.config_tree import did_you_mean
+from dare.inputs import check_rl_columns, config_positions, train_file_entries
 from dllm_eval import DATASETS, REWARDS, Row, load_rows
 from dllm_models import read_config
 
