@@ -16,6 +16,7 @@ from functools import partial
 
 from dare.algorithms import ALGORITHMS, PREFERENCE_ALGORITHMS, SFT_ALGORITHMS
 from dare.config import CheckpointModelConfig, DataConfig, EvalConfig, PreferenceConfig, RunConfig, TinyModelConfig
+from dare.config_tree import did_you_mean
 from dare.tasks.addition import AdditionConfig
 from dllm_models import FAMILY_NAMES, family_kind
 from dllm_rollout import SamplingConfig
@@ -166,8 +167,10 @@ for _kind, _table, _builder in (("RL", ALGORITHMS, rl_recipe), ("preference", PR
 
 
 def get_recipe(name: str) -> RunConfig:
+    """The run config of recipe `name` (`RECIPES`); unknown names suggest the closest one."""
     if name not in RECIPES:
-        raise ValueError(f"recipe {name!r} is unknown; choose one of {sorted(RECIPES)} (see `dare recipes`)")
+        raise ValueError(f"recipe {name!r} is unknown{did_you_mean(name, RECIPES)}; choose one of {sorted(RECIPES)} "
+                         "(see `dare recipes`)")
     return RECIPES[name]()
 
 

@@ -64,6 +64,13 @@ class DMPO(RLAlgorithm[WeightedMasks]):
         if self.num_iterations < 1:
             raise ValueError(f"algorithm.num_iterations must be >= 1, got {self.num_iterations}")
 
+    @property
+    def needs_distinct_samples(self) -> bool:
+        """Identical samples of a group get equal self-normalised weights, which the group,
+        individual and model baselines cancel (`dmpo_baseline`); raw rewards (alpha=-1) survive
+        the individual and model baselines, and no baseline keeps every weight."""
+        return self.baseline == "group" or (self.alpha != -1 and self.baseline in ("individual", "model"))
+
     def sampling(self, sampling: SamplingConfig) -> SamplingConfig:
         return with_fields(sampling, record_trajectory=True)
 

@@ -1,7 +1,7 @@
 """dllm_models: native diffusion LM families, attention backends and checkpoint I/O."""
 
 from dllm_models.attention import BACKENDS, AttentionMask, attend
-from dllm_models.checkpoint import CheckpointFilesError, load_model, read_config, save_model, weight_files
+from dllm_models.checkpoint import CheckpointFilesError, NoWeightsError, load_model, read_config, save_model, weight_files
 from dllm_models.families.llada import LLaDAConfig, LLaDAModel
 from dllm_models.protocol import DiffusionLM, DiffusionTraits, KVCache, ModelOutput
 from dllm_models.registry import (
@@ -26,6 +26,7 @@ __all__ = [
     "MODEL_TYPES",
     "AttentionMask",
     "CheckpointFilesError",
+    "NoWeightsError",
     "DiffusionLM",
     "DiffusionTraits",
     "Family",

@@ -158,6 +158,14 @@ class SamplingConfig:
             )
 
     @property
+    def deterministic(self) -> bool:
+        """Whether decoding draws no randomness, so every row of a prompt decodes the same response:
+        temperature 0 (argmax proposals) with confidence-ordered commits ("random" remasking, and
+        Dream's "origin" or `alg_temp` position sampling without `threshold`, draw per-row noise)."""
+        sampled_positions = self.threshold is None and (self.remasking == "origin" or bool(self.alg_temp))
+        return self.temperature == 0 and self.remasking != "random" and not sampled_positions
+
+    @property
     def num_blocks(self) -> int:
         """Masked diffusion: blocks in the response."""
         return self.max_new_tokens // self.block_length

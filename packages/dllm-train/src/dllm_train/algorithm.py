@@ -112,6 +112,12 @@ class RLAlgorithm(ABC, Generic[D]):
             to the rollout batch: training rows packed as K copies of the batch, copy-major, give
             K steps per iteration). Old values are computed once, before the first step, so the
             later mini-batches are off-policy. "rollout" needs `num_rows` and `select_rows`.
+        needs_distinct_samples (a property): the reward reaches the gradient only through differences
+            between the samples of a group (group-relative advantages or weights): when every
+            sample of a group is the same, as under deterministic decoding
+            (`SamplingConfig.deterministic`, e.g. temperature 0), the policy gradient is
+            identically zero. True for the default GRPO advantages; a run config refuses such
+            decoding for an algorithm that declares it.
     """
 
     needs_old: bool = True
@@ -140,6 +146,12 @@ class RLAlgorithm(ABC, Generic[D]):
     def select_rows(self, data: D, rows: slice) -> D:
         """`data` restricted to training rows `rows` (what `values` and `loss` read for a mini-batch)."""
         raise NotImplementedError(f"{self.label} splits no training rows into mini-batches")
+
+    @property
+    def needs_distinct_samples(self) -> bool:
+        """Whether the policy gradient is identically zero when every sample of a group is the
+        same (default: yes, as for the default GRPO advantages); see the class doc."""
+        return True
 
     @property
     def label(self) -> str:
