@@ -3,8 +3,9 @@
 An algorithm computes its values (token log-probs, ELBOs, replayed steps, ...) from one or more
 `Scorer` calls, each over a set of rows (Monte-Carlo copies, BD3LM rows, replay states, tree
 segments...). Here every such call is split into passes of at most `max_tokens` tokens
-(`Scorer.row_cost`), in the spirit of verl's dynamic batch size, and the gradient of the loss is
-accumulated pass by pass so that it equals the single-batch gradient:
+(`Scorer.row_cost`, less the clean halves Monte-Carlo copies share: `Scorer.shared_tokens`), in
+the spirit of verl's dynamic batch size, and the gradient of the loss is accumulated pass by
+pass so that it equals the single-batch gradient:
 
 - a *row-local* loss (its gradient with respect to a scored row depends on that row alone: token
   PPO, per-copy ELBO surrogates, step replays, weighted cross-entropy) is evaluated once per pass,
@@ -123,7 +124,11 @@ def trace(values: ValuesFn, scorer: Scorer) -> list[ScoreCall]:
 def split(calls: list[ScoreCall], scorer: Scorer, max_tokens: int) -> list[Pass]:
     """Consecutive rows of each call in passes of at most `max_tokens` tokens (0: one pass per call).
 
-    A row costing more than the budget alone gets a pass of its own.
+    A pass of rows [a, b) costs what its forward runs: sum(row_cost[a:b]) less the clean halves
+    that rows a + 1 .. b - 1 share with their predecessors (`Scorer.shared_tokens`), so a group of
+    k Monte-Carlo copies of one block-family sequence costs (k + 1) L tokens, and a group split
+    over several passes pays one clean half in each. A row costing more than the budget alone
+    gets a pass of its own.
     """
     passes: list[Pass] = []
     for i, call in enumerate(calls):
@@ -135,12 +140,13 @@ def split(calls: list[ScoreCall], scorer: Scorer, max_tokens: int) -> list[Pass]
             continue
         clean = call.clean if call.clean is not None else (call.targets if call.targets.dim() == 2 else None)
         cost = scorer.row_cost(call.noisy, call.attention, clean).tolist()
+        shared = scorer.shared_tokens(call.noisy, call.attention, clean).tolist()
         start, used = 0, 0
         for r, c in enumerate(cost):
-            if r > start and used + c > max_tokens:
+            if r > start and used + c - shared[r] > max_tokens:
                 passes.append(Pass(i, torch.arange(start, r, device=call.noisy.device)))
                 start, used = r, 0
-            used += c
+            used += c - (shared[r] if r > start else 0)
         passes.append(Pass(i, torch.arange(start, m, device=call.noisy.device)))
     return passes
 
