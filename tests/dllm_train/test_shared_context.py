@@ -191,3 +191,52 @@ def test_the_layout_is_a_validated_trainer_field_that_reaches_every_scorer() -> 
     for layout in ("shared", "doubled"):
         rl = local_rl(tiny_model("sdar"), BGPO(mc_num=2), train_attention="sdpa", bd3lm_layout=layout)
         assert rl.actor.scorer.shared_context == (layout == "shared")
+
+
+def test_a_group_that_must_split_pays_the_fewest_clean_halves() -> None:
+    """16 copies of each of 3 sequences of 10 tokens, 70 tokens per pass (a clean half and 6
+    copies): every group takes ceil(16 / 6) = 3 passes, 3 clean halves, where filling each pass
+    row by row would start groups in the tail of a pass and pay 4 for some."""
+    model = tiny_model("sdar")
+    scorer = Scorer(model, attention="sdpa")
+    g = torch.Generator().manual_seed(0)
+    seqs = torch.randint(0, 12, (3, 10), generator=g)
+    rows = seqs.repeat_interleave(16, 0)
+    noisy = rows.clone()
+    noisy[:, -3:] = model.traits.mask_token_id
+    attn = torch.ones_like(rows, dtype=torch.bool)
+    from dllm_train.passes import ScoreCall
+
+    call = ScoreCall(noisy, attn, rows, None, 1.0)
+    passes = split([call], scorer, 70)
+    assert torch.cat([p.rows for p in passes]).tolist() == list(range(48))
+    cost = scorer.row_cost(noisy, attn, rows)
+    saved = scorer.shared_tokens(noisy, attn, rows)
+    priced = [int(cost[p.rows].sum() - saved[p.rows][1:].sum()) for p in passes]
+    assert max(priced) <= 70
+    clean_halves = sum(1 + int((saved[p.rows][1:] == 0).sum()) for p in passes)
+    assert clean_halves == 9 and len(passes) == 9, (clean_halves, [p.rows.tolist() for p in passes])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", ["sdar", "llada2"])
+def test_shared_clean_layout_on_compiled_flex_on_gpu(family: str) -> None:
+    """CUDA, compiled flex (the GPU default for block families), float32: shared equals doubled."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    model = tiny_model(family).cuda().train()
+    ids, attn, plan = _batch()
+    ids, attn = ids.cuda(), attn.cuda()
+    plan = type(plan)(mask=plan.mask.cuda(), p_mask=plan.p_mask.cuda(), meta=plan.meta)
+
+    def run(shared: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        model.zero_grad(set_to_none=True)
+        lp = plan_token_logp(Scorer(model, attention="flex", shared_context=shared), ids, attn, plan)
+        torch.exp(lp.clamp(max=0)).sum().backward()
+        return lp.detach(), _grads(model)
+
+    (got, got_grads), (ref, ref_grads) = run(True), run(False)
+    torch.testing.assert_close(got, ref, rtol=5e-3, atol=5e-3)  # Triton float32 dots run in TF32
+    for a, b in zip(got_grads, ref_grads):
+        cos = torch.nn.functional.cosine_similarity(a.flatten(), b.flatten(), dim=0)
+        assert cos > 0.999 or (a.abs().max() < 1e-6 and b.abs().max() < 1e-6), float(cos)
