@@ -212,6 +212,7 @@ class LocalRL:
         self.algorithm = algorithm
         self.seed = trainer.seed
         attention = resolved_attention(trainer, model)
+        shared = trainer.bd3lm_layout == "shared"
         set_activation_checkpointing(model, trainer.activation_checkpointing)
         budget = trainer.max_tokens_per_pass
         lora = has_adapters(model)
@@ -223,13 +224,15 @@ class LocalRL:
         rollout_reference = (BaseWeightsView(model) if lora else frozen) if algorithm.needs_rollout_reference else None
         reference = None
         if base_reference:  # LoRA: the reference is the frozen base weights, adapters off; no copy
-            reference = ReferenceWorker(model, scorer=BaseWeightsScorer(model, attention=attention),
+            reference = ReferenceWorker(model, scorer=BaseWeightsScorer(model, attention=attention, shared_context=shared),
                                         max_tokens_per_pass=budget, freeze=False)
         elif algorithm.needs_reference and frozen is not None:
-            reference = ReferenceWorker(frozen, scorer=OffloadedScorer(frozen, attention=attention)
-                                        if trainer.reference_offload else Scorer(frozen, attention=attention),
+            reference = ReferenceWorker(frozen, scorer=OffloadedScorer(frozen, attention=attention, shared_context=shared)
+                                        if trainer.reference_offload
+                                        else Scorer(frozen, attention=attention, shared_context=shared),
                                         max_tokens_per_pass=budget)
-        self.actor: ActorWorker[Any] = ActorWorker(model, algorithm, optim, scorer=Scorer(model, attention=attention),
+        self.actor: ActorWorker[Any] = ActorWorker(model, algorithm, optim,
+                                                   scorer=Scorer(model, attention=attention, shared_context=shared),
                                                    max_tokens_per_pass=budget)
         self.rank = PolicyRank(
             rollout=build_rollout_worker(model, sampling, algorithm=algorithm, ref_model=rollout_reference,
@@ -297,9 +300,10 @@ class OffloadedScorer(Scorer):
     GPU: between its passes it holds no device memory (the moves cost a transfer per call).
     """
 
-    def __init__(self, model: Any, *, attention: str | None = None, device: str | None = None) -> None:
+    def __init__(self, model: Any, *, attention: str | None = None, device: str | None = None,
+                 shared_context: bool = True) -> None:
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        super().__init__(model.to("cpu"), attention=attention)
+        super().__init__(model.to("cpu"), attention=attention, shared_context=shared_context)
 
     def __call__(self, noisy_ids: torch.Tensor, attention_mask: torch.Tensor, targets: torch.Tensor, *,
                  clean_ids: torch.Tensor | None = None, temperature: float = 1.0) -> torch.Tensor:

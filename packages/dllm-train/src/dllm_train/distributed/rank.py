@@ -136,6 +136,7 @@ class RankWorker:
         if alg.needs_rollout_reference:  # LoRA: the replica's base weights (adapters off) are the initial policy
             frozen = BaseWeightsView(replica) if has_adapters(model) else _frozen_copy(model)
         attention = resolved_attention(trainer, replica) if sequence_parallel == 1 else None
+        self.shared_context = trainer.bd3lm_layout == "shared"
         set_activation_checkpointing(model, trainer.activation_checkpointing)
         self.model = shard_model(model, param_dtype=param_dtype, cpu_offload=trainer.fsdp_cpu_offload)
         budget = trainer.max_tokens_per_pass
@@ -146,7 +147,8 @@ class RankWorker:
         ref_worker = None
         if base_reference:  # LoRA: the sharded policy's base weights, adapters off; no copy
             ref_worker = ReferenceWorker(self.model, scorer=BaseWeightsScorer(
-                self.model, lockstep_group=dist.group.WORLD, attention=attention), max_tokens_per_pass=budget,
+                self.model, lockstep_group=dist.group.WORLD, attention=attention, shared_context=self.shared_context),
+                max_tokens_per_pass=budget,
                 freeze=False)
         elif reference is not None:
             ref_worker = ReferenceWorker(reference, scorer=self._scorer(reference, attention), max_tokens_per_pass=budget)
@@ -161,7 +163,7 @@ class RankWorker:
         # every forward of the sharded model is a collective over the world: ranks run passes in lockstep
         world = dist.group.WORLD
         if self.dims.sequence_parallel == 1:
-            return Scorer(model, lockstep_group=world, attention=attention)
+            return Scorer(model, lockstep_group=world, attention=attention, shared_context=self.shared_context)
         return SequenceParallelScorer(model, self.sp_group, lockstep_group=world)
 
     def _plan_generator(self, step: int) -> torch.Generator:
