@@ -13,8 +13,13 @@ Per configuration it runs `--steps` steps (the first warms up: flex compilation,
 optimizer state) and prints the last step's split: rollout, old, reference and update seconds,
 peak GiB, and the number of forward passes of the update. `--budgets 0,16384` compares one
 forward per scorer call ("before": what the trainer did without a token budget) with a budget.
+`--layouts shared,doubled` compares the block families' shared-clean BD3LM layout (the default:
+the Monte-Carlo copies of a sequence share one clean half) with the doubled one
+(`trainer.bd3lm_layout`), in the same call.
 
     python benchmarks/rl_iteration_bench.py --models SDAR-8B-Chat --algorithm bgpo --budgets 0,16384
+    python benchmarks/rl_iteration_bench.py --models SDAR-8B-Chat --algorithm bgpo --prompts 1 --group 8 \
+        --new-tokens 2048 --budgets 16384 --checkpointing --layouts doubled,shared   # sdar-bgpo, 8 rows
     python benchmarks/rl_iteration_bench.py --models LLaDA-8B-Instruct --algorithm d1 --cache dual
     uv run python benchmarks/rl_iteration_bench.py --tiny       # CPU smoke run (2 layers)
 """
@@ -77,18 +82,21 @@ def sampling_for(model: Any, args: argparse.Namespace) -> SamplingConfig:
                           temperature=0.6, cache=cache, max_rows=args.max_rows)
 
 
-def run(name: str, budget: int, args: argparse.Namespace, device: str, dtype: torch.dtype) -> dict[str, Any]:
+def run(name: str, budget: int, layout: str, args: argparse.Namespace, device: str,
+        dtype: torch.dtype) -> dict[str, Any]:
     model = _model(name, args.tiny, device, dtype)
     vocab = min(int(model.get_output_embeddings().weight.shape[0]), 100_000)
     algorithm = algorithm_named(args.algorithm)
     if args.mc_num and hasattr(algorithm, "mc_num"):
         algorithm = dataclasses.replace(algorithm, mc_num=args.mc_num)
     trainer = TrainerConfig(max_steps=args.steps, train_attention=args.train_attention, max_tokens_per_pass=budget,
-                            activation_checkpointing=args.checkpointing, reference_offload=args.reference_offload)
+                            bd3lm_layout=layout, activation_checkpointing=args.checkpointing,
+                            reference_offload=args.reference_offload)
     rl = LocalRL(model, prompts=prompt_sampler(args.prompts, args.group, args.prompt_len, vocab),
                  sampling=sampling_for(model, args), reward_fn=text_reward, detokenize=lambda ids: " ".join(map(str, ids)),
                  algorithm=algorithm, optim=OptimConfig(lr=1e-6, grad_clip=1.0), trainer=trainer)
     row: dict[str, Any] = {"model": name, "algorithm": args.algorithm, "max_tokens_per_pass": budget,
+                           "bd3lm_layout": layout,
                            "train_attention": args.train_attention, "cache": args.cache,
                            "checkpointing": args.checkpointing}
     try:
@@ -125,6 +133,7 @@ def main() -> None:
     ap.add_argument("--max-rows", type=int, default=0, help="rollout.max_rows")
     ap.add_argument("--train-attention", default="auto")
     ap.add_argument("--budgets", default="16384", help="comma-separated trainer.max_tokens_per_pass values")
+    ap.add_argument("--layouts", default="shared", help="comma-separated trainer.bd3lm_layout values (shared, doubled)")
     ap.add_argument("--checkpointing", action="store_true", help="trainer.activation_checkpointing")
     ap.add_argument("--reference-offload", action="store_true")
     ap.add_argument("--steps", type=int, default=2)
@@ -135,18 +144,19 @@ def main() -> None:
     if args.tiny:
         args.prompts, args.group, args.prompt_len, args.new_tokens = 2, 2, 16, 16
         args.train_attention = "sdpa" if args.train_attention == "auto" else args.train_attention
-    rows = [run(name.strip(), int(b), args, device, dtype) for name in args.models.split(",")
-            for b in args.budgets.split(",")]
+    rows = [run(name.strip(), int(b), layout.strip(), args, device, dtype) for name in args.models.split(",")
+            for b in args.budgets.split(",") for layout in args.layouts.split(",")]
     print(f"\ndevice={torch.cuda.get_device_name() if device == 'cuda' else 'cpu'} torch={torch.__version__}")
-    print(f"{'model':20s} {'alg':8s} {'budget':>7s} {'rollout':>8s} {'old':>6s} {'ref':>6s} {'update':>7s} "
+    print(f"{'model':20s} {'alg':8s} {'budget':>7s} {'layout':>7s} {'rollout':>8s} {'old':>6s} {'ref':>6s} {'update':>7s} "
           f"{'step s':>7s} {'passes':>6s} {'peak GiB':>8s}")
     for r in rows:
         if "error" in r:
-            print(f"{r['model']:20s} {r['algorithm']:8s} {r['max_tokens_per_pass']:7d}  {r['error']} "
+            print(f"{r['model']:20s} {r['algorithm']:8s} {r['max_tokens_per_pass']:7d} {r['bd3lm_layout']:>7s}  {r['error']} "
                   f"(peak {r.get('peak_gib', 0):.1f} GiB)")
             continue
         peak = f"{r['peak_gib']:8.1f}" if "peak_gib" in r else f"{'-':>8s}"
-        print(f"{r['model']:20s} {r['algorithm']:8s} {r['max_tokens_per_pass']:7d} {r.get('rollout_s', 0):8.2f} "
+        print(f"{r['model']:20s} {r['algorithm']:8s} {r['max_tokens_per_pass']:7d} {r['bd3lm_layout']:>7s} "
+              f"{r.get('rollout_s', 0):8.2f} "
               f"{r.get('old_s', 0):6.2f} {r.get('reference_s', 0):6.2f} {r.get('update_s', 0):7.2f} "
               f"{r['step_s']:7.2f} {r.get('update_passes', 0):6.0f} {peak}")
     target = args.json or (os.path.join(os.environ["OUT"], "rl_iteration_bench.json") if os.environ.get("OUT") else None)

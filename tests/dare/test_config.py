@@ -53,7 +53,8 @@ def test_algorithm_section_is_an_ordinary_dotted_override() -> None:
     assert cfg.algorithm == BGPO(mc_num=4, clip_high=0.28)  # the entry the run trains with
     with pytest.raises(ValueError, match="algorithm.mc_num: expected an integer, got 'four'"):
         apply_overrides(cfg, ["algorithm.mc_num=four"])
-    with pytest.raises(ValueError, match=r"unknown config key 'algorithm.mc_nm': algorithm 'bgpo' has "
+    with pytest.raises(ValueError, match=r"unknown config key 'algorithm.mc_nm' \(did you mean 'algorithm.mc_num'\?\): "
+                                         r"algorithm 'bgpo' has "
                                          r"\['clip_high', 'clip_low', 'dual_clip', 'mc_num'\]"):
         apply_overrides(cfg, ["algorithm.mc_nm=4"])
     with pytest.raises(ValueError, match="algorithm.num_iterations must be >= 1"):  # the entry's own validation

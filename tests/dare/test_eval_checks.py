@@ -125,6 +125,14 @@ def test_adapter_on_the_base_evaluates_as_the_merged_model(tiny_checkpoint: Path
         "weights_fingerprint"]
 
 
+def test_an_adapter_with_another_engine_is_refused(tiny_checkpoint: Path, tmp_path: Path, no_load: None,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["eval", str(tiny_checkpoint), "--adapter", str(tmp_path), "--engine", "lmdeploy",
+              "--output-dir", str(tmp_path / "o")])
+    assert "--adapter works with the native engine only" in capsys.readouterr().err
+
+
 def test_a_missing_adapter_fails_before_the_model_loads(tiny_checkpoint: Path, tmp_path: Path, no_load: None,
                                                         capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):

@@ -23,6 +23,8 @@ def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tok = build_tokenizer()
     path = tmp_path_factory.mktemp("ckpt") / "tiny-llada"
     save_model(build_tiny_model(tiny_config(), tok), path, tokenizer=tok)
+    raw = json.loads((path / "config.json").read_text())  # positions for the shipped countdown prompts
+    (path / "config.json").write_text(json.dumps({**raw, "max_sequence_length": 4096}))
     return path
 
 

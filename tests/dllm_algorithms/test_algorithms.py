@@ -9,6 +9,7 @@ import dataclasses
 import pytest
 import torch
 
+import dllm_algorithms as da
 from tests.dllm_algorithms.cases import ALGORITHMS, IDS, PAIRS, prepared_batch, sampling_for
 from tests.tiny_rl import FAMILIES, local_rl, text_reward, tiny_model
 
@@ -24,7 +25,10 @@ def test_steps_change_the_trainable_parameters(name: str, family: str) -> None:
     for step in range(3):
         metrics = rl.step(step)
         assert torch.isfinite(torch.tensor(metrics["loss"])), metrics
-        assert {"reward_mean", "grad_norm", "update_passes", "response_length"} <= set(metrics)
+        assert {"reward_mean", "grad_norm", "update_passes", "response_length", "optimizer_steps"} <= set(metrics)
+        alg = ALGORITHMS[name]
+        per_iteration = alg.top_k_steps if isinstance(alg, da.MDPO) else 1  # one step per selected denoising step
+        assert metrics["optimizer_steps"] == alg.num_iterations * per_iteration, metrics
         changed = any(not torch.equal(before[k], v) for k, v in model.state_dict().items())
         if changed:
             break

@@ -42,6 +42,10 @@ def _cases() -> dict[str, tuple[AttentionMask, int, int, int]]:
             1, 30, 30,
         ),
         "bd3lm": (bd3lm_mask([13, 4, 22], block_size=4), 1, 78, 78),
+        # 3 + 1 + 2 noisy copies sharing each sample's clean copy: 13*4 + 4*2 + 22*3 = 126 positions
+        "bd3lm_shared": (bd3lm_mask([13, 4, 22], block_size=4, copies=[3, 1, 2]), 1, 126, 126),
+        # samples shorter than a block: one 4-position tile holds several copies of the same block
+        "bd3lm_shared_short": (bd3lm_mask([2, 3], block_size=4, copies=[5, 4]), 1, 27, 27),
     }
 
 
@@ -96,7 +100,7 @@ def test_flex_tiles_are_exact_and_sparse(name: str) -> None:
         tile_any, tile_full = any_[row][qi // tile, ki // tile], full[row][qi // tile, ki // tile]
         assert not (allowed & ~tile_any).any(), "an allowed pair sits in a skipped tile"
         assert not (tile_full & ~allowed).any(), "a full tile holds a masked pair"
-    if name == "bd3lm":  # the layout is sparse: many tiles are skipped, many need no mask_mod
+    if name in ("bd3lm", "bd3lm_shared"):  # the layout is sparse: many tiles are skipped, many need no mask_mod
         assert (~any_).float().mean() > 0.4 and full.any()
 
 
@@ -127,6 +131,87 @@ def test_flex_bd3lm_matches_sdpa_on_random_shapes() -> None:
         torch.testing.assert_close(attend(q, k, v, mask, backend="flex"), ref, rtol=1e-5, atol=1e-5)
 
 
+def test_shared_clean_layout_is_the_doubled_layout_per_copy() -> None:
+    """Each noisy copy of [x_0 ; x_t^1 ; ... ; x_t^k] sees exactly what it sees in its own
+    [x_t ; x_0] pair of the doubled layout (the shared clean copy standing in for the pair's),
+    never another copy and never another sample; the clean copy sees what a pair's clean copy sees."""
+    lengths, copies, block = [5, 3, 9], [3, 1, 2], 2
+    shared = bd3lm_mask(lengths, block, copies=copies)
+    n = sum((k + 1) * m for m, k in zip(lengths, copies))
+    got = shared.dense(n, n, CPU)
+    pairs = [m for m, k in zip(lengths, copies) for _ in range(k)]  # one doubled pair per copy
+    d = 2 * sum(pairs)
+    ref = bd3lm_mask(pairs, block).dense(d, d, CPU)  # checked by hand in test_bd3lm_layout_by_hand
+    assert got is not None and ref is not None
+    pair_start = [0] + torch.tensor([2 * m for m in pairs]).cumsum(0).tolist()
+    # every shared position: (sample, pair of its copy or None for x_0, offset in the sample)
+    where: list[tuple[int, int | None, int]] = []
+    base = 0
+    for s, (m, k) in enumerate(zip(lengths, copies)):
+        where += [(s, None, i) for i in range(m)]
+        where += [(s, base + c, i) for c in range(k) for i in range(m)]
+        base += k
+
+    def doubled(pos: tuple[int, int | None, int], pair: int) -> int:
+        _, own, i = pos
+        return pair_start[pair] + (i if own is not None else pairs[pair] + i)  # x_t first, then x_0
+
+    first_pair = [sum(copies[:s]) for s in range(len(lengths))]
+    for q in range(n):
+        qs, qp, _ = where[q]
+        pair = qp if qp is not None else first_pair[qs]
+        for k in range(n):
+            ks, kp, _ = where[k]
+            if ks != qs or (kp is not None and kp != pair):
+                want = False  # another sample, or a noisy key of another copy
+            else:
+                want = bool(ref[0, 0, doubled(where[q], pair), doubled(where[k], pair)])
+            assert bool(got[0, 0, q, k]) == want, (q, k)
+    assert shared.cu_seqlens is not None and shared.cu_seqlens.tolist() == [0, 20, 26, 53]
+
+
+def test_shared_clean_layout_by_hand() -> None:
+    # one sample of length 2, block 1, two noisy copies: x_0 = 0..1, x_t^1 = 2..3, x_t^2 = 4..5
+    dense = bd3lm_mask([2], block_size=1, copies=[2]).dense(6, 6, CPU)
+    assert dense is not None
+    expected = torch.tensor([
+        [1, 0, 0, 0, 0, 0],  # clean block 0: itself
+        [1, 1, 0, 0, 0, 0],  # clean block 1: clean blocks 0, 1
+        [0, 0, 1, 0, 0, 0],  # copy 1 block 0: itself only
+        [1, 0, 0, 1, 0, 0],  # copy 1 block 1: clean block 0 and itself
+        [0, 0, 0, 0, 1, 0],  # copy 2 block 0: itself only (not copy 1's block 0)
+        [1, 0, 0, 0, 0, 1],  # copy 2 block 1: clean block 0 and itself
+    ], dtype=torch.bool)
+    assert torch.equal(dense[0, 0], expected)
+
+
+def test_flex_shared_clean_layout_matches_eager_on_random_shapes() -> None:
+    """The sparse BlockMask of random shared-clean packs (copies 1-5, tiles 16-128) equals the dense mask."""
+    from dllm_models.flex import _eager_flex, build_block_mask
+
+    g = torch.Generator().manual_seed(1)
+    for i in range(12):
+        n = int(torch.randint(1, 4, (), generator=g))
+        lengths = torch.randint(1, 24, (n,), generator=g).tolist()
+        copies = torch.randint(1, 6, (n,), generator=g).tolist()
+        block = [1, 2, 3, 4, 8, 32][i % 6]
+        tile = [16, 32, 128][i % 3]
+        mask = bd3lm_mask(lengths, block_size=block, copies=copies)
+        total = sum((k + 1) * m for m, k in zip(lengths, copies))
+        q, k, v = _qkv(1, 4, 2, total, total, seed=i)
+        ref = attend(q, k, v, mask, backend="eager")
+        out = _eager_flex(q, k, v, build_block_mask(mask, 1, total, total, CPU, tile=tile), True)
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5, msg=f"{lengths} {copies} {block} {tile}")
+
+
+def test_positions_of_the_shared_clean_layout() -> None:
+    from dllm_models.families.common import positions_from_attention
+
+    mask = bd3lm_mask([3, 2], block_size=2, copies=[2, 1])
+    pos = positions_from_attention(mask, 1, 13, CPU)
+    assert pos[0].tolist() == [0, 1, 2, 0, 1, 2, 0, 1, 2, 0, 1, 0, 1]
+
+
 def test_flex_block_mask_is_built_once_per_mask() -> None:
     mask, b, lq, lk = _cases()["bd3lm"]
     q, k, v = _qkv(b, 2, 2, lq, lk)
@@ -147,6 +232,12 @@ def test_varlen_on_cpu_is_a_clear_error() -> None:
 
 
 def test_bd3lm_mask_validates() -> None:
+    with pytest.raises(ValueError, match="copies must give one positive count per sample"):
+        bd3lm_mask([4, 2], block_size=2, copies=[1])
+    with pytest.raises(ValueError, match="copies must give one positive count per sample"):
+        bd3lm_mask([4], block_size=2, copies=[0])
+    with pytest.raises(ValueError, match="copy_ids .* needs is_clean"):
+        AttentionMask(block_ids=torch.zeros(1, 2, dtype=torch.long), copy_ids=torch.zeros(1, 2, dtype=torch.long))
     with pytest.raises(ValueError, match="block_size"):
         bd3lm_mask([4], block_size=0)
     with pytest.raises(ValueError, match="needs block_ids"):

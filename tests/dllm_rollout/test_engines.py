@@ -63,7 +63,9 @@ def test_lmdeploy_arguments_and_outputs() -> None:
         "dllm_block_length": 4, "dllm_denoising_steps": 4,
         "dllm_unmasking_strategy": "low_confidence_dynamic", "dllm_confidence_threshold": 0.9,
     }
-    assert lmdeploy_gen_config(CFG, seed=5)["random_seed"] == 5
+    gen = lmdeploy_gen_config(CFG, eos_id=62)
+    assert "random_seed" not in gen  # per-row seeds would reach the wrong rows (test_lmdeploy.py)
+    assert gen["include_stop_str_in_output"] and gen["stop_token_ids"] == [62] and gen["top_k"] == 50
     outs = [SimpleNamespace(text="", token_ids=[3, 62, 4], finish_reason="stop"),
             SimpleNamespace(text="", token_ids=[5], finish_reason="stop")]
     batch = batch_from_lmdeploy(outs, PROMPTS, torch.tensor([1, 2]), CFG, eos_id=62, pad_id=62)

@@ -15,10 +15,10 @@ from tqdm import tqdm
 
 from dare.algorithms import describe
 from dare.compare import add_compare_parser
-from dare.config import RunConfig, apply_overrides, load_config
+from dare.config import RunConfig, load_config
 from dare.evaluate import add_eval_parser
 from dare.inputs import check_eval_inputs
-from dare.recipes import RECIPE_DOCS, RECIPES, get_recipe
+from dare.recipes import RECIPE_DOCS, RECIPES, get_recipe, resolve
 from dare.run_folder import check_run_folder, config_change_allowed
 from dare.runs import add_runs_parser
 
@@ -56,7 +56,7 @@ def _resolved(args: argparse.Namespace) -> RunConfig:
     if args.config and args.recipe:
         raise ValueError(f"pass either a recipe ({args.recipe!r}) or --config {args.config}, not both")
     cfg = load_config(Path(args.config)) if args.config else get_recipe(args.recipe or "quickstart")
-    return apply_overrides(cfg, args.overrides)
+    return resolve(cfg, args.overrides)  # `task=<task>`: DARE's per-task settings
 
 
 def _train(args: argparse.Namespace) -> int:

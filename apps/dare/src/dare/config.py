@@ -25,7 +25,7 @@ from dare.config_sections import (
     PreferenceConfig,
     TinyModelConfig,
 )
-from dare.config_tree import apply_tree, coerce, from_dict, parse_overrides, section_type
+from dare.config_tree import apply_tree, coerce, did_you_mean, did_you_mean_key, from_dict, parse_overrides, section_type
 from dare.config_tree import to_dict as _tree_to_dict
 from dare.tasks.addition import AdditionConfig
 from dllm_algorithms import SFT
@@ -59,7 +59,8 @@ def algorithm_kind(name: str) -> str:
         if name in table:
             return kind
     names = sorted([*ALGORITHMS, *SFT_ALGORITHMS, *PREFERENCE_ALGORITHMS])
-    raise ValueError(f"algorithm {name!r} is unknown; choose one of {names} (see `dare recipes`)")
+    raise ValueError(f"algorithm {name!r} is unknown{did_you_mean(name, names)}; choose one of {names} "
+                     "(see `dare recipes`)")
 
 
 def registry_entry(name: str) -> Any:
@@ -161,6 +162,26 @@ class RunConfig:
                              f"not family {family!r}")
         if kind == "sft":
             object.__setattr__(self, "algorithm", _sft_entry(self, entry))
+        if kind in ("rl", "quickstart"):
+            check_policy_gradient(self.algorithm, self.rollout, self.algorithm_name)
+
+
+def check_policy_gradient(algorithm: Any, rollout: SamplingConfig, name: str) -> None:
+    """Raise if RL `algorithm` would train with an identically zero policy gradient under `rollout`.
+
+    An algorithm that learns only from differences between the samples of a group
+    (`needs_distinct_samples`: group-relative advantages or weights) gets none when decoding is
+    deterministic (`SamplingConfig.deterministic`: temperature 0 with confidence-ordered commits),
+    since every sample of a group is then the same response with the same reward.
+    """
+    sampling = algorithm.sampling(rollout)
+    if not (algorithm.needs_distinct_samples and sampling.deterministic):
+        return
+    raise ValueError(
+        f"rollout.temperature={rollout.temperature} with remasking {sampling.remasking!r} decodes every sample "
+        f"of a prompt's group to the same response, so algorithm {name!r} ({algorithm.label}), which learns from "
+        "the differences within a group, would train with a policy gradient of exactly 0 (loss 0, grad norm 0 "
+        "every step). Set rollout.temperature > 0 (the recipes use 0.2-1.0)")
 
 
 _OPTIONAL = tuple(dict.fromkeys(n for names in SECTIONS.values() for n in names))
@@ -210,7 +231,8 @@ def run_config_from_dict(data: dict[str, Any]) -> RunConfig:
     names = [f.name for f in dataclasses.fields(RunConfig)]
     unknown = sorted(set(data) - set(names))
     if unknown:
-        raise ValueError(f"unknown config keys {unknown}: the run config has {names}")
+        raise ValueError(f"unknown config keys {unknown}{did_you_mean_key(unknown[0], names)}: the run config "
+                         f"has {names}")
     kwargs: dict[str, Any] = {}
     for key, value in data.items():
         if key == "algorithm":
@@ -258,7 +280,8 @@ def apply_overrides(cfg: RunConfig, overrides: list[str]) -> RunConfig:
     hints = typing.get_type_hints(RunConfig)
     for key, sub in tree.items():
         if key not in hints:
-            raise ValueError(f"unknown config key {key!r}: the run config has {sorted(hints)}")
+            raise ValueError(f"unknown config key {key!r}{did_you_mean_key(key, hints)}: the run config has "
+                             f"{sorted(hints)}")
         current, cls = getattr(cfg, key), section_type(hints[key])
         if cls is not None and current is None:
             full = f"{key}.{next(iter(sub))}" if isinstance(sub, dict) else key

@@ -8,6 +8,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dare.config_tree import did_you_mean
+
+DTYPES = ("bfloat16", "float16", "float32")
+"""The parameter dtypes `checkpoint.dtype` takes (those `dllm_models.load_model` loads)."""
+
 
 @dataclass(frozen=True, kw_only=True)
 class TinyModelConfig:
@@ -54,7 +59,7 @@ class CheckpointModelConfig:
         checkpoint: path of the folder (config.json + safetensors); set by the user.
         family: 'llada', 'dream', 'sdar', 'sdar_moe' or 'llada2' (`dllm_models.FAMILY_NAMES`); checked
             against the checkpoint's config.json before any work.
-        dtype: parameter dtype.
+        dtype: parameter dtype: 'bfloat16', 'float16' or 'float32' (`DTYPES`).
         lora_rank: LoRA rank (0: full fine-tuning); adapters only are handed to the rollout.
         lora_alpha: LoRA scaling numerator.
     """
@@ -69,8 +74,12 @@ class CheckpointModelConfig:
         from dllm_models import FAMILY_NAMES
 
         if self.family not in FAMILY_NAMES:
-            raise ValueError(f"checkpoint.family {self.family!r} unknown; choose one of {list(FAMILY_NAMES)} "
-                             "(dllm_models' family registry); it must be the checkpoint's family")
+            raise ValueError(f"checkpoint.family {self.family!r} unknown{did_you_mean(self.family, FAMILY_NAMES)}; "
+                             f"choose one of {list(FAMILY_NAMES)} (dllm_models' family registry); it must be the "
+                             "checkpoint's family")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"checkpoint.dtype={self.dtype!r} is not a parameter dtype{did_you_mean(self.dtype, DTYPES)}; "
+                             f"choose one of {list(DTYPES)}")
         if self.lora_rank < 0:
             raise ValueError(f"checkpoint.lora_rank must be >= 0 (0 disables LoRA), got {self.lora_rank}")
         if not self.lora_alpha > 0:
@@ -83,7 +92,7 @@ class DataConfig:
 
     Attributes:
         train_files: comma-separated parquet paths (RL: or shipped dataset names); set by the user.
-            Schemas: RL in `pipeline.read_rl_rows`, SFT and preference in `dare.datasets`.
+            Schemas: RL in `dare.rl_data`, SFT and preference in `dare.datasets`.
         eval_files: comma-separated dllm_eval benchmark names validated during training.
         eval_max_rows: rows of each `eval_files` benchmark scored at every validation (the first
             N, the same at every validation; default 64); 0: every row (slow on big benchmarks).
@@ -122,4 +131,4 @@ class PreferenceConfig:
             raise ValueError(f"preference.pairs_per_step must be >= 1, got {self.pairs_per_step}")
 
 
-__all__ = ["CheckpointModelConfig", "DataConfig", "EvalConfig", "PreferenceConfig", "TinyModelConfig"]
+__all__ = ["DTYPES", "CheckpointModelConfig", "DataConfig", "EvalConfig", "PreferenceConfig", "TinyModelConfig"]

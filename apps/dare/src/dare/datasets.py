@@ -2,8 +2,8 @@
 
 Schemas (one example per row):
 
-- SFT: `prompt` (a string, or a list of {"role", "content"} chat messages) and `response` (a
-  string). verl's SFT layout, as in the shipped `gsm8k_train.parquet`, is read too: prompt from
+- SFT: `prompt` (chat messages: a list of {"role", "content"}, or that list as JSON text; any
+  other string is taken as one user message) and `response` (a string). verl's SFT layout, as in the shipped `gsm8k_train.parquet`, is read too: prompt from
   `extra_info.question`, response from `extra_info.answer` (docs/data.md#sft-parquet).
 - Preference: `prompt` as above, `chosen` and `rejected` (strings): the preferred and the
   dispreferred response to the same prompt.
@@ -14,11 +14,17 @@ right-padded with the pad token, attention 1 and inside the loss (the LLaDA SFT 
 model learns to end with EOS padding; the reference pads to a fixed 4096, here to the longest
 row of the batch). Preference responses get no EOS, padding is outside attention and the ELBO,
 and over-long prompts and responses keep their last tokens (docs/algorithms.md#vrpo).
+
+Every cell is checked when the rows are read, before any model is loaded: a null or empty
+prompt, response, chosen or rejected cell raises one `ValueError` naming the file, the row
+(counted from 0) and the column. Rows whose prompt plus response exceed the positions the
+checkpoint was built for are dropped, with the count logged.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -29,6 +35,7 @@ import pyarrow as pa  # type: ignore[import-untyped,unused-ignore]
 import pyarrow.parquet as pq  # type: ignore[import-untyped,unused-ignore]
 import torch
 
+from dare.inputs import train_file_entries
 from dllm_train import PreferenceBatch, derive_seed
 
 logger = logging.getLogger(__name__)
@@ -73,31 +80,68 @@ class PreferenceExample:
 
 
 def _files(train_files: str) -> list[Path]:
-    paths = [Path(s.strip()) for s in train_files.split(",") if s.strip()]
-    if not paths:
-        raise ValueError("data.train_files is empty: pass data.train_files=/path/to/data.parquet[,...]")
-    for p in paths:
-        if not p.is_file():
-            raise ValueError(f"data.train_files entry {str(p)!r} is not a file; pass parquet paths, comma-separated")
-    return paths
+    """The parquet paths of `data.train_files` (each checked: a file, parquet, with rows)."""
+    return [Path(e) for e in train_file_entries(train_files)]
 
 
-def _prompt(value: Any, where: str) -> list[dict[str, str]]:
-    """A prompt cell as chat messages: a string becomes one user message."""
+def _null(where: str, column: str, what: str) -> ValueError:
+    return ValueError(f"{where}, column {column!r}: is null (an empty cell); every row needs {what}: fill it "
+                      "or drop the row, and write the parquet again")
+
+
+def _json_messages(text: str) -> Any:
+    """The JSON value of `text` when it is a JSON list (chat messages written as text), else None."""
+    if not text.lstrip().startswith("["):
+        return None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        return None
+    return value if isinstance(value, list) else None
+
+
+def cell_prompt(value: Any, where: str, column: str = "prompt") -> list[dict[str, str]]:
+    """A prompt cell as chat messages.
+
+    Chat messages (a list of {"role", "content"}, or that list written as JSON text) are taken as
+    they are; any other string becomes one user message.
+
+    Args:
+        value: the cell.
+        where: "<file> row <i>", for the message.
+        column: the cell's column, for the message.
+
+    Raises:
+        ValueError: naming the file, row and column: a null cell, no messages, a message without
+            string `role` and `content`, or no text at all.
+    """
+    if value is None:
+        raise _null(where, column, "a prompt")
     if isinstance(value, str):
-        return [{"role": "user", "content": value}]
-    if isinstance(value, (list, tuple)) and value and all(
-            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-            for m in value):
-        return [{"role": m["role"], "content": m["content"]} for m in value]
-    raise ValueError(f"{where}: prompt must be a string or a non-empty list of {{'role', 'content'}} "
-                     f"messages, got {type(value).__name__} {str(value)[:80]!r}")
+        parsed = _json_messages(value)
+        value = parsed if parsed is not None else [{"role": "user", "content": value}]
+    if not isinstance(value, (list, tuple)) or not value:
+        shown = f"{type(value).__name__} {str(value)[:80]!r}"
+        raise ValueError(f"{where}, column {column!r}: must be text or a non-empty list of {{'role', 'content'}} "
+                         f"chat messages, got {shown}; write the prompt as text or as chat messages")
+    for k, m in enumerate(value):
+        if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
+            raise ValueError(f"{where}, column {column!r}: message {k} must be {{'role': str, 'content': str}}, got "
+                             f"{str(m)[:80]!r}; write every message with a role and a text content")
+    if not any(m["content"].strip() for m in value):
+        raise ValueError(f"{where}, column {column!r}: is empty (no message has any text); fill it or drop the row")
+    return [{"role": m["role"], "content": m["content"]} for m in value]
 
 
-def _text(value: Any, column: str, where: str) -> str:
+def cell_text(value: Any, column: str, where: str, what: str = "a response") -> str:
+    """A text cell; raise naming the file, row and column if it is null, not text, or empty."""
+    if value is None:
+        raise _null(where, column, what)
     if not isinstance(value, str):
-        raise ValueError(f"{where}: column {column!r} must hold strings, got {type(value).__name__} "
+        raise ValueError(f"{where}, column {column!r}: must hold text, got {type(value).__name__} "
                          f"{str(value)[:80]!r}; write it as text")
+    if not value.strip():
+        raise ValueError(f"{where}, column {column!r}: is empty; every row needs {what}: fill it or drop the row")
     return value
 
 
@@ -120,8 +164,9 @@ def _verl_sft_rows(path: Path, schema: Any) -> list[SFTRow]:
     rows = []
     for i, rec in enumerate(pq.read_table(path, columns=["extra_info"]).to_pylist()):
         where, cell = f"{path} row {i}", rec["extra_info"] or {}
-        rows.append(SFTRow(_prompt(_text(cell.get("question"), "extra_info.question", where), where),
-                           _text(cell.get("answer"), "extra_info.answer", where)))
+        rows.append(SFTRow(cell_prompt(cell_text(cell.get("question"), "extra_info.question", where, "a question"),
+                                       where, "extra_info.question"),
+                           cell_text(cell.get("answer"), "extra_info.answer", where)))
     return rows
 
 
@@ -129,8 +174,9 @@ def read_sft_rows(train_files: str) -> list[SFTRow]:
     """SFT rows of comma-separated parquet paths (schema in the module docstring).
 
     Raises:
-        ValueError: a path is not a file, a column is missing (named, with the fix) or a cell
-            has the wrong type (row named).
+        ValueError: a path is not a parquet file with rows (a folder, another format, no rows), a
+            column is missing (named, with the fix), or a cell is null, empty or of the wrong
+            type (file, row and column named).
     """
     rows: list[SFTRow] = []
     for path in _files(train_files):
@@ -141,7 +187,7 @@ def read_sft_rows(train_files: str) -> list[SFTRow]:
         _missing(path, schema.names, SFT_COLUMNS, "SFT", " (prompt: text or chat messages, response: text)")
         for i, rec in enumerate(pq.read_table(path, columns=list(SFT_COLUMNS)).to_pylist()):
             where = f"{path} row {i}"
-            rows.append(SFTRow(_prompt(rec["prompt"], where), _text(rec["response"], "response", where)))
+            rows.append(SFTRow(cell_prompt(rec["prompt"], where), cell_text(rec["response"], "response", where)))
     return rows
 
 
@@ -157,8 +203,8 @@ def read_preference_rows(train_files: str) -> list[PreferenceRow]:
                  " (prompt: text or chat messages, chosen and rejected: text)")
         for i, rec in enumerate(pq.read_table(path, columns=list(PREFERENCE_COLUMNS)).to_pylist()):
             where = f"{path} row {i}"
-            rows.append(PreferenceRow(_prompt(rec["prompt"], where), _text(rec["chosen"], "chosen", where),
-                                      _text(rec["rejected"], "rejected", where)))
+            rows.append(PreferenceRow(cell_prompt(rec["prompt"], where), cell_text(rec["chosen"], "chosen", where),
+                                      cell_text(rec["rejected"], "rejected", where)))
     return rows
 
 
@@ -175,37 +221,87 @@ def _text_ids(tokenizer: Any, text: str) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
+def check_kept(kind: str, total: int, dropped: dict[str, int], fix: str) -> None:
+    """Log how many of `total` rows were dropped and why; raise if none is left.
+
+    Args:
+        kind: what the rows are ("SFT rows", "prompts", ...).
+        total: rows before filtering.
+        dropped: reason (naming the field) -> rows dropped for it.
+        fix: what to change when none is left.
+    """
+    reasons = {reason: n for reason, n in dropped.items() if n}
+    lost = sum(reasons.values())
+    listed = "; ".join(f"{n} {reason}" for reason, n in reasons.items())
+    if lost >= total:
+        raise ValueError(f"none of the {total} {kind} can be used ({listed}); {fix}")
+    if lost:
+        logger.warning("dropped %d of %d %s (%s)", lost, total, kind, listed)
+
+
+def _over_positions(positions: int | None, what: str) -> str:
+    return f"whose {what} exceed the checkpoint's {positions} positions (config.json)"
+
+
 def encode_sft(rows: Sequence[SFTRow], tokenizer: Any, *, max_prompt_length: int,
-               max_response_length: int) -> list[SFTExample]:
-    """Token ids of SFT rows (response + EOS); rows over either length limit are dropped."""
+               max_response_length: int, positions: int | None = None) -> list[SFTExample]:
+    """Token ids of SFT rows (response + EOS); rows over a length limit are dropped, counted in the log.
+
+    Args:
+        rows: the rows (`read_sft_rows`).
+        tokenizer: the checkpoint's.
+        max_prompt_length, max_response_length: `data.*` limits in tokens (response + EOS).
+        positions: the checkpoint's positions (`inputs.config_positions`); prompt + response
+            longer than that are dropped too. None: no such limit.
+
+    Raises:
+        ValueError: no row is left (the counts per reason named).
+    """
     eos = tokenizer.eos_token_id
     if eos is None:
         raise ValueError("the checkpoint's tokenizer has no eos_token; set eos_token in its tokenizer_config.json")
-    kept = []
+    kept, over_limits, over_positions = [], 0, 0
     for row in rows:
         prompt, response = chat_prompt_ids(tokenizer, row.prompt), [*_text_ids(tokenizer, row.response), int(eos)]
-        if len(prompt) <= max_prompt_length and len(response) <= max_response_length:
+        if len(prompt) > max_prompt_length or len(response) > max_response_length:
+            over_limits += 1
+        elif positions is not None and len(prompt) + len(response) > positions:
+            over_positions += 1
+        else:
             kept.append(SFTExample(tuple(prompt), tuple(response)))
-    if not kept:
-        raise ValueError(f"no SFT row fits data.max_prompt_length={max_prompt_length} and "
-                         f"data.max_response_length={max_response_length} (response + EOS); raise them")
-    if len(kept) < len(rows):
-        logger.info("dropped %d of %d SFT rows over the length limits", len(rows) - len(kept), len(rows))
+    check_kept("SFT rows", len(rows), {
+        f"over data.max_prompt_length={max_prompt_length} or data.max_response_length={max_response_length} "
+        "(response + EOS)": over_limits,
+        _over_positions(positions, "prompt + response"): over_positions},
+        "raise the data.* limits named (within the checkpoint's positions), or pass shorter examples")
     return kept
 
 
 def encode_preference(rows: Sequence[PreferenceRow], tokenizer: Any, *, max_prompt_length: int,
-                      max_response_length: int) -> list[PreferenceExample]:
-    """Token ids of preference rows; prompts and responses keep their last tokens (left truncation)."""
-    out = []
+                      max_response_length: int, positions: int | None = None) -> list[PreferenceExample]:
+    """Token ids of preference rows; prompts and responses keep their last tokens (left truncation).
+
+    Rows whose truncated prompt plus longer response still exceed `positions` (the checkpoint's;
+    None: no limit) are dropped, counted in the log.
+
+    Raises:
+        ValueError: a response has no tokens, or no row is left.
+    """
+    out, over_positions = [], 0
     for row in rows:
         prompt = chat_prompt_ids(tokenizer, row.prompt)[-max_prompt_length:]
         chosen = _text_ids(tokenizer, row.chosen)[-max_response_length:]
         rejected = _text_ids(tokenizer, row.rejected)[-max_response_length:]
         if not chosen or not rejected:
-            raise ValueError(f"a preference row has an empty chosen or rejected response (prompt "
+            raise ValueError(f"a preference row has a chosen or rejected response with no tokens (prompt "
                              f"{row.prompt[-1]['content'][:60]!r}); drop the row from the parquet")
+        if positions is not None and len(prompt) + max(len(chosen), len(rejected)) > positions:
+            over_positions += 1
+            continue
         out.append(PreferenceExample(tuple(prompt), tuple(chosen), tuple(rejected)))
+    check_kept("preference rows", len(rows), {
+        _over_positions(positions, "prompt + response (after data.max_*_length truncation)"): over_positions},
+        "lower data.max_prompt_length or data.max_response_length (rows keep their last tokens)")
     return out
 
 

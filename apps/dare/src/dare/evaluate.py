@@ -86,6 +86,9 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[ty
                    help="reward table(s), comma-separated to report them side by side: default (ours), "
                         "dare (DARE's verl rules), d1 (d1's parsers); default: each preset's own")
     p.add_argument("--harness", default="native", choices=("native", "opencompass"))
+    p.add_argument("--engine", default="native", choices=("native", "lmdeploy"),
+                   help="who decodes: the native decoder, or lmdeploy's PyTorch engine (block-diffusion "
+                        "models; needs the dllm-rollout[lmdeploy] extra)")
     p.add_argument("--limit", type=int, default=None, help="first N rows of each benchmark")
     p.add_argument("--batch-size", type=int, default=None,
                    help="prompts decoded together (default 64 on CUDA, 8 on CPU)")
@@ -109,6 +112,9 @@ def run_eval(args: argparse.Namespace) -> int:
     modes = _names(args.reward_mode or "")
     if args.adapter is not None and args.harness != "native":
         raise ValueError("--adapter works with the native harness only; drop --harness opencompass")
+    if args.adapter is not None and getattr(args, "engine", "native") != "native":
+        raise ValueError(f"--adapter works with the native engine only (--engine {args.engine} decodes the "
+                         "checkpoint folder's own weights); drop --engine, or evaluate the run's merged model/")
     if args.harness == "opencompass":
         from dllm_eval.opencompass.driver import run_opencompass
 
@@ -131,6 +137,9 @@ def run_eval(args: argparse.Namespace) -> int:
     family = infer_family(model)
     fingerprint = weights_fingerprint(model)  # once per model, on its device: every benchmark's manifest
     extra = {"adapter": str(args.adapter)} if args.adapter is not None else {}
+    from dare.engine_eval import engine_generate
+
+    engine_fn = engine_generate(args.engine, args.checkpoint, model)
     results = []
     for preset_name, name in [(p, n) for p in presets for n in names]:
         preset = get_preset(preset_name)
@@ -149,7 +158,7 @@ def run_eval(args: argparse.Namespace) -> int:
         sub = out / name if len(presets) == 1 else out / preset_name / name
         result = run_benchmark(model, tokenizer, bench, preset=preset, batch_size=args.batch_size,
                                limit=args.limit, seed=args.seed, output_dir=sub, decoding=decoding,
-                               reward_mode=modes[0] if modes else None, family=family,
+                               reward_mode=modes[0] if modes else None, family=family, generate_fn=engine_fn,
                                fingerprint=fingerprint)
         if extra:
             result.manifest.update(extra)
@@ -160,6 +169,8 @@ def run_eval(args: argparse.Namespace) -> int:
             other = rescore(result, mode)
             write_result(sub / f"reward-{mode}", other)
             results.append(other)
+    if engine_fn is not None:
+        engine_fn.close()
     table = render_table(results)
     (out / "results.md").write_text(table + "\n")
     print(table)

@@ -12,7 +12,8 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
-from dllm_models import family_for, has_tokenizer, read_config, weight_files
+from dare.config_tree import did_you_mean
+from dllm_models import NoWeightsError, family_for, has_tokenizer, read_config, weight_files
 
 
 def check_checkpoint(folder: str, *, family: str | None = None, field: str = "checkpoint.checkpoint",
@@ -38,6 +39,9 @@ def check_checkpoint(folder: str, *, family: str | None = None, field: str = "ch
         name = family_for(raw).name
         if weights:
             weight_files(root)
+    except NoWeightsError:
+        raise ValueError(f"{field}={folder!r} has no weights (no model.safetensors, or model.safetensors.index.json "
+                         "with its shards): copy the release's safetensors files into the folder") from None
     except ValueError as err:
         raise ValueError(f"{field}={folder!r} is not a model folder: {err}") from None
     if tokenizer and not has_tokenizer(root):
@@ -58,17 +62,60 @@ def check_family_name(family: str, actual: str, folder: str) -> None:
 
 
 def train_file_entries(train_files: str, *, names: Collection[str] = ()) -> list[str]:
-    """The comma-separated entries of `data.train_files`; raise unless each is a file (or one of `names`)."""
+    """The comma-separated entries of `data.train_files`; raise unless each is one of `names` or a
+    parquet file with rows (`check_parquet_file`)."""
     entries = [s.strip() for s in train_files.split(",") if s.strip()]
     if not entries:
         raise ValueError("data.train_files is empty: pass data.train_files=<parquet path>[,...]"
                          + (f" or a dataset name ({', '.join(names)})" if names else ""))
     for entry in entries:
-        if entry not in names and not Path(entry).is_file():
+        if entry in names:
+            continue
+        if not Path(entry).exists():
             also = f" nor one of the shipped datasets {list(names)}" if names else ""
-            raise ValueError(f"data.train_files entry {entry!r} is not a file{also}; pass parquet paths, "
+            hint = did_you_mean(entry, names)
+            raise ValueError(f"data.train_files entry {entry!r} is not a file{also}{hint}; pass parquet paths, "
                              "comma-separated")
+        check_parquet_file(entry)
     return entries
+
+
+def check_parquet_file(path: str | Path, field: str = "data.train_files") -> int:
+    """Raise unless `path` is a parquet file with at least one row; return its row count.
+
+    Reads the footer only. A folder, a file pyarrow cannot read as parquet and a file without
+    rows each get their own message, naming `field` and the path.
+    """
+    import pyarrow as pa  # type: ignore[import-untyped,unused-ignore]
+    import pyarrow.parquet as pq  # type: ignore[import-untyped,unused-ignore]
+
+    p = Path(path)
+    if p.is_dir():
+        inside = sorted(str(f) for f in p.glob("*.parquet"))
+        listed = f" (it holds {len(inside)}: {','.join(inside[:3])}{',...' if len(inside) > 3 else ''})" if inside else ""
+        raise ValueError(f"{field} entry {str(path)!r} is a folder, not a parquet file{listed}; pass the parquet "
+                         f"files themselves, comma-separated: {field}=a.parquet,b.parquet")
+    if not p.is_file():
+        raise ValueError(f"{field} entry {str(path)!r} is not a file; pass parquet paths, comma-separated")
+    try:
+        rows = int(pq.read_metadata(p).num_rows)
+    except (OSError, pa.ArrowException) as err:
+        raise ValueError(f"{field} entry {str(path)!r} is not a parquet file ({err}); write the data as parquet "
+                         "(pandas: pd.read_json(...).to_parquet('data.parquet')) and pass that file") from None
+    if rows == 0:
+        raise ValueError(f"{field} entry {str(path)!r} has no rows (an empty parquet file); pass a file with "
+                         "examples, or drop it from the list")
+    return rows
+
+
+def config_positions(raw: dict[str, Any]) -> int | None:
+    """The positions a checkpoint was built for, from its config.json dict (`max_sequence_length`
+    of LLaDA, `max_position_embeddings` of the others); None when it states none."""
+    for key in ("max_sequence_length", "max_position_embeddings"):
+        value = raw.get(key)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
 
 
 def check_rl_columns(path: str | Path) -> None:
@@ -80,10 +127,8 @@ def check_rl_columns(path: str | Path) -> None:
     import pyarrow as pa  # type: ignore[import-untyped,unused-ignore]
     import pyarrow.parquet as pq  # type: ignore[import-untyped,unused-ignore]
 
-    try:
-        schema = pq.read_schema(path)
-    except (OSError, pa.ArrowException) as err:
-        raise ValueError(f"data.train_files entry {str(path)!r} is not a readable parquet file ({err})") from None
+    check_parquet_file(path)
+    schema = pq.read_schema(path)
     names = list(schema.names)
     missing = [c for c in ("prompt", "data_source") if c not in names]
     answer = "ground_truth" in names
@@ -180,5 +225,6 @@ def eval_prompt_warnings(model: Any, tokenizer: Any, bench: Any, preset: Any, ma
     return warnings
 
 
-__all__ = ["check_checkpoint", "check_eval_inputs", "check_family_name", "check_output_dir", "check_rl_columns",
-           "check_rl_data", "eval_prompt_warnings", "max_positions", "train_file_entries"]
+__all__ = ["check_checkpoint", "check_eval_inputs", "check_family_name", "check_output_dir", "check_parquet_file",
+           "check_rl_columns", "check_rl_data", "config_positions", "eval_prompt_warnings",
+           "max_positions", "train_file_entries"]

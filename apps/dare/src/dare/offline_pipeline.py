@@ -32,7 +32,8 @@ from dare.datasets import (
 from dare.pipeline import check_inputs, finish, load_policy, set_num_threads, validator
 from dare.run_folder import open_run_folder
 from dare.sinks import open_wandb_run
-from dllm_models import load_tokenizer
+from dare.inputs import config_positions
+from dllm_models import load_tokenizer, read_config
 from dllm_train import PhaseSpec, PreferenceBatch, PreferenceWorker, Run, resolved_attention, set_activation_checkpointing
 
 
@@ -55,6 +56,11 @@ def _check(cfg: RunConfig, entry: Any, steps: int, steps_field: str) -> None:
                          "process; set trainer.backend=local")
 
 
+def _positions(cfg: RunConfig) -> int | None:
+    """The checkpoint's positions, from its config.json (no weights load)."""
+    return config_positions(read_config(need(cfg.checkpoint, "checkpoint").checkpoint))
+
+
 def _open(cfg: RunConfig, output_dir: Path) -> Any:
     """The run folder with its config.json; returns the W&B run (or None)."""
     set_num_threads(cfg)
@@ -71,10 +77,10 @@ def run_sft_recipe(cfg: RunConfig, output_dir: Path, *, progress: bool = True) -
     sft, data, optim = need(cfg.sft, "sft"), need(cfg.data, "data"), need(cfg.sft_optim, "sft_optim")
     _check(cfg, entry, sft.steps, "sft.steps")
     rows = read_sft_rows(data.train_files)
-    wandb_run = _open(cfg, output_dir)
     tokenizer = load_tokenizer(need(cfg.checkpoint, "checkpoint").checkpoint)
     examples = encode_sft(rows, tokenizer, max_prompt_length=data.max_prompt_length,
-                          max_response_length=data.max_response_length)
+                          max_response_length=data.max_response_length, positions=_positions(cfg))
+    wandb_run = _open(cfg, output_dir)  # after every data check: nothing is written before
     model = load_policy(cfg)
     set_activation_checkpointing(model, cfg.trainer.activation_checkpointing)
     device, pad, seed = next(model.parameters()).device, _pad_id(tokenizer), cfg.trainer.seed
@@ -114,10 +120,10 @@ def run_preference_recipe(cfg: RunConfig, output_dir: Path, *, progress: bool = 
     data, ckpt = need(cfg.data, "data"), need(cfg.checkpoint, "checkpoint")
     _check(cfg, entry, cfg.trainer.max_steps, "trainer.max_steps")
     rows = read_preference_rows(data.train_files)
-    wandb_run = _open(cfg, output_dir)
     tokenizer = load_tokenizer(ckpt.checkpoint)
     examples = encode_preference(rows, tokenizer, max_prompt_length=data.max_prompt_length,
-                                 max_response_length=data.max_response_length)
+                                 max_response_length=data.max_response_length, positions=_positions(cfg))
+    wandb_run = _open(cfg, output_dir)  # after every data check: nothing is written before
     model = load_policy(cfg)
     set_activation_checkpointing(model, cfg.trainer.activation_checkpointing)
     reference = copy.deepcopy(model)

@@ -21,17 +21,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pyarrow.parquet as pq  # type: ignore[import-untyped,unused-ignore]
 import torch
 
 from dare.algorithms import LoRA, check_family, family_key
 from dare.config import RunConfig, need
-from dare.datasets import chat_prompt_ids
-from dare.inputs import check_checkpoint, check_family_name, check_rl_columns, check_rl_data, train_file_entries
+from dare.inputs import check_checkpoint, check_family_name, check_rl_data, train_file_entries
+from dare.rl_data import rl_prompts
 from dare.rl_backend import rl_backend
 from dare.run_folder import open_run_folder
 from dare.sinks import curve_keys, curves_title, open_wandb_run
-from dllm_eval import DATASETS, Row, load_rows, score
+from dllm_eval import DATASETS, Row, score
 from dllm_models import load_model, load_tokenizer, save_model
 from dllm_train import (
     PhaseSpec,
@@ -44,45 +43,6 @@ from dllm_train import (
 )
 
 logger = logging.getLogger(__name__)
-
-
-def read_rl_rows(source: str) -> list[Row]:
-    """Rows of an RL data source: a shipped dllm_eval test set name, or a parquet path.
-
-    Parquet files may use the original nested schema (`prompt` list of messages,
-    `reward_model.ground_truth`, `extra_info` struct) or the flattened one of dllm_eval's data.
-    """
-    if source in DATASETS:
-        return load_rows(source)
-    path = Path(source)
-    if not path.is_file():
-        raise ValueError(f"data.train_files entry {source!r} is neither a file nor one of {list(DATASETS)}")
-    check_rl_columns(path)
-    cols = pq.read_table(path).to_pylist()
-    rows = []
-    for i, rec in enumerate(cols):
-        prompt = rec["prompt"]
-        prompt = json.loads(prompt) if isinstance(prompt, str) else prompt
-        gt = rec["ground_truth"] if "ground_truth" in rec else rec["reward_model"]["ground_truth"]
-        extra = rec.get("extra_info") or {}
-        extra = json.loads(extra) if isinstance(extra, str) else dict(extra)
-        rows.append(Row(index=i, data_source=str(rec["data_source"]), prompt=tuple(prompt),
-                        ground_truth=str(gt), extra_info=extra))
-    return rows
-
-
-def encode_prompts(rows: list[Row], tokenizer: Any, max_prompt_length: int) -> list[tuple[list[int], Row]]:
-    """Chat-templated prompt ids of each row; rows longer than `max_prompt_length` are dropped."""
-    kept = []
-    for row in rows:
-        ids = chat_prompt_ids(tokenizer, list(row.prompt))
-        if len(ids) <= max_prompt_length:
-            kept.append((ids, row))
-    if not kept:
-        raise ValueError(f"no prompt fits data.max_prompt_length={max_prompt_length}; raise it")
-    if len(kept) < len(rows):
-        logger.info("dropped %d prompts longer than %d tokens", len(rows) - len(kept), max_prompt_length)
-    return kept
 
 
 def check_inputs(cfg: RunConfig, entry: Any) -> None:
@@ -188,7 +148,8 @@ def rank_setup(cfg: RunConfig, reward: RowReward) -> Any:
 
     return RankSetup(model=policy_with_adapters(cfg, "cpu"), sampling=cfg.rollout, reward_fn=reward,
                      detokenize=detokenizer(load_tokenizer(need(cfg.checkpoint, "checkpoint").checkpoint)),
-                     algorithm=cfg.algorithm, optim=need(cfg.rl_optim, "rl_optim"), trainer=cfg.trainer)
+                     algorithm=cfg.algorithm, optim=need(cfg.rl_optim, "rl_optim"), trainer=cfg.trainer,
+                     engine_folder=need(cfg.checkpoint, "checkpoint").checkpoint)
 
 
 def run_rl_recipe(cfg: RunConfig, output_dir: Path, *, progress: bool = True) -> dict[str, Any]:
@@ -196,14 +157,13 @@ def run_rl_recipe(cfg: RunConfig, output_dir: Path, *, progress: bool = True) ->
     check_inputs(cfg, cfg.algorithm)
     data_cfg, rl = need(cfg.data, "data"), need(cfg.rl, "rl")
     check_rl_data(data_cfg.train_files, names=DATASETS)
+    tokenizer = load_tokenizer(need(cfg.checkpoint, "checkpoint").checkpoint)
+    data = rl_prompts(cfg, tokenizer)  # every cell checked before anything is written or the model loads
     t0 = time.perf_counter()
     set_num_threads(cfg)
     open_run_folder(cfg, output_dir)
     wandb_run = open_wandb_run(cfg, output_dir)
     model = policy_with_adapters(cfg, driver_device(cfg))
-    tokenizer = load_tokenizer(need(cfg.checkpoint, "checkpoint").checkpoint)
-    rows = [r for src in data_cfg.train_files.split(",") for r in read_rl_rows(src.strip())]
-    data = encode_prompts(rows, tokenizer, data_cfg.max_prompt_length)
     reward = RowReward({str(i): row for i, (_, row) in enumerate(data)})
     seed = cfg.trainer.seed
 

@@ -9,12 +9,14 @@ parquet files; see `dare.pipeline` and `dare.datasets`); they are meant for GPUs
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from collections.abc import Callable
 from functools import partial
 
 from dare.algorithms import ALGORITHMS, PREFERENCE_ALGORITHMS, SFT_ALGORITHMS
 from dare.config import CheckpointModelConfig, DataConfig, EvalConfig, PreferenceConfig, RunConfig, TinyModelConfig
+from dare.config_tree import did_you_mean
 from dare.tasks.addition import AdditionConfig
 from dllm_models import FAMILY_NAMES, family_kind
 from dllm_rollout import SamplingConfig
@@ -58,15 +60,20 @@ _FAMILY_ROLLOUT: dict[str, SamplingConfig] = {
 def _trainer(*, max_steps: int, save_every: int, eval_every: int = 0) -> TrainerConfig:
     return TrainerConfig(max_steps=max_steps, seed=0, eval_every=eval_every, save_every=save_every,
                          max_tokens_per_pass=16384, activation_checkpointing=True)
-_GROUP = {"espo": 16, "d-treerpo": 16}
-_PROMPTS = {"coupled-grpo@dream": 8}
+_GROUP = {"espo": 16, "d-treerpo": 16, "dmpo": 16}
+_PROMPTS = {"coupled-grpo@dream": 8, "bridgeratio-grpo@dream": 8}  # bridgeratio-grpo runs the coupled-grpo scripts
 _LR = {"d-treerpo": 3e-5, "dmpo": 1e-6}
 _ROLLOUT_CHANGES: dict[str, dict[str, object]] = {
     "justgrpo": {"block_length": 1, "steps": 512},
     "cj-grpo": {"max_new_tokens": 256, "steps": 128},
     "d-treerpo": {"max_new_tokens": 256, "steps": 128, "temperature": 0.9},
     "espo": {"temperature": 1.0},
+    # DMPO's public config (yuchen-zhu-zyc/DMPO DMPO/dmpo_train_config.yaml): 128 sampler steps at
+    # temperature 0.2 over TRL's default 256-token completions
+    "dmpo": {"max_new_tokens": 256, "steps": 128, "temperature": 0.2},
 }
+# optimizer settings other than the learning rate, where the reference differs from DARE's AdamW
+_OPTIM: dict[str, dict[str, Any]] = {"dmpo": {"betas": (0.9, 0.99), "weight_decay": 0.1, "grad_clip": 0.2}}
 _LORA = {"d-treerpo": (128, 64.0), "dmpo": (128, 64.0), "lora-sft": (16, 32.0)}
 
 
@@ -85,7 +92,8 @@ def rl_recipe(family: str, algorithm: str) -> RunConfig:
         checkpoint=CheckpointModelConfig(family=family, lora_rank=rank, lora_alpha=alpha),
         data=DataConfig(max_prompt_length=512),
         rl=RLConfig(prompts_per_step=_PROMPTS.get(f"{algorithm}@{family}", 16), group_size=_GROUP.get(algorithm, 8)),
-        rl_optim=OptimConfig(lr=_LR.get(algorithm, 5e-7), weight_decay=0.01, grad_clip=1.0),
+        rl_optim=dataclasses.replace(OptimConfig(lr=_LR.get(algorithm, 5e-7), weight_decay=0.01, grad_clip=1.0),
+                                     **_OPTIM.get(algorithm, {})),
         rollout=_rollout(family, algorithm),
         trainer=_trainer(max_steps=500, eval_every=50, save_every=50),
     )
@@ -159,6 +167,102 @@ for _kind, _table, _builder in (("RL", ALGORITHMS, rl_recipe), ("preference", PR
 
 
 def get_recipe(name: str) -> RunConfig:
+    """The run config of recipe `name` (`RECIPES`); unknown names suggest the closest one."""
     if name not in RECIPES:
-        raise ValueError(f"recipe {name!r} is unknown; choose one of {sorted(RECIPES)} (see `dare recipes`)")
+        raise ValueError(f"recipe {name!r} is unknown{did_you_mean(name, RECIPES)}; choose one of {sorted(RECIPES)} "
+                         "(see `dare recipes`)")
     return RECIPES[name]()
+
+
+# --- per-task settings of the RL recipes (docs/algorithms.md#per-task-settings) ---
+
+TASKS = ("math", "code", "countdown", "sudoku")
+"""The tasks of DARE's RL recipe scripts (`--task`), selectable with `task=<task>`."""
+
+# masked families: prompt length, response length, decoding steps (DARE's shared task block)
+_MASKED_TASKS = {"math": (512, 512, 256), "code": (1024, 512, 512), "countdown": (512, 256, 128),
+                 "sudoku": (512, 256, 128)}
+_CJ_TASKS = {"llada": {"math": (512, 256, 128), "code": (512, 256, 256), "countdown": (512, 256, 128),
+                       "sudoku": (512, 256, 128)},
+             "dream": {"math": (512, 256, 128), "code": (1024, 512, 512), "countdown": (512, 256, 128),
+                       "sudoku": (512, 256, 128)}}
+# ESPO: KL beta, clip, group size
+_ESPO_TASKS = {"math": (0.001, 0.2, 16), "code": (0.01, 0.2, 10), "countdown": (0.003, 0.0, 6),
+               "sudoku": (0.01, 0.2, 6)}
+# algorithms whose reference recipes use one setting for every task
+_TASK_FREE = ("d-treerpo", "dmpo")
+
+
+def task_settings(family: str, algorithm: str, task: str) -> dict[str, object]:
+    """The dotted overrides DARE's recipe scripts set for `task` (empty where nothing changes).
+
+    Raises:
+        ValueError: `task` is not one of `TASKS`.
+    """
+    if task not in TASKS:
+        raise ValueError(f"task={task!r} is unknown; choose one of {', '.join(TASKS)}")
+    if algorithm in _TASK_FREE:
+        return {}
+    if family_kind(family) == "block":
+        if family not in ("sdar", "llada2"):  # no DARE RL script
+            return {}
+        # SDAR and LLaDA2 scripts: responses of 2048 for every task, prompts of 1024 for code
+        out: dict[str, object] = {"data.max_prompt_length": 1024 if task == "code" else 512}
+        if family == "llada2" and algorithm in ("bgpo", "ebpo"):
+            # LLaDA2 BGPO/EBPO decode R/2 steps in all (R for code): per block of 32, 16 (32)
+            out["rollout.steps"] = 32 if task == "code" else 16
+        return out
+    prompt, response, steps = (_CJ_TASKS[family][task] if algorithm == "cj-grpo" and family in _CJ_TASKS
+                               else _MASKED_TASKS[task])
+    if algorithm == "justgrpo":  # decodes one token per step
+        steps = response
+    out = {"data.max_prompt_length": prompt, "rollout.max_new_tokens": response, "rollout.steps": steps}
+    if algorithm == "espo":
+        beta, clip, group = _ESPO_TASKS[task]
+        out.update({"algorithm.kl_coef": beta, "algorithm.clip_low": clip, "algorithm.clip_high": clip,
+                    "rl.group_size": group})
+    return out
+
+
+def with_task(cfg: RunConfig, task: str) -> RunConfig:
+    """`cfg` (a `<family>-<algorithm>` RL recipe) with DARE's settings for `task`.
+
+    Raises:
+        ValueError: the recipe is not an RL recipe on a released checkpoint, or `task` is unknown.
+    """
+    if cfg.kind != "rl" or cfg.checkpoint is None:
+        raise ValueError(f"task={task}: recipe {cfg.recipe!r} has no per-task settings; they exist for the "
+                         f"<family>-<algorithm> RL recipes (e.g. llada-espo task={TASKS[2]})")
+    from dare.config import apply_overrides
+
+    changes = task_settings(cfg.checkpoint.family, cfg.algorithm_name, task)
+    out = apply_overrides(cfg, [f"{k}={v}" for k, v in changes.items()])
+    return dataclasses.replace(out, recipe=f"{cfg.recipe}-{task}")
+
+
+def split_task(overrides: list[str]) -> tuple[str | None, list[str]]:
+    """(`task=<name>` of the command line, the other overrides); the last `task=` wins."""
+    task, rest = None, []
+    for o in overrides:
+        key, _, value = o.partition("=")
+        if key.strip() == "task" and value and not value.startswith("{"):
+            task = value.strip()
+        else:
+            rest.append(o)
+    return task, rest
+
+
+def resolve(cfg: RunConfig, overrides: list[str]) -> RunConfig:
+    """`cfg` with the command line's overrides, `task=<task>` included.
+
+    The task's settings replace the recipe's (after an `algorithm=` switch, so they are that
+    algorithm's); every other override still wins over them.
+    """
+    from dare.config import apply_overrides
+
+    task, rest = split_task(overrides)
+    cfg = apply_overrides(cfg, rest)
+    if task is None:
+        return cfg
+    switches = ("algorithm", "algorithm_name")
+    return apply_overrides(with_task(cfg, task), [o for o in rest if o.partition("=")[0].strip() not in switches])

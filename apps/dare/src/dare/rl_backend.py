@@ -52,7 +52,8 @@ def rl_backend(cfg: RunConfig, model: Any, *, prompts: Any, algorithm: RLAlgorit
         )
         return ray_wf.step, ray_wf, ray_wf.shutdown
     local = LocalRL(model, prompts=prompts, sampling=cfg.rollout, reward_fn=reward_fn, detokenize=detokenize,
-                    algorithm=algorithm, optim=optim, trainer=t)
+                    algorithm=algorithm, optim=optim, trainer=t,
+                    engine_folder=cfg.checkpoint.checkpoint if cfg.checkpoint is not None else None)
     return local.step, local, lambda: None
 
 

@@ -12,6 +12,7 @@ scorer, typed batch and interface, so they sit above it and below the app. `dllm
 stays the torch-only home of their pure functions.
 """
 
+from dllm_algorithms.bridge_ratio import BridgeRatioGRPO
 from dllm_algorithms.common import ALL_FAMILIES, BLOCK, MASKED
 from dllm_algorithms.distribution_matching import DMPO, WeightedMasks
 from dllm_algorithms.elbo_policy import BGPO, EBPO, ESPO, SPG
@@ -30,6 +31,6 @@ from dllm_algorithms.trajectory_policy import (
 
 __all__ = [
     "ALL_FAMILIES", "BGPO", "BLOCK", "CJGRPO", "D1", "DMPO", "DPO", "EBPO", "ESPO", "MASKED", "MDPO", "SFT", "SPG",
-    "VRPO", "CoupledGRPO", "DTreeRPO", "JustGRPO", "LoRA", "TrainingRows", "Trajectory", "TreeRolloutBatch",
+    "VRPO", "BridgeRatioGRPO", "CoupledGRPO", "DTreeRPO", "JustGRPO", "LoRA", "TrainingRows", "Trajectory", "TreeRolloutBatch",
     "WeightedMasks", "trajectory_steps",
 ]

@@ -33,9 +33,9 @@ class DMPO(RLAlgorithm[WeightedMasks]):
     """DMPO (arXiv 2510.08233): importance-weighted denoising cross-entropy (WDCE).
 
     Defaults of the current public code: alpha 0.04, 4 antithetic replicates with mask ratio in
-    [0.1, 1), individual baseline; `ess_target` > 0 picks the weight temperature by ESS.
-    `num_iterations` optimizer steps per rollout batch (mu; the public config uses 8), each on
-    fresh masks; the weights stay those of the rollout: no ratio, no clipping.
+    [0.1, 1), individual baseline, 8 inner iterations; `ess_target` > 0 picks the weight
+    temperature by ESS. `num_iterations` optimizer steps per rollout batch (mu), each on fresh
+    masks; the weights stay those of the rollout: no ratio, no clipping.
 
     Attributes:
         alpha: reward temperature of the importance weights (0: softmax of the rewards; -1: raw rewards).
@@ -51,7 +51,7 @@ class DMPO(RLAlgorithm[WeightedMasks]):
     baseline: str = "individual"
     coeff: float = 1.0
     ess_target: float = 0.0
-    num_iterations: int = 1
+    num_iterations: int = 8
     families: ClassVar[tuple[str, ...]] = MASKED
     needs_old = False
     needs_rollout_reference = True
@@ -63,6 +63,13 @@ class DMPO(RLAlgorithm[WeightedMasks]):
             raise ValueError(f"algorithm.num_replicates must be even (antithetic pairs), got {self.num_replicates}")
         if self.num_iterations < 1:
             raise ValueError(f"algorithm.num_iterations must be >= 1, got {self.num_iterations}")
+
+    @property
+    def needs_distinct_samples(self) -> bool:
+        """Identical samples of a group get equal self-normalised weights, which the group,
+        individual and model baselines cancel (`dmpo_baseline`); raw rewards (alpha=-1) survive
+        the individual and model baselines, and no baseline keeps every weight."""
+        return self.baseline == "group" or (self.alpha != -1 and self.baseline in ("individual", "model"))
 
     def sampling(self, sampling: SamplingConfig) -> SamplingConfig:
         return with_fields(sampling, record_trajectory=True)

@@ -44,12 +44,19 @@ def _elbo_normalizer(rollout: RolloutBatch) -> float | torch.Tensor:
 
 
 def _sequence_loss(value: torch.Tensor, x: LossInputs[Any], *, clip_low: float, clip_high: float,
-                   kl_coef: float, kl_kind: str, length: float) -> tuple[torch.Tensor, Metrics]:
-    """Clipped sequence ratio plus `kl_coef` times the sequence KL to the reference (on value x length)."""
+                   kl_coef: float, kl_kind: str, length: float,
+                   valid: torch.Tensor | None = None) -> tuple[torch.Tensor, Metrics]:
+    """Clipped sequence ratio plus `kl_coef` times the sequence KL to the reference (on value x length).
+
+    `valid` ([B] bool): average both terms over these sequences only (None: all).
+    """
     assert x.old is not None
-    pg, metrics = sequence_clip_loss(value, x.old, x.advantages, clip_low=clip_low, clip_high=clip_high)
+    pg, metrics = sequence_clip_loss(value, x.old, x.advantages, clip_low=clip_low, clip_high=clip_high,
+                                     valid=valid)
     if kl_coef and x.ref is not None:
-        kl = sequence_kl(value * length, x.ref * length, kl_kind, length=length).mean()
+        per_seq = sequence_kl(value * length, x.ref * length, kl_kind, length=length)
+        w = torch.ones_like(per_seq) if valid is None else valid.to(per_seq.dtype)
+        kl = (per_seq * w).sum() / w.sum().clamp_min(1)
         metrics = {**metrics, "kl": kl.detach()}
         pg = pg + kl_coef * kl
     return pg, metrics
@@ -182,8 +189,9 @@ class EBPO(RLAlgorithm[MaskPlan]):
         return composite_block_elbo(plan_logp(scorer, batch, data), data)
 
     def loss(self, values: torch.Tensor, inputs: LossInputs[MaskPlan]) -> tuple[torch.Tensor, Metrics]:
+        # as the reference: sequences without a valid response token (EOS first) do not count
         return _sequence_loss(values, inputs, clip_low=self.clip_low, clip_high=self.clip_high, kl_coef=self.kl_coef,
-                              kl_kind=self.kl_kind, length=1.0)
+                              kl_kind=self.kl_kind, length=1.0, valid=inputs.batch.rollout.response_mask.any(-1))
 
 
 @dataclass(frozen=True, kw_only=True)

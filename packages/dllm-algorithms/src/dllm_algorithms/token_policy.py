@@ -78,6 +78,10 @@ class CoupledGRPO(RLAlgorithm[MaskPlan]):
         clip_low, clip_high: clip range of the ratio, [1 - clip_low, 1 + clip_high] (clip_high > clip_low:
             DAPO's clip-higher).
         dual_clip: dual-clip constant c > 1: the loss of a negative advantage is at most -A c (None: off).
+        fixed_mask_seed: None (default): fresh masks per row and step from the run's seeded
+            stream. An integer (DARE uses 42) reproduces DARE's masks: it calls `set_seed(42)`
+            before every row's draw, so every row of every step shares one t (Python's
+            `random.uniform`) and one u vector (CPU `torch.rand`); see docs/algorithms.md.
     """
 
     t_min: float = 0.2
@@ -85,11 +89,12 @@ class CoupledGRPO(RLAlgorithm[MaskPlan]):
     clip_low: float = 0.2
     clip_high: float = 0.2
     dual_clip: float | None = 3.0
+    fixed_mask_seed: int | None = None
     families: ClassVar[tuple[str, ...]] = MASKED
 
     def prepare(self, batch: RLBatch, generator: torch.Generator) -> MaskPlan:
         return coupled_masks(inputs(batch)[3], t_min=self.t_min, t_max=self.t_max, include_full=True,
-                             generator=generator)
+                             fixed_seed=self.fixed_mask_seed, generator=generator)
 
     def values(self, scorer: object, batch: RLBatch, data: MaskPlan, iteration: int) -> torch.Tensor:
         lp = plan_logp(scorer, batch, data)

@@ -26,7 +26,7 @@ from dllm_objectives import (
     weighted_policy_loss,
 )
 from dllm_rollout import RolloutBatch, SamplingConfig, tree_generate
-from dllm_train import LossInputs, RLAlgorithm, RLBatch, with_fields
+from dllm_train import LossInputs, MiniBatchRows, RLAlgorithm, RLBatch, with_fields
 
 from dllm_algorithms.common import ALL_FAMILIES, MASKED, Metrics, inputs, is_block, plan_logp
 
@@ -134,6 +134,12 @@ class TrainingRows:
     active: torch.Tensor
     confidence: torch.Tensor | None = None
 
+    def select(self, rows: slice) -> TrainingRows:
+        """The rows `rows` of every field."""
+        return TrainingRows(noisy=self.noisy[rows], clean=self.clean[rows], attention=self.attention[rows],
+                            advantages=self.advantages[rows], active=self.active[rows],
+                            confidence=self.confidence[rows] if self.confidence is not None else None)
+
 
 def _score_rows(scorer: Any, batch: RLBatch, rows: TrainingRows) -> torch.Tensor:
     lp: torch.Tensor = scorer(rows.noisy, rows.attention, rows.clean)
@@ -147,18 +153,38 @@ class MDPO(RLAlgorithm[TrainingRows]):
     Every denoising step's clean prediction is rewarded; step scores d_t + c_t are normalised
     per group; the top-K steps by total |A| become training rows (input = the step's canvas,
     target = its prediction), weighted by the rollout confidence, with an inverse mask-ratio
-    factor.
+    factor. The rows are packed step-major (all samples of the first selected step, then the
+    next), and by default each selected step is one mini-batch with its own optimizer step, as
+    DARE runs it: K updates per rollout batch, all against the old values of the rollout
+    policy, so the ratio and the clip act from the second update on.
 
     Attributes:
         top_k_steps: denoising steps per sequence (largest total |A|) kept as training rows.
         clip: symmetric clip range of the ratio.
+        step_mini_batches: one optimizer step per selected denoising step (DARE's protocol);
+            false: a single optimizer step on the rows of every selected step.
     """
 
     top_k_steps: int = 16
     clip: float = 0.2
+    step_mini_batches: bool = True
     families: ClassVar[tuple[str, ...]] = MASKED
     row_local = True
     replays_trajectory = True
+
+    def __post_init__(self) -> None:
+        if self.top_k_steps < 1:
+            raise ValueError(f"algorithm.top_k_steps must be >= 1, got {self.top_k_steps}")
+
+    @property
+    def mini_batch_rows(self) -> MiniBatchRows:
+        return "rollout" if self.step_mini_batches else "all"
+
+    def num_rows(self, data: TrainingRows) -> int:
+        return int(data.noisy.shape[0])
+
+    def select_rows(self, data: TrainingRows, rows: slice) -> TrainingRows:
+        return data.select(rows)
 
     def sampling(self, sampling: SamplingConfig) -> SamplingConfig:
         return with_fields(sampling, record_steps=True, record_trajectory=True)
@@ -175,17 +201,21 @@ class MDPO(RLAlgorithm[TrainingRows]):
         adv = mdpo_step_advantages(rewards, batch.group_ids.to(rewards.device))
         steps = mdpo_topk_steps(adv, self.top_k_steps)
         b, k = r.batch_size, len(steps)
-        canvas = r.step_canvas[:, steps].reshape(b * k, -1)
-        target = r.step_x0[:, steps].reshape(b * k, -1)
-        prompt = r.prompt_ids.repeat_interleave(k, 0)
-        pmask = r.prompt_mask.repeat_interleave(k, 0)
+
+        def step_major(x: torch.Tensor) -> torch.Tensor:  # [B, K, ...] -> [K * B, ...], row j * B + i
+            return x.transpose(0, 1).reshape(k * b, *x.shape[2:])
+
+        canvas = step_major(r.step_canvas[:, steps])
+        target = step_major(r.step_x0[:, steps])
+        prompt, pmask = r.prompt_ids.repeat(k, 1), r.prompt_mask.repeat(k, 1)
         noisy, attn = _rows(prompt, pmask, canvas)
         clean, _ = _rows(prompt, pmask, target)
         masked = canvas == batch.tokens.mask_id
-        conf = torch.nan_to_num(r.step_confidence[:, steps].reshape(b * k, -1), nan=0.0)
-        active = masked & (conf > 0) & r.response_mask.repeat_interleave(k, 0)
-        return TrainingRows(noisy=noisy, clean=clean, attention=attn, advantages=adv[:, steps].reshape(-1).to(noisy.device),
-                            active=active, confidence=conf)
+        conf = torch.nan_to_num(step_major(r.step_confidence[:, steps]), nan=0.0)
+        active = masked & (conf > 0) & r.response_mask.repeat(k, 1)
+        advantages = step_major(adv[:, steps]).to(noisy.device)
+        return TrainingRows(noisy=noisy, clean=clean, attention=attn, advantages=advantages, active=active,
+                            confidence=conf)
 
     def values(self, scorer: object, batch: RLBatch, data: TrainingRows, iteration: int) -> torch.Tensor:
         return _score_rows(scorer, batch, data)

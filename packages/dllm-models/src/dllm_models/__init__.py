@@ -1,7 +1,7 @@
 """dllm_models: native diffusion LM families, attention backends and checkpoint I/O."""
 
 from dllm_models.attention import BACKENDS, AttentionMask, attend
-from dllm_models.checkpoint import CheckpointFilesError, load_model, read_config, save_model, weight_files
+from dllm_models.checkpoint import CheckpointFilesError, NoWeightsError, load_model, read_config, save_model, weight_files
 from dllm_models.families.llada import LLaDAConfig, LLaDAModel
 from dllm_models.protocol import DiffusionLM, DiffusionTraits, KVCache, ModelOutput
 from dllm_models.registry import (
@@ -26,6 +26,7 @@ __all__ = [
     "MODEL_TYPES",
     "AttentionMask",
     "CheckpointFilesError",
+    "NoWeightsError",
     "DiffusionLM",
     "DiffusionTraits",
     "Family",
@@ -72,7 +73,15 @@ from dllm_models.logprob import (  # noqa: E402
     model_token_logprobs,
     token_logprobs,
 )
-from dllm_models.lora import BaseWeightsView, adapter_state_dict, adapters_disabled, apply_lora, has_adapters, merge_lora  # noqa: E402
+from dllm_models.lora import (  # noqa: E402
+    BaseWeightsView,
+    adapter_state_dict,
+    adapters_disabled,
+    apply_lora,
+    has_adapters,
+    merge_lora,
+    merged_adapters,
+)
 from dllm_models.packing import Packed, pack, pack_like, unpack  # noqa: E402
 
 __all__ += [
@@ -80,6 +89,7 @@ __all__ += [
     "Packed",
     "adapter_state_dict",
     "adapters_disabled",
+    "merged_adapters",
     "apply_lora",
     "has_adapters",
     "available_backends",

@@ -18,12 +18,17 @@ from __future__ import annotations
 
 import inspect
 import math
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+from dllm_models.kernels.decode_attention import decode_attention, decode_attention_fits
+
+DECODE_KERNEL = os.environ.get("DLLM_MODELS_DECODE_ATTENTION", "1") != "0"
 
 
 @dataclass(frozen=True)
@@ -44,6 +49,10 @@ class AttentionMask:
             block_ids). Then a noisy query of block b sees noisy keys of block b and clean keys of
             blocks < b; a clean query of block b sees clean keys of blocks <= b. Build it with
             `bd3lm_mask`.
+        copy_ids: long [B, Lk] index of the noisy copy each position belongs to, where several
+            noisy copies share one clean copy in a segment (`bd3lm_mask(copies=...)`; needs
+            is_clean; its value on clean positions is never read). A noisy query then sees, among
+            the noisy keys, only those of its own copy and block. None: one noisy copy per segment.
     """
 
     key_padding: torch.Tensor | None = None
@@ -51,6 +60,7 @@ class AttentionMask:
     cu_seqlens: torch.Tensor | None = None
     max_seqlen: int | None = None
     is_clean: torch.Tensor | None = None
+    copy_ids: torch.Tensor | None = None
     # per-mask memo of derived structures (flex BlockMask, segment ids); shared by all layers.
     # An init field, so FSDP2's input casting (dataclasses.replace over forward args) can copy it.
     cache: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False, hash=False)
@@ -58,6 +68,8 @@ class AttentionMask:
     def __post_init__(self) -> None:
         if self.is_clean is not None and self.block_ids is None:
             raise ValueError("AttentionMask.is_clean (BD3LM layout) needs block_ids; use bd3lm_mask")
+        if self.copy_ids is not None and self.is_clean is None:
+            raise ValueError("AttentionMask.copy_ids (shared-clean BD3LM layout) needs is_clean; use bd3lm_mask")
 
     @property
     def rule(self) -> str:
@@ -95,43 +107,70 @@ class AttentionMask:
             else:
                 kc = self.is_clean[:, -k_len:].to(device)[:, None, :]
                 qc = self.is_clean[:, -q_len:].to(device)[:, :, None]
-                rule = (kc & ((qc & (kb <= qb)) | (~qc & (kb < qb)))) | (~kc & ~qc & (kb == qb))
+                same = kb == qb
+                if self.copy_ids is not None:
+                    same = same & (self.copy_ids[:, -k_len:].to(device)[:, None, :]
+                                   == self.copy_ids[:, -q_len:].to(device)[:, :, None])
+                rule = (kc & ((qc & (kb <= qb)) | (~qc & (kb < qb)))) | (~kc & ~qc & same)
             mask = rule[:, None] if mask is None else (mask & rule[:, None])
         return mask
 
 
 def bd3lm_mask(
-    lengths: Sequence[int], block_size: int, *, device: torch.device | str | None = None
+    lengths: Sequence[int],
+    block_size: int,
+    *,
+    copies: Sequence[int] | None = None,
+    device: torch.device | str | None = None,
 ) -> AttentionMask:
-    """Mask of the BD3LM training layout: per sample its noisy copy x_t, then its clean copy x_0.
+    """Mask of the BD3LM training layout (Arriola et al., arXiv 2503.09573), samples packed along one row.
 
-    Samples are packed along one row (B = 1) as [x_t^1 ; x_0^1 ; x_t^2 ; x_0^2 ; ...]; blocks are
-    numbered from each sample's absolute position 0 ("global" block origin,
-    docs/models.md#forward-contracts).
+    Doubled layout (`copies` None): per sample its noisy copy, then its clean copy,
+    [x_t^1 ; x_0^1 ; x_t^2 ; x_0^2 ; ...]. Shared-clean layout (`copies` given): sample i's segment
+    is its clean copy followed by its k_i noisy copies, [x_0 ; x_t^(1) ; ... ; x_t^(k_i)], and
+    every noisy copy sees exactly what it sees in its own doubled segment (its own block, the
+    clean earlier blocks), never another copy: the same function for (k_i + 1) L_i positions
+    instead of 2 k_i L_i. Blocks are numbered from each sample's absolute position 0 ("global"
+    block origin, docs/models.md#forward-contracts), the same in every copy.
 
     Args:
-        lengths: length L_i of each sample (each contributes 2 L_i positions).
+        lengths: length L_i of each sample.
         block_size: diffusion block size.
+        copies: number k_i >= 1 of noisy copies of each sample (shared-clean layout), or None.
         device: where the mask tensors live.
 
     Returns:
-        AttentionMask with cu_seqlens over the 2 L_i segments, block_ids and is_clean [1, sum 2 L_i].
+        AttentionMask with cu_seqlens over the samples' segments (2 L_i or (k_i + 1) L_i
+        positions), block_ids, is_clean and (shared-clean layout) copy_ids [1, total].
     """
     if block_size < 1:
         raise ValueError(f"block_size must be >= 1, got {block_size}")
     if not lengths or min(lengths) < 1:
         raise ValueError(f"lengths must be a non-empty list of positive ints, got {list(lengths)}")
-    blocks, clean = [], []
-    for n in lengths:
+    if copies is not None and (len(copies) != len(lengths) or min(copies) < 1):
+        raise ValueError(f"copies must give one positive count per sample ({len(lengths)}), got {list(copies)}")
+    blocks, clean, copy = [], [], []
+    sizes = []
+    for i, n in enumerate(lengths):
         b = torch.arange(n, device=device) // block_size
-        blocks += [b, b]
-        clean += [torch.zeros(n, dtype=torch.bool, device=device), torch.ones(n, dtype=torch.bool, device=device)]
-    seg = torch.tensor([0] + [2 * n for n in lengths], device=device).cumsum(0).to(torch.int32)
+        yes = torch.ones(n, dtype=torch.bool, device=device)
+        if copies is None:
+            blocks += [b, b]
+            clean += [~yes, yes]
+            sizes.append(2 * n)
+            continue
+        k = int(copies[i])
+        blocks += [b] * (k + 1)
+        clean += [yes] + [~yes] * k
+        copy.append(torch.arange(k + 1, device=device).repeat_interleave(n))
+        sizes.append((k + 1) * n)
+    seg = torch.tensor([0] + sizes, device=device).cumsum(0).to(torch.int32)
     return AttentionMask(
         block_ids=torch.cat(blocks)[None],
         cu_seqlens=seg,
-        max_seqlen=2 * max(lengths),
+        max_seqlen=max(sizes),
         is_clean=torch.cat(clean)[None],
+        copy_ids=torch.cat(copy)[None] if copies is not None else None,
     )
 
 
@@ -158,12 +197,15 @@ def _sdpa_grouped(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Atten
     """Grouped-query attention when every query of a row sees the same keys (key padding at most).
 
     The n_rep query heads of each KV head are folded into the query axis ([B, Hkv, n_rep * Lq, D]),
-    so one plain attention call serves the group: no K/V copies and no GQA-specific kernel (at a
-    few queries per row, e.g. a cached decoding step, this is what keeps the step memory-bound).
+    so one plain attention call serves the group: no K/V copies and no GQA-specific kernel. At a
+    few queries per row (a cached decoding step) the Triton kernel `decode_attention` serves it
+    where it runs: it reads only the visible keys (`DLLM_MODELS_DECODE_ATTENTION=0` switches it off).
     """
     b, hq, lq, d = q.shape
     hkv = k.shape[1]
     folded = q.reshape(b, hkv, (hq // hkv) * lq, d)
+    if DECODE_KERNEL and decode_attention_fits(folded, k):
+        return decode_attention(folded, k, v, mask.key_padding).reshape(b, hq, lq, d)
     dense = mask.dense(1, k.shape[2], q.device)  # [B, 1, 1, Lk] or None: the same for every query
     out = F.scaled_dot_product_attention(folded, k, v, attn_mask=dense, is_causal=False)
     return out.reshape(b, hq, lq, d)

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import nn
 
@@ -34,6 +36,15 @@ _TOKENIZER_FILES = (
 class CheckpointFilesError(FileNotFoundError, ValueError):
     """A checkpoint folder lacks a file it needs: an error the user fixes (a ValueError), and a
     FileNotFoundError for callers that catch file errors."""
+
+
+class NoWeightsError(CheckpointFilesError):
+    """A checkpoint folder holds no safetensors weights (config.json only); `folder` names it, so
+    a caller can word its own fix (the CLI does)."""
+
+    def __init__(self, message: str, folder: Path) -> None:
+        super().__init__(message)
+        self.folder = folder
 
 
 def read_config(checkpoint_dir: str | os.PathLike[str]) -> dict[str, Any]:
@@ -61,12 +72,29 @@ def read_config(checkpoint_dir: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def _resolve_dtype(dtype: torch.dtype | str | None, raw: dict[str, Any]) -> torch.dtype:
+    """The parameter dtype: `dtype`, else config.json's, else float32; only float dtypes load."""
     if isinstance(dtype, torch.dtype):
+        if dtype not in _DTYPES.values():
+            raise ValueError(f"dtype {dtype} is not supported; choose one of {sorted(_DTYPES)} "
+                             "(model parameters are floating point)")
         return dtype
     name = dtype or raw.get("torch_dtype") or raw.get("dtype") or "float32"
     if name not in _DTYPES:
-        raise ValueError(f"dtype {name!r} is not supported; choose one of {sorted(_DTYPES)}")
+        source = "" if dtype else " (config.json's torch_dtype; pass dtype= to override it)"
+        raise ValueError(f"dtype {name!r} is not supported{source}; choose one of {sorted(_DTYPES)}")
     return _DTYPES[name]
+
+
+@contextlib.contextmanager
+def _open_safetensors(path: Path, device: str = "cpu") -> Iterator[Any]:
+    """`safe_open(path)`; a damaged or truncated file raises ValueError naming its path."""
+    try:
+        handle = safe_open(str(path), framework="pt", device=device)
+    except (SafetensorError, OSError) as err:
+        raise ValueError(f"{path} is damaged or truncated, not a readable safetensors file ({err}); "
+                         "copy it again from the release (a torn download or copy leaves it short)") from None
+    with handle as f:
+        yield f
 
 
 def weight_files(checkpoint_dir: str | os.PathLike[str]) -> dict[str, str]:
@@ -84,12 +112,13 @@ def weight_files(checkpoint_dir: str | os.PathLike[str]) -> dict[str, str]:
         return weight_map
     single = root / "model.safetensors"
     if single.is_file():
-        with safe_open(str(single), framework="pt") as f:
+        with _open_safetensors(single) as f:
             return {k: "model.safetensors" for k in f.keys()}
-    raise CheckpointFilesError(
+    raise NoWeightsError(
         f"checkpoint folder {root} has no weights (no model.safetensors or "
         "model.safetensors.index.json with its shards): copy the release's safetensors files into "
-        "it, or pass load_weights=False to build the architecture with fresh weights"
+        "it, or call load_model(..., load_weights=False) to build the architecture with fresh weights",
+        root,
     )
 
 
@@ -103,11 +132,25 @@ def _load_state(model: nn.Module, root: Path, device: torch.device, dtype: torch
             f"checkpoint {root} does not match the {type(model).__name__} architecture: "
             f"missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}"
         )
+    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     state: dict[str, torch.Tensor] = {}
     for shard in sorted(set(weight_map.values())):
-        with safe_open(str(root / shard), framework="pt", device=str(device)) as f:
+        path = root / shard
+        with _open_safetensors(path, str(device)) as f:
             for name in f.keys():
-                state[name] = f.get_tensor(name).to(dtype)
+                found = tuple(f.get_slice(name).get_shape())
+                if found != shapes[name]:
+                    raise ValueError(
+                        f"tensor {name!r} in {path} has shape {list(found)}, but the {type(model).__name__} "
+                        f"built from {root / 'config.json'} expects {list(shapes[name])}: config.json and the "
+                        "weights come from different models; restore the release's config.json")
+                tensor = f.get_tensor(name).to(dtype)
+                if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+                    raise ValueError(
+                        f"tensor {name!r} in {path} holds non-finite values (NaN or Inf) as {dtype}: the "
+                        "checkpoint is corrupt (e.g. saved after a diverged step) or overflows this dtype; "
+                        "load an earlier checkpoint, or a wider dtype")
+                state[name] = tensor
     model.load_state_dict(state, strict=True, assign=True)
 
 
@@ -135,7 +178,10 @@ def load_model(
     Raises:
         CheckpointFilesError (a ValueError): no folder, no config.json, or (load_weights) no
             safetensors or a missing shard.
-        ValueError: unknown `model_type`, or weights that do not fit the architecture.
+        ValueError: unknown `model_type`, a dtype other than float32/bfloat16/float16, a
+            damaged or truncated safetensors file (its path named), a tensor whose shape does
+            not fit the architecture (its name, file and both shapes named), or a tensor holding
+            NaN or Inf after the cast to `dtype` (named).
     """
     root = Path(checkpoint_dir)
     raw = read_config(root)

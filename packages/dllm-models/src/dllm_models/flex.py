@@ -35,6 +35,7 @@ class _Positions(NamedTuple):
     seg: torch.Tensor
     blk: torch.Tensor
     clean: torch.Tensor
+    copy: torch.Tensor
 
 
 def _positions(mask: AttentionMask, batch: int, k_len: int, pad: int, device: torch.device) -> _Positions:
@@ -54,6 +55,7 @@ def _positions(mask: AttentionMask, batch: int, k_len: int, pad: int, device: to
         seg=take(seg_b, 0, torch.int32).contiguous(),
         blk=take(mask.block_ids, 0, torch.int32).contiguous(),
         clean=take(mask.is_clean, False, torch.bool).contiguous(),
+        copy=take(mask.copy_ids, 0, torch.int32).contiguous(),
     )
 
 
@@ -63,13 +65,15 @@ def mask_mod_for(mask: AttentionMask, pos: _Positions, offset: int) -> Callable[
     The captured tensors are int32 only and the rule is integer comparisons joined by `&` / `|`
     (no bool buffers, no `~`): key padding is folded into the key-side segment id (-1 on padded
     keys and on positions past Lk), and the BD3LM rule reads
-    `(k clean & kb < qb + q clean) | (k noisy & q noisy & kb == qb)`.
+    `(k clean & kb < qb + q clean) | (k noisy & q noisy & kb == qb & same copy)`.
     """
-    real, seg, blk, clean = pos
+    real, seg, blk, clean, copy = pos
     kseg = torch.where(real, seg, torch.full_like(seg, -1)).to(torch.int32).contiguous()
     qseg = seg.to(torch.int32).contiguous()
     blk = blk.to(torch.int32).contiguous()
     cl = clean.to(torch.int32).contiguous()
+    cp = copy.to(torch.int32).contiguous()
+    copies = mask.copy_ids is not None
     rule = mask.rule
 
     def mask_mod(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> torch.Tensor:
@@ -79,7 +83,10 @@ def mask_mod_for(mask: AttentionMask, pos: _Positions, offset: int) -> Callable[
             ok = ok & (blk[b, kv_idx] <= blk[b, qi])
         elif rule == "bd3lm":
             qb, kb, qc, kc = blk[b, qi], blk[b, kv_idx], cl[b, qi], cl[b, kv_idx]
-            ok = ok & (((kc == 1) & (kb < qb + qc)) | ((kc + qc == 0) & (kb == qb)))
+            same = kb == qb
+            if copies:
+                same = same & (cp[b, kv_idx] == cp[b, qi])
+            ok = ok & (((kc == 1) & (kb < qb + qc)) | ((kc + qc == 0) & same))
         result: torch.Tensor = ok
         return result
 
@@ -114,18 +121,23 @@ def tile_classes(
     kv_valid = torch.zeros_like(kv_real)
     kv_valid[:, :k_len] = True
     q_seg, q_blk, q_cl = qside(pos.seg, 0), qside(pos.blk, 0), qside(pos.clean, False)
+    q_cp = qside(pos.copy, 0)
 
-    def stats(seg: torch.Tensor, blk: torch.Tensor, cl: torch.Tensor, keep: torch.Tensor) -> dict[str, torch.Tensor]:
+    def stats(seg: torch.Tensor, blk: torch.Tensor, cl: torch.Tensor, cp: torch.Tensor,
+              keep: torch.Tensor) -> dict[str, torch.Tensor]:
+        # copy ids are summarised over the noisy positions only (the only ones whose copy is read)
+        noisy = keep & ~cl
         return {
             "seg_lo": _tiles(seg, keep, tile, "min"), "seg_hi": _tiles(seg, keep, tile, "max"),
             "blk_lo": _tiles(blk, keep, tile, "min"), "blk_hi": _tiles(blk, keep, tile, "max"),
+            "cp_lo": _tiles(cp, noisy, tile, "min"), "cp_hi": _tiles(cp, noisy, tile, "max"),
             "clean": _tiles((cl & keep).int(), keep, tile, "max") > 0,
             "noisy": _tiles((~cl & keep).int(), keep, tile, "max") > 0,
         }
 
-    q = {k: v[:, :, None] for k, v in stats(q_seg, q_blk, q_cl, qv).items()}
-    k_any = {k: v[:, None, :] for k, v in stats(pos.seg, pos.blk, pos.clean, kv_real).items()}
-    k_all = {k: v[:, None, :] for k, v in stats(pos.seg, pos.blk, pos.clean, kv_valid).items()}
+    q = {k: v[:, :, None] for k, v in stats(q_seg, q_blk, q_cl, q_cp, qv).items()}
+    k_any = {k: v[:, None, :] for k, v in stats(pos.seg, pos.blk, pos.clean, pos.copy, kv_real).items()}
+    k_all = {k: v[:, None, :] for k, v in stats(pos.seg, pos.blk, pos.clean, pos.copy, kv_valid).items()}
     n_tiles = pos.real.shape[1] // tile
     k_has_real = pos.real.view(pos.real.shape[0], n_tiles, tile).any(-1)[:, None, :]
     k_all_real = pos.real.view(pos.real.shape[0], n_tiles, tile).all(-1)[:, None, :]
@@ -144,14 +156,18 @@ def tile_classes(
         qc, qn = q["clean"], q["noisy"]
         kc, kn = k_any["clean"], k_any["noisy"]
         lo, hi = k_any["blk_lo"], k_any["blk_hi"]
+        copy_meet = (k_any["cp_lo"] <= q["cp_hi"]) & (q["cp_lo"] <= k_any["cp_hi"])
         any_ = any_ & (
             (qc & kc & (lo <= q["blk_hi"]))
             | (qn & kc & (lo < q["blk_hi"]))
-            | (qn & kn & (lo <= q["blk_hi"]) & (q["blk_lo"] <= hi))
+            | (qn & kn & (lo <= q["blk_hi"]) & (q["blk_lo"] <= hi) & copy_meet)
         )
         kc, kn = k_all["clean"], k_all["noisy"]
         lo, hi = k_all["blk_lo"], k_all["blk_hi"]
         same_block = (q["blk_lo"] == q["blk_hi"]) & (lo == hi) & (lo == q["blk_lo"])
+        if mask.copy_ids is not None:
+            one_copy = (q["cp_lo"] == q["cp_hi"]) & (k_all["cp_lo"] == k_all["cp_hi"]) & (q["cp_lo"] == k_all["cp_lo"])
+            same_block = same_block & one_copy
         full = full & ~(qc & kn)
         full = full & (~(qc & kc) | (hi <= q["blk_lo"])) & (~(qn & kc) | (hi < q["blk_lo"]))
         full = full & (~(qn & kn) | same_block)

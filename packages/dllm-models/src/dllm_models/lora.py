@@ -231,6 +231,46 @@ def adapters_disabled(model: nn.Module) -> Iterator[nn.Module]:
             p.requires_grad_(n in trainable)
 
 
+@contextmanager
+def merged_adapters(model: nn.Module) -> Iterator[nn.Module]:
+    """Run `model` with every active adapter folded into its base weight, restored exactly after.
+
+    Decoding calls the model hundreds of times per rollout; unmerged adapters add two small
+    matmuls per target module and call. Inside the block each base weight holds W + scale * B A
+    (computed in float32, cast to W's dtype) and the adapters are off, so a forward costs what a
+    plain model costs. The base weights are copied first and copied back on exit, so the frozen
+    base is bit-for-bit unchanged (an in-place `W -= scale * B A` would not be, in bf16). The copies
+    take the size of the targeted weights while the block runs. A model without adapters runs as is.
+
+    The base weights must not be read as the frozen reference inside the block
+    (`BaseWeightsView` of the same model): the rollout worker keeps the adapters unmerged then.
+    """
+    if not has_adapters(model):
+        yield model
+        return
+    tuner = _peft().tuners.tuners_utils.BaseTunerLayer
+    layers = [m for m in model.modules() if isinstance(m, tuner)]
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    saved: list[tuple[torch.Tensor, torch.Tensor]] = []
+    try:
+        with torch.no_grad():
+            for m in layers:
+                weight = m.get_base_layer().weight
+                saved.append((weight, weight.detach().clone()))
+                delta = sum((m.get_delta_weight(a).float() for a in m.active_adapters), torch.zeros(()))
+                weight.copy_((weight.float() + delta).to(weight.dtype))
+                m.enable_adapters(False)
+        yield model
+    finally:
+        with torch.no_grad():
+            for weight, copy in saved:
+                weight.copy_(copy)
+        for m in layers:
+            m.enable_adapters(True)
+        for n, p in model.named_parameters():
+            p.requires_grad_(n in trainable)
+
+
 class BaseWeightsView:
     """A LoRA model's base weights, called like a model, with no copy: every call runs the
     wrapped model inside `adapters_disabled`.

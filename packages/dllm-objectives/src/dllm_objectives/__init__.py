@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from .advantages import group_mean, grpo_advantages, rloo_advantages, sequence_advantages
 from .block import bd3lm_attention_mask, bd3lm_visible, block_count_masks, block_ids
+from .bridge_ratio import BRIDGE_CORRECTIONS, bridge_log_ratio, bridge_ratio_policy_loss
 from .count_masking import count_masks, espo_masks, random_subset
 from .dmpo import (
     dmpo_baseline,
@@ -92,6 +93,8 @@ __all__ = [
     "composite_block_elbo",
     "spg_sequence_logp",
     "dmpo_sequence_elbo",
+    "BRIDGE_CORRECTIONS",
+    "bridge_log_ratio",
     # advantages
     "grpo_advantages",
     "rloo_advantages",
@@ -112,6 +115,7 @@ __all__ = [
     "token_surrogate",
     "clipped_policy_loss",
     "bgpo_policy_loss",
+    "bridge_ratio_policy_loss",
     "sequence_clip_loss",
     "weighted_policy_loss",
     "cj_token_weights",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -36,8 +37,26 @@ def check_choice(name: str, value: str, valid: Sequence[str]) -> None:
 
 def check_range(name: str, value: float, lo: float, hi: float) -> None:
     """Raise ValueError unless ``lo <= value <= hi``."""
-    if not lo <= value <= hi:
+    if not lo <= value <= hi:  # also refuses NaN
         raise ValueError(f"{name} must lie in [{lo}, {hi}], got {value}.")
+
+
+def check_finite(**values: float | Tensor | None) -> None:
+    """Raise ValueError unless every Python number among ``values`` is finite (names the argument).
+
+    Tensors and None pass unchecked: reading a tensor's value would synchronise with the device.
+    """
+    for name, value in values.items():
+        if isinstance(value, (int, float)) and not math.isfinite(value):
+            raise ValueError(f"{name} must be a finite number, got {value}.")
+
+
+def check_nonempty(name: str, x: Tensor) -> None:
+    """Raise ValueError if ``x`` has no rows (its first dimension, read from the shape) or no elements."""
+    if x.dim() == 0:
+        return
+    if x.shape[0] == 0 or x.numel() == 0:
+        raise ValueError(f"{name} is empty (shape {tuple(x.shape)}); pass at least one row.")
 
 
 def uniform(shape: Sequence[int], generator: torch.Generator, like: Tensor) -> Tensor:

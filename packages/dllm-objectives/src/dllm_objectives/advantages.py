@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._checks import check_choice
+from ._checks import check_choice, check_finite, check_nonempty
 
 __all__ = ["grpo_advantages", "rloo_advantages", "sequence_advantages", "group_mean"]
 
@@ -28,6 +28,7 @@ def group_mean(values: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor]:
     Returns:
         ``(mean, count)``, both broadcast back to the rows: ``[B, ...]`` and ``[B, 1...]``.
     """
+    check_nonempty("values", values)
     index, g = _group_index(group_ids, values.shape[0])
     flat = values.float().reshape(values.shape[0], -1)
     sums = torch.zeros((g, flat.shape[1]), device=flat.device).index_add_(0, index, flat)
@@ -68,6 +69,8 @@ def grpo_advantages(
         float32, same shape as ``scores``.
     """
     check_choice("singleton", singleton, _SINGLETON)
+    check_nonempty("scores", scores)
+    check_finite(eps=eps)
     x = scores.float()
     mean, count = group_mean(x, group_ids)
     centred = x - mean
@@ -96,6 +99,7 @@ def rloo_advantages(scores: Tensor, group_ids: Tensor, *, singleton: str = "zero
         float32 ``[B]``.
     """
     check_choice("singleton", singleton, _SINGLETON)
+    check_nonempty("scores", scores)
     x = scores.float()
     mean, count = group_mean(x, group_ids)
     loo = (x - mean) * count / (count - 1).clamp_min(1)

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._checks import check_choice, check_same_shape
+from ._checks import check_choice, check_finite, check_nonempty, check_same_shape
 from .advantages import _group_index, group_mean
 
 __all__ = [
@@ -59,6 +59,8 @@ def dmpo_weights(
         ``(w, w_neg)``, float32 ``[B]``; ``w`` sums to 1 per group when ``alpha >= 0``.
     """
     check_same_shape(rewards=rewards, log_rnd=log_rnd)
+    check_nonempty("rewards", rewards)
+    check_finite(alpha=alpha, coeff=coeff)
     r, rho = rewards.float(), log_rnd.float()
     if alpha == -1:
         return r, -r
@@ -94,6 +96,7 @@ def dmpo_ess_coeff(
     Returns:
         ``kappa`` as a float.
     """
+    check_finite(alpha=alpha, ess_target=ess_target)
     x = log_rnd.float() + (rewards.float() / alpha if alpha > 0 else rewards.float())
     lo, hi = bounds
     g = (math.sqrt(5) - 1) / 2
@@ -131,6 +134,7 @@ def dmpo_baseline(
         float32 ``[B]``.
     """
     check_choice("kind", kind, _BASELINES)
+    check_finite(strength=strength)
     w = weights.float()
     if kind == "none":
         return w
@@ -196,6 +200,7 @@ def wddo_loss(
         float32 scalar.
     """
     check_same_shape(elbo_real=elbo_real, logp_behaviour=logp_behaviour, weights=weights)
+    check_finite(beta=beta, alpha=alpha)
     fake = elbo_real if elbo_fake is None else elbo_fake
     g_real = elbo_real.float() - logp_behaviour.float()
     g_fake = fake.float() - logp_behaviour.float()

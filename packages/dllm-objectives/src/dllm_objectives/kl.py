@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._checks import check_choice, check_same_shape
+from ._checks import check_choice, check_finite, check_same_shape
 
 __all__ = ["KL_KINDS", "kl_penalty", "sequence_kl"]
 
@@ -59,6 +59,7 @@ def kl_penalty(
         float32 tensor of the input shape.
     """
     check_same_shape(logp=logp, ref_logp=ref_logp)
+    check_finite(clamp=clamp)
     delta = logp.float() - ref_logp.float()
     if dare_advantages is not None:
         linear = torch.log((1.0 + delta).clamp_min(1e-6))

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._checks import check_same_shape
+from ._checks import check_finite, check_same_shape
 from .plan import MaskPlan
 
 __all__ = [
@@ -40,6 +40,7 @@ def token_logp_from_logits(logits: Tensor, targets: Tensor, *, temperature: floa
     Returns:
         float32 ``[...]``.
     """
+    check_finite(temperature=temperature)
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}; use 1.0 for no scaling.")
     if logits.shape[:-1] != targets.shape:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._checks import check_choice, check_same_shape
+from ._checks import check_choice, check_finite, check_same_shape
 from .kl import kl_penalty
 
 __all__ = [
@@ -48,6 +48,7 @@ def aggregate(
     """
     check_choice("agg mode", mode, AGG_MODES)
     check_same_shape(values=values, mask=mask)
+    check_finite(norm_const=norm_const)
     m = mask.float()
     mv = values.float() * m
     if mode == "token-mean":
@@ -61,6 +62,7 @@ def aggregate(
 
 
 def _check_clips(clip_low: float, clip_high: float, dual_clip: float | None) -> None:
+    check_finite(clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip)
     if not 0.0 <= clip_low <= 1.0:
         raise ValueError(f"clip_low must lie in [0, 1], got {clip_low}; the ratio floor is 1 - clip_low.")
     if clip_high < 0.0:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._checks import check_same_shape
+from ._checks import check_finite, check_nonempty, check_same_shape
 
 __all__ = ["dpo_loss", "dpo_logits"]
 
@@ -35,6 +35,8 @@ def dpo_logits(
         policy_chosen=policy_chosen, policy_rejected=policy_rejected,
         ref_chosen=ref_chosen, ref_rejected=ref_rejected,
     )
+    check_nonempty("policy_chosen", policy_chosen)
+    check_finite(beta=beta, length_normalizer=length_normalizer)
     if beta <= 0:
         raise ValueError(f"beta must be > 0, got {beta}; VRPO uses 0.2.")
     margin = (policy_chosen.float() - policy_rejected.float()) - (ref_chosen.float() - ref_rejected.float())

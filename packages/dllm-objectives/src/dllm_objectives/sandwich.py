@@ -10,7 +10,7 @@ import math
 import torch
 from torch import Tensor
 
-from ._checks import check_bool, check_choice, check_range, check_same_shape, uniform
+from ._checks import check_bool, check_choice, check_finite, check_range, check_same_shape, uniform
 from .plan import MaskPlan
 
 __all__ = ["spg_block_masks", "spg_sequence_logp", "spg_loss"]
@@ -141,6 +141,7 @@ def spg_sequence_logp(
     """
     check_choice("negative", negative, _NEGATIVE)
     check_same_shape(token_logp=token_logp, mask=plan.mask)
+    check_finite(eubo_beta=eubo_beta, mix_weight=mix_weight)
     if eubo_beta <= 0:
         raise ValueError(f"eubo_beta must be > 0, got {eubo_beta}.")
     lp = token_logp.float()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._checks import check_bool, check_choice, check_same_shape
+from ._checks import check_bool, check_choice, check_finite, check_same_shape
 from .advantages import grpo_advantages
 from .plan import MaskPlan
 from .policy import token_surrogate
@@ -179,6 +179,7 @@ def mdpo_loss(
         ``(loss, metrics)`` with ``clip_frac``.
     """
     check_same_shape(logp=logp, old_logp=old_logp, mask=mask, confidence=confidence)
+    check_finite(clip=clip, beta=beta)
     m = mask.float()
     lam = float(max_len or logp.shape[-1]) / m.sum(-1, keepdim=True).clamp_min(1)
     ratio = torch.exp(logp.float() - old_logp.float())

@@ -12,7 +12,7 @@ import math
 import torch
 from torch import Tensor
 
-from ._checks import check_same_shape
+from ._checks import check_finite, check_same_shape
 from .kl import kl_penalty
 from .policy import clipped_policy_loss
 
@@ -120,6 +120,7 @@ def tree_policy_loss(
     Returns:
         ``(loss, metrics)`` with ``pg_loss``, ``kl`` and the surrogate metrics.
     """
+    check_finite(kl_coef=kl_coef)
     pg, metrics = clipped_policy_loss(
         logp, old_logp, advantages, active, clip_low=clip, clip_high=clip, dual_clip=None,
         agg="seq-mean-token-mean",
@@ -151,6 +152,7 @@ def tree_self_distill_schedule(
     Returns:
         ``(lambda, tau)``.
     """
+    check_finite(progress=progress, lambda_max=lambda_max, gamma=gamma, tau_max=tau_max, beta=beta)
     phi = min(max(progress, 0.0), 1.0)
     lam = lambda_max * (math.exp(gamma * phi) - 1.0) / (math.exp(gamma) - 1.0)
     tau = max(tau_max * (1.0 - phi) ** beta, 1e-6)
@@ -183,6 +185,9 @@ def tree_self_distill_kl(
         ``(kl, used)``: float32 ``[G, R]`` and bool ``[G, R]``; the loss term is
         ``lambda * kl[used].mean()`` (0 when nothing is used).
     """
+    check_finite(tau=tau)
+    if not tau > 0:
+        raise ValueError(f"tau must be > 0, got {tau}.")
     keep = (member_advantages > 0)[..., None] & member_active  # [G, M, R]
     scaled = (member_advantages.float() / tau)[..., None].expand(keep.shape)
     logits = torch.where(keep, scaled, torch.full_like(scaled, -math.inf))

@@ -9,6 +9,7 @@ DREAM_REMASKING = ("origin", "maskgit_plus", "topk_margin", "entropy")
 REMASKING = LLADA_REMASKING + DREAM_REMASKING
 CACHES = (None, "prefix", "dual")
 EOS_HANDLING = ("keep", "truncate")
+ENGINES = ("native", "lmdeploy")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,6 +61,9 @@ class SamplingConfig:
         max_rows: decode at most this many rows at a time (0: the whole batch in one call), so
             decoding memory is bounded; exact, since every row has its own seed. The trainer's
             rollout worker reads it (`dllm_train.RolloutWorker`), and so does `decode_in_chunks`.
+        engine: who decodes the trainer's rollouts: "native" (`generate`) or "lmdeploy" (its
+            PyTorch engine, colocated, for block-diffusion models; `dllm_train.EngineRolloutWorker`).
+        engine_kv_fraction: the share of free GPU memory the engine may take for its KV cache.
     """
 
     max_new_tokens: int
@@ -80,8 +84,14 @@ class SamplingConfig:
     record_steps: bool = False
     block_diffusion: bool = False
     max_rows: int = 0
+    engine: str = "native"
+    engine_kv_fraction: float = 0.3
 
     def __post_init__(self) -> None:
+        if self.engine not in ENGINES:
+            raise ValueError(f"rollout.engine={self.engine!r} unknown; choose one of {ENGINES}")
+        if not 0.0 < self.engine_kv_fraction < 1.0:
+            raise ValueError(f"rollout.engine_kv_fraction must be in (0, 1), got {self.engine_kv_fraction}")
         if self.max_rows < 0:
             raise ValueError(f"rollout.max_rows must be >= 0 (0: the whole batch at once), got {self.max_rows}")
         if self.max_new_tokens < 1:
@@ -146,6 +156,14 @@ class SamplingConfig:
                 "joint-threshold decoding; got threshold=None. LLaDA2.1's card suggests threshold=0.7 "
                 "with editing_threshold=0.5 (quality) or 0.5 with 0.0 (speed)"
             )
+
+    @property
+    def deterministic(self) -> bool:
+        """Whether decoding draws no randomness, so every row of a prompt decodes the same response:
+        temperature 0 (argmax proposals) with confidence-ordered commits ("random" remasking, and
+        Dream's "origin" or `alg_temp` position sampling without `threshold`, draw per-row noise)."""
+        sampled_positions = self.threshold is None and (self.remasking == "origin" or bool(self.alg_temp))
+        return self.temperature == 0 and self.remasking != "random" and not sampled_positions
 
     @property
     def num_blocks(self) -> int:

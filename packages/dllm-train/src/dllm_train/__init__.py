@@ -7,7 +7,7 @@ from dllm_train.checkpointing import (
     load_checkpoint,
     save_checkpoint,
 )
-from dllm_train.algorithm import LossInputs, RLAlgorithm, RLBatch, SpecialTokens, with_fields
+from dllm_train.algorithm import LossInputs, MiniBatchRows, RLAlgorithm, RLBatch, SpecialTokens, mini_batch_slices, with_fields
 from dllm_train.config import OptimConfig, RLConfig, SFTConfig, TrainerConfig
 from dllm_train.dataflow import PromptBatch
 from dllm_train.evaluation import benchmark_validator
@@ -47,6 +47,7 @@ __all__ = [
     "LocalRL",
     "LocalRanks",
     "LossInputs",
+    "MiniBatchRows",
     "MetricsWriter",
     "OffloadedScorer",
     "OptimConfig",
@@ -85,6 +86,7 @@ __all__ = [
     "list_checkpoints",
     "load_checkpoint",
     "lockstep_passes",
+    "mini_batch_slices",
     "noised_token_logp",
     "open_wandb",
     "plan_token_logp",

@@ -15,7 +15,8 @@ One step, for every backend (`dllm_train.step`):
    only (old and reference values are the same function under other weights); the trainer
    splits its scorer calls into token-budget passes (`dllm_train.passes`);
 5. `advantages(scores, group_ids)` on the whole batch (groups may straddle ranks);
-6. `loss(values, inputs) -> (loss, metrics)`.
+6. `loss(values, inputs) -> (loss, metrics)`, once per optimizer step: each iteration's training
+   rows form one mini-batch, or several (`mini_batch_rows`), each its own optimizer step.
 
 Concrete algorithms live in `dllm_algorithms`; the app keeps the registry of names.
 """
@@ -25,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import Any, ClassVar, Generic, Literal, TypeVar
 
 import torch
 
@@ -34,6 +35,8 @@ from dllm_rollout import RolloutBatch, SamplingConfig, decode
 
 Metrics = dict[str, torch.Tensor]
 D = TypeVar("D")
+MiniBatchRows = Literal["all", "rollout"]
+"""The rows of one optimizer step (`RLAlgorithm.mini_batch_rows`)."""
 
 
 @dataclass(frozen=True)
@@ -103,6 +106,18 @@ class RLAlgorithm(ABC, Generic[D]):
             cannot reproduce.
         chunkable_rollout: `generate` may run on any subset of rows (`rollout.max_rows`); False
             for rollouts that couple rows (e.g. a tree over a whole group).
+        mini_batch_rows: the rows of one optimizer step: "all" (every training row of an
+            iteration, one step) or "rollout" (contiguous mini-batches of as many rows as the
+            rank's rollout batch, one optimizer step each, like verl's `ppo_mini_batch_size` equal
+            to the rollout batch: training rows packed as K copies of the batch, copy-major, give
+            K steps per iteration). Old values are computed once, before the first step, so the
+            later mini-batches are off-policy. "rollout" needs `num_rows` and `select_rows`.
+        needs_distinct_samples (a property): the reward reaches the gradient only through differences
+            between the samples of a group (group-relative advantages or weights): when every
+            sample of a group is the same, as under deterministic decoding
+            (`SamplingConfig.deterministic`, e.g. temperature 0), the policy gradient is
+            identically zero. True for the default GRPO advantages; a run config refuses such
+            decoding for an algorithm that declares it.
     """
 
     needs_old: bool = True
@@ -118,6 +133,25 @@ class RLAlgorithm(ABC, Generic[D]):
     def needs_reference(self) -> bool:
         """Whether a frozen reference model scores `values` too (default: no)."""
         return False
+
+    @property
+    def mini_batch_rows(self) -> MiniBatchRows:
+        """The rows of one optimizer step (default "all": one step per iteration)."""
+        return "all"
+
+    def num_rows(self, data: D) -> int:
+        """Training rows in `data` (the first dimension of `values`), for `mini_batch_rows="rollout"`."""
+        raise NotImplementedError(f"{self.label} splits no training rows into mini-batches")
+
+    def select_rows(self, data: D, rows: slice) -> D:
+        """`data` restricted to training rows `rows` (what `values` and `loss` read for a mini-batch)."""
+        raise NotImplementedError(f"{self.label} splits no training rows into mini-batches")
+
+    @property
+    def needs_distinct_samples(self) -> bool:
+        """Whether the policy gradient is identically zero when every sample of a group is the
+        same (default: yes, as for the default GRPO advantages); see the class doc."""
+        return True
 
     @property
     def label(self) -> str:
@@ -159,4 +193,17 @@ def with_fields(sampling: SamplingConfig, **changes: Any) -> SamplingConfig:
     return dataclasses.replace(sampling, **changes)
 
 
-__all__ = ["LossInputs", "Metrics", "RLAlgorithm", "RLBatch", "SpecialTokens", "with_fields"]
+def mini_batch_slices(algorithm: RLAlgorithm[D], batch: RLBatch, data: D) -> list[slice]:
+    """The training rows of each optimizer step of one iteration (`RLAlgorithm.mini_batch_rows`).
+
+    Returns:
+        "all": `[slice(None)]`; "rollout": contiguous slices of `batch.rollout.batch_size` rows
+        (the last one shorter when the rows are not a multiple of it).
+    """
+    if algorithm.mini_batch_rows == "all":
+        return [slice(None)]
+    total, size = algorithm.num_rows(data), batch.rollout.batch_size
+    return [slice(a, min(a + size, total)) for a in range(0, total, size)]
+
+
+__all__ = ["LossInputs", "Metrics", "MiniBatchRows", "RLAlgorithm", "mini_batch_slices", "RLBatch", "SpecialTokens", "with_fields"]

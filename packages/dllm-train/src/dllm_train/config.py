@@ -9,6 +9,7 @@ from dllm_train.packed_scoring import PACKED_BACKENDS
 
 BACKENDS = ("local", "ray")
 SCHEDULES = ("constant", "cosine")
+BD3LM_LAYOUTS = ("shared", "doubled")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -92,6 +93,11 @@ class TrainerConfig:
             rows of a pass are split into forwards of at most this many tokens
             (`Scorer.row_cost`) and the gradients accumulated so that loss and gradients equal
             the single-batch ones. 0: one forward per scorer call (no limit).
+        bd3lm_layout: the BD3LM layout of block families on packed rows (`train_attention` set):
+            "shared" (the Monte-Carlo copies of a sequence in one pass share one clean half,
+            [x_0 ; x_t^1 ; ... ; x_t^k]: (k + 1) L tokens, priced so by the token budget) or
+            "doubled" (every copy its own [x_t ; x_0] pair: 2 k L tokens; for comparison). Both
+            compute the same values and gradients. See `dllm_train.packed_scoring`.
         activation_checkpointing: recompute each decoder layer's activations in the backward of
             the training passes (less memory, about one more forward of compute).
         reference_offload: keep the frozen reference model on the CPU between its passes
@@ -122,6 +128,7 @@ class TrainerConfig:
     wandb_run_name: str = ""
     train_attention: str = "auto"
     max_tokens_per_pass: int = 0
+    bd3lm_layout: str = "shared"
     activation_checkpointing: bool = False
     reference_offload: bool = False
     fsdp_cpu_offload: bool = False
@@ -133,6 +140,9 @@ class TrainerConfig:
                              f"choose one of {choices[1:]} (or empty / none: the padded path)")
         if self.max_tokens_per_pass < 0:
             raise ValueError(f"trainer.max_tokens_per_pass must be >= 0 (0: no limit), got {self.max_tokens_per_pass}")
+        if self.bd3lm_layout not in BD3LM_LAYOUTS:
+            raise ValueError(f"trainer.bd3lm_layout={self.bd3lm_layout!r} is not a layout; choose one of {BD3LM_LAYOUTS} "
+                             "('shared': one clean half per group of Monte-Carlo copies)")
         if self.fsdp_cpu_offload and self.backend != "ray":
             raise ValueError("trainer.fsdp_cpu_offload=true shards with FSDP2 on Ray ranks; set trainer.backend=ray "
                              "(or trainer.reference_offload=true / trainer.activation_checkpointing=true locally)")

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from dllm_objectives import MaskPlan, apply_mask, token_logp_from_logits
-from dllm_train.packed_scoring import PACKED_BACKENDS, packed_token_logp
+from dllm_train.packed_scoring import PACKED_BACKENDS, packed_token_logp, shares_clean_context
 
 
 def positions(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -48,15 +48,19 @@ class Scorer:
             data-dependent number of passes pad to the group's count (`dllm_train.lockstep`).
         attention: the packed attention backend of its forwards ('varlen', 'flex', 'sdpa', ...;
             see `dllm_train.packed_scoring`), or None for the padded batch with full logits.
+        shared_context: block families on packed rows: consecutive rows with the same clean
+            sequence (Monte-Carlo copies) share one clean half of the BD3LM layout; False: one
+            clean half per row (the doubled layout, for comparison). The same values either way.
     """
 
     def __init__(self, model: Any, *, lockstep_group: dist.ProcessGroup | None = None,
-                 attention: str | None = None) -> None:
+                 attention: str | None = None, shared_context: bool = True) -> None:
         if attention is not None and attention not in PACKED_BACKENDS:
             raise ValueError(f"training attention {attention!r} is not a packed backend; choose one of {PACKED_BACKENDS}")
         self.model = model
         self.lockstep_group = lockstep_group
         self.attention = attention
+        self.shared_context = shared_context
         traits = model.traits
         self.mask_id: int = int(traits.mask_token_id)
         self.eos_id: int = int(traits.eos_token_id)
@@ -125,6 +129,7 @@ class Scorer:
             return packed_token_logp(
                 self.model, noisy_ids, attn, targets, targets if clean_ids is None else clean_ids,
                 temperature=temperature, block_length=self.block_length, backend=backend,
+                shared=self.shared_context,
             )
         pos = positions(attn)
         if self.block_length is None:
@@ -155,6 +160,20 @@ class Scorer:
         rows = torch.arange(attn.shape[0], device=attn.device)[:, None].expand_as(bid)
         hit[rows[changed], bid[changed]] = True
         return width * hit.sum(-1).clamp(min=1)
+
+    def shared_tokens(self, noisy_ids: torch.Tensor, attention_mask: torch.Tensor,
+                      clean_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """[M] tokens of row i's `row_cost` that row i - 1 already runs when both are in one forward.
+
+        The clean half of the BD3LM layout that consecutive rows of one clean sequence share on
+        packed rows (`dllm_train.packed_scoring.shares_clean_context`): a pass of rows [a, b)
+        runs sum(row_cost[a:b]) - sum(shared_tokens[a + 1:b]) tokens. 0 elsewhere.
+        """
+        attn = attention_mask.bool()
+        none = torch.zeros(attn.shape[0], dtype=torch.long, device=attn.device)
+        if self.attention is None or self.block_length is None or not self.shared_context or clean_ids is None:
+            return none
+        return torch.where(shares_clean_context(attn, clean_ids), attn.sum(-1), none)
 
     def _bd3lm(self, noisy: torch.Tensor, attn: torch.Tensor, pos: torch.Tensor, clean: torch.Tensor,
                targets: torch.Tensor, temperature: float) -> torch.Tensor:

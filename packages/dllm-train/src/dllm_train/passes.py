@@ -3,8 +3,9 @@
 An algorithm computes its values (token log-probs, ELBOs, replayed steps, ...) from one or more
 `Scorer` calls, each over a set of rows (Monte-Carlo copies, BD3LM rows, replay states, tree
 segments...). Here every such call is split into passes of at most `max_tokens` tokens
-(`Scorer.row_cost`), in the spirit of verl's dynamic batch size, and the gradient of the loss is
-accumulated pass by pass so that it equals the single-batch gradient:
+(`Scorer.row_cost`, less the clean halves Monte-Carlo copies share: `Scorer.shared_tokens`), in
+the spirit of verl's dynamic batch size, and the gradient of the loss is accumulated pass by
+pass so that it equals the single-batch gradient:
 
 - a *row-local* loss (its gradient with respect to a scored row depends on that row alone: token
   PPO, per-copy ELBO surrogates, step replays, weighted cross-entropy) is evaluated once per pass,
@@ -123,7 +124,12 @@ def trace(values: ValuesFn, scorer: Scorer) -> list[ScoreCall]:
 def split(calls: list[ScoreCall], scorer: Scorer, max_tokens: int) -> list[Pass]:
     """Consecutive rows of each call in passes of at most `max_tokens` tokens (0: one pass per call).
 
-    A row costing more than the budget alone gets a pass of its own.
+    A pass of rows [a, b) costs what its forward runs: sum(row_cost[a:b]) less the clean halves
+    that rows a + 1 .. b - 1 share with their predecessors (`Scorer.shared_tokens`), so a group of
+    k Monte-Carlo copies of one block-family sequence costs (k + 1) L tokens, and a group split
+    over several passes pays one clean half in each. A group that cannot fit whole into the
+    space left in the current pass starts a new pass unless the rows that fit now cost no extra
+    clean half (see `_defer`). A row costing more than the budget alone gets a pass of its own.
     """
     passes: list[Pass] = []
     for i, call in enumerate(calls):
@@ -135,14 +141,39 @@ def split(calls: list[ScoreCall], scorer: Scorer, max_tokens: int) -> list[Pass]
             continue
         clean = call.clean if call.clean is not None else (call.targets if call.targets.dim() == 2 else None)
         cost = scorer.row_cost(call.noisy, call.attention, clean).tolist()
+        shared = scorer.shared_tokens(call.noisy, call.attention, clean).tolist()
         start, used = 0, 0
         for r, c in enumerate(cost):
-            if r > start and used + c > max_tokens:
+            if r > start and (used + c - shared[r] > max_tokens
+                              or (shared[r] == 0 and _defer(cost, shared, r, used, max_tokens))):
                 passes.append(Pass(i, torch.arange(start, r, device=call.noisy.device)))
                 start, used = r, 0
-            used += c
+            used += c - (shared[r] if r > start else 0)
         passes.append(Pass(i, torch.arange(start, m, device=call.noisy.device)))
     return passes
+
+
+def _defer(cost: list[int], shared: list[int], r: int, used: int, max_tokens: int) -> bool:
+    """Whether the group of rows starting at row r (r and the rows that share its clean half) is
+    better started in a fresh pass than in the current one, which has `used` tokens.
+
+    With g rows, n_fresh of them per fresh pass and n_now fitting now (n_now < g), starting now
+    costs 1 + ceil((g - n_now) / n_fresh) clean halves and starting fresh ceil(g / n_fresh): the
+    same only when n_now covers the group's remainder g mod n_fresh (or n_fresh when it is 0).
+    """
+    end = r + 1
+    while end < len(cost) and shared[end] > 0:
+        end += 1
+    g = end - r
+    if g == 1:
+        return False
+    head, extra = cost[r], cost[r + 1] - shared[r + 1]  # the copies of a group cost alike
+    if used + head + (g - 1) * extra <= max_tokens:
+        return False  # the whole group fits now
+    n_fresh = 1 + max(max_tokens - head, 0) // max(extra, 1)
+    n_now = 0 if used + head > max_tokens else 1 + (max_tokens - used - head) // max(extra, 1)
+    rest = g % n_fresh
+    return n_now < (rest if rest else n_fresh)
 
 
 def _lockstep(scorer: Scorer, passes: list[Pass]) -> int:

@@ -23,7 +23,7 @@ from dllm_train.metrics import device_peak
 from dllm_train.algorithm import RLAlgorithm, RLBatch
 from dllm_train.dataflow import PromptBatch
 from dllm_train.seeding import sample_seeds
-from dllm_train.workers import ActorWorker, Prepared, ReferenceWorker, RewardWorker, RolloutWorker, special_tokens
+from dllm_train.workers import ActorWorker, Prepared, ReferenceWorker, RewardWorker, Rollout, special_tokens
 
 D = TypeVar("D")
 PromptSampler = Callable[[int], PromptBatch]
@@ -32,6 +32,13 @@ PromptSampler = Callable[[int], PromptBatch]
 
 def check_settings(algorithm: RLAlgorithm[Any], sampling: SamplingConfig, *, consistency_every: int) -> None:
     """Raise before any work on settings no step can honour (field, value and fix in the message)."""
+    if algorithm.mini_batch_rows not in ("all", "rollout"):
+        raise ValueError(f"algorithm {algorithm.label}: mini_batch_rows={algorithm.mini_batch_rows!r} is not "
+                         "one of 'all', 'rollout'")
+    if algorithm.mini_batch_rows == "rollout" and (type(algorithm).select_rows is RLAlgorithm.select_rows
+                                                   or type(algorithm).num_rows is RLAlgorithm.num_rows):
+        raise ValueError(f"algorithm {algorithm.label} trains in rollout-sized mini-batches "
+                         "(mini_batch_rows='rollout') but defines no num_rows / select_rows to cut its data")
     if consistency_every and not sampling.record_trajectory:
         raise ValueError(
             f"trainer.consistency_every={consistency_every} needs recorded trajectories; "
@@ -70,7 +77,7 @@ class PolicyRank(Generic[D]):
             decodes.
     """
 
-    def __init__(self, *, rollout: RolloutWorker, reward: RewardWorker, actor: ActorWorker[D],
+    def __init__(self, *, rollout: Rollout, reward: RewardWorker, actor: ActorWorker[D],
                  reference: ReferenceWorker | None, plan_generator: Callable[[int], torch.Generator],
                  consistency_every: int = 0, generates: bool = True,
                  share: Callable[[Any], Any] | None = None) -> None:
@@ -102,6 +109,7 @@ class PolicyRank(Generic[D]):
         if self.generates:
             rollout = self.rollout.generate(prompts, seeds)
             metrics["rollout_s"] = clock.lap()
+            metrics.update(self.rollout.last_metrics)
             batch = self.reward.score(rollout, answers, groups, special_tokens(self.rollout.model))
             every = self.consistency_every
             if every and (step + 1) % every == 0:

@@ -14,16 +14,19 @@ import dataclasses
 import logging
 import math
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import torch
 
+from dllm_models import BaseWeightsView, merged_adapters
 from dllm_rollout import RolloutBatch, SamplingConfig, left_pad
 from dllm_train.algorithm import LossInputs, RLAlgorithm, RLBatch, SpecialTokens
 from dllm_train.config import OptimConfig
 from dllm_train.likelihood import Scorer
 from dllm_train.lockstep import group_all
+from dllm_train.minibatch import mean_metrics, mini_batches
 from dllm_train.passes import accumulate, evaluate
 from dllm_train.schedule import learning_rate
 
@@ -73,6 +76,7 @@ class RolloutWorker:
         self.sampling = sampling_for(model, sampling, algorithm)
         self.algorithm = algorithm
         self.ref_model = ref_model
+        self.last_metrics: dict[str, float] = {}
         if algorithm is not None and algorithm.needs_rollout_reference and ref_model is None:
             raise ValueError(f"algorithm {algorithm.label} scores rollouts with a reference model; "
                              "pass RolloutWorker(..., ref_model=<frozen copy of the initial policy>)")
@@ -89,7 +93,10 @@ class RolloutWorker:
         if self.algorithm is not None and step < len(prompts) and not self.algorithm.chunkable_rollout:
             step = len(prompts)
         parts = []
-        with torch.no_grad():
+        # adapters folded into the weights for the decode (exactly restored after), unless the
+        # rollout also reads the same base weights as its frozen reference
+        merged = merged_adapters(self.model) if not isinstance(self.ref_model, BaseWeightsView) else nullcontext()
+        with torch.no_grad(), merged:
             for a in range(0, len(prompts), step):
                 ids, mask = left_pad(prompts[a:a + step], traits.pad_token_id, device)
                 s = seeds[a:a + step]
@@ -105,16 +112,34 @@ class RolloutWorker:
         return concat_batches(parts, pad_id=int(traits.pad_token_id), mask_id=int(traits.mask_token_id))
 
     def load_weights(self, state: dict[str, torch.Tensor]) -> None:
-        """Weight hand-off from the actor: a full state dict, or only LoRA adapter weights.
+        """Weight hand-off from the actor (`load_rollout_weights`)."""
+        load_rollout_weights(self.model, state)
 
-        Keys missing from `state` keep their values, so an adapter-only dict
-        (`dllm_models.adapter_state_dict`) updates just the adapters.
-        """
-        own = self.model.state_dict()
-        unknown = [k for k in state if k not in own]
-        if unknown:
-            raise ValueError(f"load_weights got {len(unknown)} keys the rollout model lacks, e.g. {unknown[:3]}")
-        self.model.load_state_dict(state, strict=False)
+
+def load_rollout_weights(model: Any, state: dict[str, torch.Tensor]) -> None:
+    """Weight hand-off from the actor into a rollout model: a full state dict, or only LoRA adapters.
+
+    Keys missing from `state` keep their values, so an adapter-only dict
+    (`dllm_models.adapter_state_dict`) updates just the adapters.
+    """
+    own = model.state_dict()
+    unknown = [k for k in state if k not in own]
+    if unknown:
+        raise ValueError(f"load_weights got {len(unknown)} keys the rollout model lacks, e.g. {unknown[:3]}")
+    model.load_state_dict(state, strict=False)
+
+
+class Rollout(Protocol):
+    """What a rank's rollout worker offers: `RolloutWorker` (native decoding) and
+    `dllm_train.engine_rollout.EngineRolloutWorker` (an inference engine)."""
+
+    model: Any
+    sampling: SamplingConfig
+    last_metrics: dict[str, float]
+
+    def generate(self, prompts: Sequence[Sequence[int]], seeds: torch.Tensor) -> RolloutBatch: ...
+
+    def load_weights(self, state: dict[str, torch.Tensor]) -> None: ...
 
 
 class RewardWorker:
@@ -254,7 +279,8 @@ class ActorWorker(Generic[D]):
     def old_from_training_pass(self) -> bool:
         """Whether old values come from the training forward (see `reuse_old`)."""
         alg = self.algorithm
-        return self.reuse_old and alg.needs_old and alg.num_iterations == 1 and alg.row_local
+        return (self.reuse_old and alg.needs_old and alg.num_iterations == 1 and alg.row_local
+                and alg.mini_batch_rows == "all")
 
     def _values_fn(self, prepared: Prepared[D], iteration: int) -> Callable[[Any], torch.Tensor]:
         alg = self.algorithm
@@ -281,10 +307,20 @@ class ActorWorker(Generic[D]):
         return dataclasses.replace(prepared, old=old, old_outputs=outputs)
 
     def update(self, prepared: Prepared[D], advantages: torch.Tensor) -> dict[str, float]:
-        """One optimizer step per algorithm iteration; a non-finite loss or gradient skips it."""
+        """Per algorithm iteration, one optimizer step per mini-batch (`RLAlgorithm.mini_batch_rows`);
+        a non-finite loss or gradient skips it.
+
+        Returns:
+            the last iteration's metrics, averaged over its mini-batches, and `optimizer_steps`
+            (the optimizer updates made, skipped ones not counted).
+        """
         out: dict[str, float] = {}
+        made = 0
         for i in range(self.algorithm.num_iterations):
-            out = self._step(prepared, advantages, i)
+            parts = [self._step(part, advantages, i) for part in mini_batches(self.algorithm, prepared)]
+            made += sum(1 for p in parts if not p["skipped"])
+            out = mean_metrics(parts)
+        out["optimizer_steps"] = float(made)
         return out
 
     def _step(self, prepared: Prepared[D], advantages: torch.Tensor, iteration: int) -> dict[str, float]:

@@ -22,6 +22,7 @@ from dllm_rollout import SamplingConfig
 from dllm_train.algorithm import RLAlgorithm
 from dllm_train.checkpointing import SHARDS, latest_checkpoint, load_checkpoint, new_checkpoint, write_checkpoint_files
 from dllm_train.config import OptimConfig, TrainerConfig
+from dllm_train.engine_rollout import build_rollout_worker
 from dllm_train.likelihood import Scorer
 from dllm_train.metrics import MetricsWriter, format_line, read_metrics
 from dllm_train.seeding import generator
@@ -204,12 +205,14 @@ class LocalRL:
 
     def __init__(self, model: Any, *, prompts: PromptSampler, sampling: SamplingConfig,
                  reward_fn: Callable[[str, str], float], detokenize: Callable[[list[int]], str],
-                 algorithm: RLAlgorithm[Any], optim: OptimConfig, trainer: TrainerConfig) -> None:
+                 algorithm: RLAlgorithm[Any], optim: OptimConfig, trainer: TrainerConfig,
+                 engine_folder: str | None = None) -> None:
         check_settings(algorithm, sampling, consistency_every=trainer.consistency_every)
         self.prompts = prompts
         self.algorithm = algorithm
         self.seed = trainer.seed
         attention = resolved_attention(trainer, model)
+        shared = trainer.bd3lm_layout == "shared"
         set_activation_checkpointing(model, trainer.activation_checkpointing)
         budget = trainer.max_tokens_per_pass
         lora = has_adapters(model)
@@ -221,16 +224,19 @@ class LocalRL:
         rollout_reference = (BaseWeightsView(model) if lora else frozen) if algorithm.needs_rollout_reference else None
         reference = None
         if base_reference:  # LoRA: the reference is the frozen base weights, adapters off; no copy
-            reference = ReferenceWorker(model, scorer=BaseWeightsScorer(model, attention=attention),
+            reference = ReferenceWorker(model, scorer=BaseWeightsScorer(model, attention=attention, shared_context=shared),
                                         max_tokens_per_pass=budget, freeze=False)
         elif algorithm.needs_reference and frozen is not None:
-            reference = ReferenceWorker(frozen, scorer=OffloadedScorer(frozen, attention=attention)
-                                        if trainer.reference_offload else Scorer(frozen, attention=attention),
+            reference = ReferenceWorker(frozen, scorer=OffloadedScorer(frozen, attention=attention, shared_context=shared)
+                                        if trainer.reference_offload
+                                        else Scorer(frozen, attention=attention, shared_context=shared),
                                         max_tokens_per_pass=budget)
-        self.actor: ActorWorker[Any] = ActorWorker(model, algorithm, optim, scorer=Scorer(model, attention=attention),
+        self.actor: ActorWorker[Any] = ActorWorker(model, algorithm, optim,
+                                                   scorer=Scorer(model, attention=attention, shared_context=shared),
                                                    max_tokens_per_pass=budget)
         self.rank = PolicyRank(
-            rollout=RolloutWorker(model, sampling, algorithm=algorithm, ref_model=rollout_reference),
+            rollout=build_rollout_worker(model, sampling, algorithm=algorithm, ref_model=rollout_reference,
+                                         engine_folder=engine_folder),
             reward=RewardWorker(reward_fn, detokenize), actor=self.actor, reference=reference,
             plan_generator=lambda step: generator(self.seed, "plan", step),
             consistency_every=trainer.consistency_every,
@@ -294,9 +300,10 @@ class OffloadedScorer(Scorer):
     GPU: between its passes it holds no device memory (the moves cost a transfer per call).
     """
 
-    def __init__(self, model: Any, *, attention: str | None = None, device: str | None = None) -> None:
+    def __init__(self, model: Any, *, attention: str | None = None, device: str | None = None,
+                 shared_context: bool = True) -> None:
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        super().__init__(model.to("cpu"), attention=attention)
+        super().__init__(model.to("cpu"), attention=attention, shared_context=shared_context)
 
     def __call__(self, noisy_ids: torch.Tensor, attention_mask: torch.Tensor, targets: torch.Tensor, *,
                  clean_ids: torch.Tensor | None = None, temperature: float = 1.0) -> torch.Tensor:

@@ -24,6 +24,7 @@ from dllm_algorithms import (
     SFT,
     SPG,
     VRPO,
+    BridgeRatioGRPO,
     CoupledGRPO,
     DTreeRPO,
     JustGRPO,
@@ -34,6 +35,7 @@ from dllm_train import PreferenceObjective, RLAlgorithm
 ALGORITHMS: dict[str, RLAlgorithm[Any]] = {
     "d1": D1(),
     "coupled-grpo": CoupledGRPO(),
+    "bridgeratio-grpo": BridgeRatioGRPO(),
     "justgrpo": JustGRPO(),
     "bgpo": BGPO(),
     "espo": ESPO(),
@@ -52,6 +54,7 @@ PAPERS: dict[str, str] = {
     "espo": "Ou et al., arXiv 2512.03759", "ebpo": "LLaDA2.1, arXiv 2602.08676", "spg": "Wang et al., arXiv 2510.09541",
     "cj-grpo": "Yang et al., arXiv 2509.23924", "mdpo": "He et al., arXiv 2508.13148",
     "d-treerpo": "Pan et al., arXiv 2512.09675", "dmpo": "Zhu et al., arXiv 2510.08233",
+    "bridgeratio-grpo": "CURE-RLVR, DARE PR #21 (yjyddq/DARE 6d4791f)",
     "dpo": "Rafailov et al., arXiv 2305.18290", "vrpo": "LLaDA 1.5, arXiv 2505.19223",
     "sft": "LLaDA, arXiv 2502.09992", "lora-sft": "Hu et al., arXiv 2106.09685",
 }

@@ -52,24 +52,28 @@ def positions_from_attention(attention: AttentionMask, batch: int, length: int, 
     """Default position ids [B, L] of an explicit attention mask over L positions.
 
     Packed rows (`cu_seqlens`) count from 0 in every sequence; in the BD3LM layout (`is_clean`)
-    the noisy and the clean copy of a sample each count from 0 (duplicated positions). Without
-    either, positions are 0..L-1 (key padding, when present, is only a visibility rule here).
+    the noisy and the clean copy of a sample each count from 0 (duplicated positions), and so does
+    every noisy copy of the shared-clean layout (`copy_ids`). Without either, positions are
+    0..L-1 (key padding, when present, is only a visibility rule here).
     """
     idx = torch.arange(length, device=device)
     seg = attention.segment_ids(device)
     if seg is None and attention.is_clean is None:
         return idx[None].expand(batch, -1)
-    # runs of constant (sequence, clean copy): a position counts from the start of its run
-    run = torch.zeros((batch, length), dtype=torch.long, device=device)
+    # runs of constant (sequence, clean copy, noisy copy): a position counts from the start of its run
+    start = torch.ones((batch, length), dtype=torch.bool, device=device)
+    changed = torch.zeros((batch, max(length - 1, 0)), dtype=torch.bool, device=device)
     if seg is not None:
         if seg.numel() < length:
             raise ValueError(f"cu_seqlens cover {seg.numel()} positions, the input has {length}")
-        run = run + seg[-length:][None] * 2
-    if attention.is_clean is not None:
-        run = run + attention.is_clean[:, -length:].to(device=device, dtype=torch.long)
-    start = torch.ones((batch, length), dtype=torch.bool, device=device)
-    start[:, 1:] = run[:, 1:] != run[:, :-1]
-    first = torch.where(start, idx[None].expand(batch, -1), torch.zeros_like(run))
+        s = seg[-length:][None]
+        changed = changed | (s[:, 1:] != s[:, :-1])
+    for part in (attention.is_clean, attention.copy_ids):
+        if part is not None:
+            x = part[:, -length:].to(device=device, dtype=torch.long)
+            changed = changed | (x[:, 1:] != x[:, :-1])
+    start[:, 1:] = changed
+    first = torch.where(start, idx[None].expand(batch, -1), torch.zeros_like(idx)[None])
     return idx[None] - first.cummax(dim=1).values
 
 

@@ -1,14 +1,39 @@
-"""lmdeploy PyTorch-engine adapter (SDAR) through lmdeploy's `pipeline` API
+"""lmdeploy PyTorch-engine adapter for block-diffusion models (SDAR, SDAR-MoE), lmdeploy 0.18
 (docs/generation.md#engines).
 
-Not run against a live engine in this repository: the translation functions are unit-tested on
-fake `Response`-like objects (`token_ids`, `finish_reason`).
+What the adapter maps, and what it refuses (each refusal names the field and the fix):
+
+- Decoding: `dllm_block_length`, `dllm_denoising_steps` and the unmasking strategy
+  (`low_confidence_static`, or `low_confidence_dynamic` with a threshold). lmdeploy commits
+  `block_length // steps` tokens per static step, so `steps` must divide `block_length`; its
+  dynamic strategy commits the best mask plus every mask over the threshold, which is
+  `generate`'s rule only at one token per step (`steps == block_length`). Token editing is refused.
+- Sampling: temperature, top-k and top-p, the same for every row of a call (lmdeploy 0.18's dLLM
+  sampler repeats per-sequence settings block-major while its logits are sequence-major, so mixed
+  per-row settings would reach the wrong rows; `tests/dllm_rollout/test_lmdeploy.py` holds the
+  reproduction). Per-row seeds are not passed for the same reason: an engine rollout is not
+  replayable from its seeds (`LMDeployEngine.replayable` is False), which the trainer does not
+  need, since it recomputes the old log-probs. No step maps are returned.
+- Prompts are token ids (`AsyncEngine.preprocess(input_ids=...)`; `pipe(...)` takes text only).
+  The EOS id is kept in the output (`include_stop_str_in_output`).
+- A release folder without `configuration_sdar.py` loads as a bare transformers config:
+  `hf_overrides` supplies the pad id and the RoPE parameters from the folder's own files.
+- Weights: `load_weights` hands a policy's tensors (release names) to the engine's model in
+  process, through the same loader lmdeploy's own weight updates use. That needs lmdeploy's
+  single-GPU executor (one engine per training rank, colocated); an engine in other processes
+  would take `UpdateParamsRequest`, which 0.18 implements only for its Ray executor.
+  `sleep` frees the engine's weights and KV cache on the GPU during the update; `wake` restores
+  them, optionally loading new weights first.
 """
 
 from __future__ import annotations
 
+import asyncio
 import importlib
-from collections.abc import Iterable, Sequence
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -20,13 +45,27 @@ from dllm_rollout.prompts import sample_seeds
 
 
 def lmdeploy_engine_config(cfg: SamplingConfig) -> dict[str, Any]:
-    """`PytorchEngineConfig` dLLM fields for `cfg` (static unmasking, or dynamic with a threshold)."""
+    """`PytorchEngineConfig` dLLM fields for `cfg` (static unmasking, or dynamic with a threshold).
+
+    Raises:
+        ValueError: for settings lmdeploy's dLLM strategies cannot run as `generate` does.
+    """
     if not cfg.block_diffusion:
         raise ValueError("lmdeploy's dLLM path serves block-diffusion models (SDAR); use generate()")
     if cfg.editing_threshold is not None:
         raise ValueError(
             f"editing_threshold={cfg.editing_threshold}: lmdeploy's dLLM strategies have no token "
             "editing; use the SGLang engine (JointThreshold) or generate(), or set editing_threshold=None"
+        )
+    if cfg.block_length % cfg.steps:
+        raise ValueError(
+            f"rollout.steps={cfg.steps} does not divide block_length={cfg.block_length}: lmdeploy commits "
+            f"block_length // steps tokens per step and would leave masks; use steps that divide it"
+        )
+    if cfg.threshold is not None and cfg.steps != cfg.block_length:
+        raise ValueError(
+            f"rollout.threshold={cfg.threshold} with steps={cfg.steps}: lmdeploy's dynamic strategy commits "
+            f"at least one token per step, generate() the quota; set rollout.steps={cfg.block_length}"
         )
     out: dict[str, Any] = {
         "dllm_block_length": cfg.block_length,
@@ -38,51 +77,222 @@ def lmdeploy_engine_config(cfg: SamplingConfig) -> dict[str, Any]:
     return out
 
 
-def lmdeploy_gen_config(cfg: SamplingConfig, seed: int | None = None) -> dict[str, Any]:
-    """`GenerationConfig` fields for `cfg`."""
-    out: dict[str, Any] = {
+def lmdeploy_gen_config(cfg: SamplingConfig, *, eos_id: int) -> dict[str, Any]:
+    """`GenerationConfig` fields for `cfg`: the same for every row (see the module doc).
+
+    Greedy (temperature 0) is `do_sample=False`; lmdeploy's top-k 0 means no top-k filter.
+    """
+    if eos_id < 0:
+        raise ValueError(f"eos_id={eos_id}: lmdeploy indexes the logits with its stop ids; pass the model's EOS id")
+    return {
         "max_new_tokens": cfg.max_new_tokens,
-        "temperature": cfg.temperature,
+        "do_sample": cfg.temperature > 0,
+        "temperature": cfg.temperature if cfg.temperature > 0 else 1.0,
         "top_p": cfg.top_p if cfg.top_p is not None else 1.0,
         "top_k": cfg.top_k if cfg.top_k is not None else 0,
-        "do_sample": cfg.temperature > 0,
+        "stop_token_ids": [int(eos_id)],
+        "include_stop_str_in_output": True,
+        "ignore_eos": not cfg.stop_at_eos,
     }
-    if seed is not None:
-        out["random_seed"] = int(seed)
-    return out
+
+
+def hf_overrides(folder: str | Path) -> dict[str, Any]:
+    """`hf_overrides` a release folder needs when it lacks the model's remote-code config class.
+
+    lmdeploy then reads config.json as a bare transformers config, which has no pad id and no
+    RoPE parameters; both come from the folder's own config.json and generation_config.json.
+    Returns {} when the folder ships `configuration_*.py` (its config class supplies them).
+    """
+    path = Path(folder)
+    if any(path.glob("configuration_*.py")):
+        return {}
+    config = json.loads((path / "config.json").read_text())
+    gen_file = path / "generation_config.json"
+    gen = json.loads(gen_file.read_text()) if gen_file.exists() else {}
+    pad = config.get("pad_token_id", gen.get("pad_token_id"))
+    if pad is None:
+        raise ValueError(f"{path}: neither config.json nor generation_config.json has pad_token_id; "
+                         "lmdeploy's SDAR model needs one")
+    rope = dict(config.get("rope_scaling") or {"rope_type": "default"})
+    rope.setdefault("rope_type", rope.pop("type", "default"))
+    rope["rope_theta"] = float(config.get("rope_theta", 10000.0))
+    return {"pad_token_id": int(pad), "rope_parameters": rope}
 
 
 def batch_from_lmdeploy(
     outputs: Sequence[Any], prompts: Sequence[Sequence[int]], seeds: torch.Tensor, cfg: SamplingConfig,
     *, eos_id: int, pad_id: int,
 ) -> RolloutBatch:
-    """lmdeploy `Response` objects (`.token_ids`) -> RolloutBatch (engine token ids, no re-tokenising)."""
-    return batch_from_token_lists(prompts, [list(o.token_ids) for o in outputs], seeds, cfg, eos_id=eos_id, pad_id=pad_id)
+    """lmdeploy outputs (`.token_ids`, with the stop token kept) -> RolloutBatch (no re-tokenising).
+
+    Raises:
+        RuntimeError: when the engine answered a request with an error (`finish_reason="error"`).
+    """
+    for i, o in enumerate(outputs):
+        if getattr(o, "finish_reason", None) == "error":
+            raise RuntimeError(f"lmdeploy failed on prompt {i}: {getattr(o, 'response', '') or 'no message'}")
+    return batch_from_token_lists(prompts, [list(o.token_ids or []) for o in outputs], seeds, cfg,
+                                  eos_id=eos_id, pad_id=pad_id)
+
+
+FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+"""lmdeploy's fused linears: its name -> the release names concatenated along the output axis."""
+
+
+@dataclass(frozen=True)
+class WeightsCheck:
+    """What `compare_served` found: tensors compared exactly, and the names that differ."""
+
+    compared: int
+    mismatched: tuple[str, ...]
+    total: int
+
+    @property
+    def ok(self) -> bool:
+        """Every served tensor had a reference and equalled it."""
+        return not self.mismatched and self.compared == self.total
+
+
+def _reference_for(name: str, reference: Mapping[str, torch.Tensor]) -> torch.Tensor | None:
+    if name in reference:
+        return reference[name]
+    for fused, parts in FUSED.items():
+        if f".{fused}." in name:
+            pieces = [reference.get(name.replace(f".{fused}.", f".{p}.")) for p in parts]
+            if all(p is not None for p in pieces):
+                return torch.cat([p for p in pieces if p is not None], dim=0)
+    return None
+
+
+def compare_served(served: Mapping[str, torch.Tensor], reference: Mapping[str, torch.Tensor]) -> WeightsCheck:
+    """Exact comparison of an engine's tensors with the policy's (fused linears reassembled).
+
+    A served tensor with no reference counts as a mismatch, so a check passes only when the engine
+    serves exactly the policy's weights.
+
+    Args:
+        served: the engine's tensors by its names; reference: the policy's by release names.
+    """
+    bad: list[str] = []
+    compared = 0
+    for name, tensor in served.items():
+        ref = _reference_for(name, reference)
+        if ref is None or ref.shape != tensor.shape:
+            bad.append(name)
+            continue
+        compared += 1
+        if not torch.equal(tensor, ref.to(device=tensor.device, dtype=tensor.dtype)):
+            bad.append(name)
+    return WeightsCheck(compared=compared, mismatched=tuple(bad), total=len(served))
 
 
 class LMDeployEngine:
-    """An lmdeploy `pipeline` on the PyTorch backend serving a block-diffusion model."""
+    """An lmdeploy pipeline on the PyTorch backend serving a block-diffusion model.
 
-    def __init__(self, model_path: str, cfg: SamplingConfig, *, eos_id: int, pad_id: int, **engine_kwargs: Any) -> None:
+    Args:
+        model_path: a release-layout folder (config.json, tokenizer, safetensors).
+        cfg: the decoding settings (`lmdeploy_engine_config` says what is refused).
+        eos_id, pad_id: the model's special ids.
+        engine_options: further `PytorchEngineConfig` fields (`cache_max_entry_count`,
+            `max_batch_size`, `session_len`, ...).
+    """
+
+    replayable = False
+    """Engine rollouts are not replayable from their seeds (see the module doc)."""
+
+    def __init__(self, model_path: str | Path, cfg: SamplingConfig, *, eos_id: int, pad_id: int,
+                 engine_options: Mapping[str, Any] | None = None) -> None:
         try:
             self.lmdeploy = importlib.import_module("lmdeploy")
         except ImportError as err:
-            raise ImportError("LMDeployEngine needs the lmdeploy extra: pip install 'dllm-rollout[lmdeploy]'") from err
+            raise ImportError("rollout.engine=lmdeploy needs the lmdeploy extra: pip install 'dllm-rollout[lmdeploy]'"
+                              ) from err
         self.cfg, self.eos_id, self.pad_id = cfg, eos_id, pad_id
-        backend = self.lmdeploy.PytorchEngineConfig(**lmdeploy_engine_config(cfg), **engine_kwargs)
-        self.pipe = self.lmdeploy.pipeline(model_path, backend_config=backend)
+        options = {**lmdeploy_engine_config(cfg), **dict(engine_options or {})}
+        overrides = hf_overrides(model_path)
+        if overrides and "hf_overrides" not in options:
+            options["hf_overrides"] = overrides
+        backend = self.lmdeploy.PytorchEngineConfig(**options)
+        self.pipe = self.lmdeploy.pipeline(str(model_path), backend_config=backend)
+        self.sleeping = False
+
+    @property
+    def _async_engine(self) -> Any:
+        return self.pipe.async_engine
+
+    def _run(self, coro: Any) -> Any:
+        """Run `coro` on the pipeline's own event loop (the engine lives there) and wait for it."""
+        return asyncio.run_coroutine_threadsafe(coro, self.pipe.internal_thread.loop).result()
+
+    async def _one(self, ids: list[int], gen: Any) -> Any:
+        engine = self._async_engine
+        request = await engine.preprocess(messages=None, session_id=self.pipe.session_mgr.get(), gen_config=gen,
+                                          input_ids=ids)
+        out = None
+        async for item in engine.generate(request, stream_response=False):
+            out = item
+        return out
+
+    async def _all(self, prompts: Sequence[list[int]], gen: Any) -> list[Any]:
+        return list(await asyncio.gather(*[self._one(p, gen) for p in prompts]))
 
     def generate(self, prompts: Sequence[Sequence[int]], seed: int | Sequence[int] | None = None) -> RolloutBatch:
-        """Generate one response per prompt from token ids."""
+        """Generate one response per prompt from token ids (`seed` is recorded, not replayable)."""
+        if self.sleeping:
+            raise RuntimeError("the lmdeploy engine is asleep; call wake() before generate()")
         seeds = sample_seeds(seed, len(prompts))
-        gen = [self.lmdeploy.GenerationConfig(**lmdeploy_gen_config(self.cfg, int(s))) for s in seeds.tolist()]
-        outputs = self.pipe([list(p) for p in prompts], gen_config=gen)
+        gen = self.lmdeploy.GenerationConfig(**lmdeploy_gen_config(self.cfg, eos_id=self.eos_id))
+        outputs = self._run(self._all([[int(t) for t in p] for p in prompts], gen))
         return batch_from_lmdeploy(outputs, prompts, seeds, self.cfg, eos_id=self.eos_id, pad_id=self.pad_id)
 
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Push weights through lmdeploy's serialised `update_params` request (as its server does)."""
-        utils = importlib.import_module("lmdeploy.utils")
-        payload = utils.serialize_state_dict(dict(named_tensors))
-        self.pipe.async_engine.engine.update_params(
-            {"serialized_named_tensors": payload, "finished": True}
-        )
+    def sleep(self) -> None:
+        """Free the engine's weights (to host memory) and KV cache on the GPU."""
+        if not self.sleeping:
+            self._run(self._async_engine.sleep(1))
+            self.sleeping = True
+
+    def _agent(self) -> Any:
+        executor = self._async_engine.engine.executor
+        agent = getattr(executor, "model_agent", None)
+        if agent is None:
+            raise NotImplementedError(
+                f"in-process weight hand-off needs lmdeploy's single-GPU executor, got {type(executor).__name__}; "
+                "run one colocated engine per training rank (tp=1, dp=1)")
+        return agent
+
+    def load_weights(self, named: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy `named` tensors (release parameter names) into the engine's model, in process.
+
+        The engine must be awake (`wake(weights)` puts the weights back first).
+        """
+        if self.sleeping:
+            raise RuntimeError("wake the engine before loading weights: LMDeployEngine.wake(weights)")
+        agent = self._agent()
+        with agent.all_context(), torch.inference_mode():
+            agent._load_updated_weight_bucket([(k, v.detach()) for k, v in named], "dllm_rollout")
+            agent._finalize_updated_weights()
+
+    def wake(self, weights: Iterable[tuple[str, torch.Tensor]] | None = None) -> None:
+        """Restore the weights, load `weights` into them if given, then rebuild the KV cache."""
+        engine = self._async_engine
+        if self.sleeping:
+            engine.wakeup(["weights"])
+            self.sleeping = False
+            if weights is not None:
+                self.load_weights(weights)
+            engine.wakeup(["kv_cache"])
+        elif weights is not None:
+            self.load_weights(weights)
+
+    def served_tensors(self) -> dict[str, torch.Tensor]:
+        """The engine model's own parameters by lmdeploy's names (fused ones, e.g. `qkv_proj`, differ)."""
+        model = self._agent().patched_model.get_model()
+        return dict(model.named_parameters())
+
+    def check_weights(self, reference: Mapping[str, torch.Tensor]) -> WeightsCheck:
+        """Compare the tensors the engine serves with `reference` (release names), exactly."""
+        return compare_served(self.served_tensors(), reference)
+
+    def close(self) -> None:
+        """Stop the engine and free its memory."""
+        self.pipe.close()

@@ -35,6 +35,7 @@ from dllm_models import BaseWeightsView, has_adapters
 from dllm_rollout import SamplingConfig
 from dllm_train.algorithm import RLAlgorithm
 from dllm_train.config import OptimConfig, TrainerConfig
+from dllm_train.engine_rollout import build_rollout_worker
 from dllm_train.distributed.fsdp import (
     broadcast_parameters,
     full_state_dict,
@@ -75,6 +76,7 @@ class RankSetup:
     algorithm: RLAlgorithm[Any]
     optim: OptimConfig
     trainer: TrainerConfig
+    engine_folder: str | None = None
 
 
 def map_tensors(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
@@ -134,16 +136,19 @@ class RankWorker:
         if alg.needs_rollout_reference:  # LoRA: the replica's base weights (adapters off) are the initial policy
             frozen = BaseWeightsView(replica) if has_adapters(model) else _frozen_copy(model)
         attention = resolved_attention(trainer, replica) if sequence_parallel == 1 else None
+        self.shared_context = trainer.bd3lm_layout == "shared"
         set_activation_checkpointing(model, trainer.activation_checkpointing)
         self.model = shard_model(model, param_dtype=param_dtype, cpu_offload=trainer.fsdp_cpu_offload)
         budget = trainer.max_tokens_per_pass
         self.actor: ActorWorker[Any] = ActorWorker(self.model, alg, setup.optim,
                                                    scorer=self._scorer(self.model, attention), max_tokens_per_pass=budget)
-        self.rollout = RolloutWorker(replica, setup.sampling, algorithm=alg, ref_model=frozen)
+        self.rollout = build_rollout_worker(replica, setup.sampling, algorithm=alg, ref_model=frozen,
+                                            engine_folder=setup.engine_folder)
         ref_worker = None
         if base_reference:  # LoRA: the sharded policy's base weights, adapters off; no copy
             ref_worker = ReferenceWorker(self.model, scorer=BaseWeightsScorer(
-                self.model, lockstep_group=dist.group.WORLD, attention=attention), max_tokens_per_pass=budget,
+                self.model, lockstep_group=dist.group.WORLD, attention=attention, shared_context=self.shared_context),
+                max_tokens_per_pass=budget,
                 freeze=False)
         elif reference is not None:
             ref_worker = ReferenceWorker(reference, scorer=self._scorer(reference, attention), max_tokens_per_pass=budget)
@@ -158,7 +163,7 @@ class RankWorker:
         # every forward of the sharded model is a collective over the world: ranks run passes in lockstep
         world = dist.group.WORLD
         if self.dims.sequence_parallel == 1:
-            return Scorer(model, lockstep_group=world, attention=attention)
+            return Scorer(model, lockstep_group=world, attention=attention, shared_context=self.shared_context)
         return SequenceParallelScorer(model, self.sp_group, lockstep_group=world)
 
     def _plan_generator(self, step: int) -> torch.Generator:

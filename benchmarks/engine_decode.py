@@ -1,0 +1,306 @@
+"""Native block decoding against lmdeploy's PyTorch engine on the same folder, in one process.
+
+Both decoders serve the same release-layout folder (the real config and tokenizer, random bf16
+weights from `dllm_models.save_model`), the same GSM8K chat prompts as token ids, greedy, block 4
+with one token per step (4 static steps), every row decoded to the full length (EOS ignored, so
+both do the same work). Native is `dllm_rollout.generate` (the code `dare train` and `dare eval`
+run); lmdeploy runs through `dllm_rollout.engines.LMDeployEngine` (the adapter `dare` uses).
+
+Printed per (rows, new tokens): seconds, tokens/s, native / lmdeploy, and the greedy agreement
+(share of response tokens equal, and the mean length of the common prefix).
+With `--engine-checks`: the weight hand-off (load changed weights -> output changes; restore ->
+output back), sleep/wake, the exact served-weights check, and the per-row settings reproduction.
+
+    python3 benchmarks/e2e_gpu.py --prepare-devshare --models SDAR-8B-Chat    # here, once
+    python3 benchmarks/engine_decode.py --rows 64,128 --new 1024,2048 --engine-checks   # H200
+    uv run python benchmarks/engine_decode.py --tiny --engines native            # CPU smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from e2e_gpu import _default_dir, prepare_model  # noqa: E402
+
+
+def sharpen_head(folder: Path, scale: float) -> None:
+    """Multiply the folder's `lm_head.weight` by `scale` once (a marker file records it).
+
+    Random weights give nearly flat logits, whose argmax flips under any rounding difference, so
+    greedy agreement between two correct implementations is near zero; a sharper head makes the
+    argmax robust and the agreement a test of "same function".
+    """
+    from safetensors.torch import load_file, save_file
+
+    marker = folder / f".head_scale_{scale:g}"
+    if scale == 1.0 or marker.exists():
+        return
+    index = folder / "model.safetensors.index.json"
+    name = json.loads(index.read_text())["weight_map"]["lm_head.weight"] if index.exists() else "model.safetensors"
+    tensors = load_file(str(folder / name))
+    tensors["lm_head.weight"] = tensors["lm_head.weight"] * scale
+    save_file(tensors, str(folder / name), metadata={"format": "pt"})
+    marker.write_text("")
+
+
+def chat_prompts(folder: Path, data: Path, n: int) -> list[list[int]]:
+    """`n` GSM8K questions as chat-template token ids (cycled when the file has fewer)."""
+    import pyarrow.parquet as pq
+    from dllm_models import load_tokenizer
+
+    tok = load_tokenizer(folder)
+    table = pq.read_table(data).to_pylist()
+    out = []
+    for i in range(n):
+        row = table[i % len(table)]
+        prompt = row.get("prompt")
+        messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": str(row.get("question", prompt))}]
+        text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        out.append([int(t) for t in tok(text, add_special_tokens=False)["input_ids"]])
+    return out
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def native(folder: Path, prompts: list[list[int]], new: int, device: str, *,
+           kernel: bool = True, lora: str = "") -> tuple[float, list[list[int]]]:
+    """Seconds and responses of the native decoder (after one warm-up call on 2 rows).
+
+    `kernel=False` turns the decode-attention kernel off (dense-mask sdpa, for comparison).
+    `lora="merged"`: rank-64 adapters (non-zero B) decoded through the rollout worker (`dare train`'s
+    path, adapters folded in); `lora="unmerged"`: the same model through `generate` (adapters applied
+    at every call: the worker's path before).
+    """
+    import dllm_models.attention as attention
+    from dllm_models import apply_lora, load_model
+    from dllm_rollout import SamplingConfig, generate
+    from dllm_train.workers import RolloutWorker
+
+    attention.DECODE_KERNEL = kernel
+    model = load_model(folder, dtype=torch.bfloat16, device=device).eval()
+    kw: dict[str, Any] = dict(max_new_tokens=new, steps=4, block_length=4, temperature=0.0, cache="prefix",
+                              stop_at_eos=False)
+
+    def run(p: list[list[int]]) -> Any:
+        return generate(model, p, **kw)
+
+    if lora:
+        model = apply_lora(model, rank=64, alpha=128).eval()
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "lora_B" in name:
+                    p.normal_(std=0.01)
+        if lora == "merged":
+            worker = RolloutWorker(model, SamplingConfig(**kw, block_diffusion=True))
+
+            def run(p: list[list[int]]) -> Any:  # noqa: F811
+                return worker.generate(p, torch.arange(len(p)))
+
+    run(prompts[:2])
+    _sync()
+    t0 = time.perf_counter()
+    batch = run(prompts)
+    _sync()
+    seconds = time.perf_counter() - t0
+    out = batch.response_ids.tolist()
+    attention.DECODE_KERNEL = True
+    del model, batch
+    gc.collect()
+    torch.cuda.empty_cache()
+    return seconds, out
+
+
+def profile_native(folder: Path, prompts: list[list[int]], new: int, device: str) -> None:
+    """torch.profiler table (top CUDA kernels) of one native decode of `new` tokens."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from dllm_models import load_model
+    from dllm_rollout import generate
+
+    model = load_model(folder, dtype=torch.bfloat16, device=device).eval()
+    kw = dict(max_new_tokens=new, steps=4, block_length=4, temperature=0.0, cache="prefix", stop_at_eos=False)
+    generate(model, prompts, **kw)  # type: ignore[arg-type]
+    _sync()
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    with profile(activities=acts) as prof:
+        generate(model, prompts, **kw)  # type: ignore[arg-type]
+        _sync()
+    key = "cuda_time_total" if device == "cuda" else "cpu_time_total"
+    print(prof.key_averages().table(sort_by=key, row_limit=30, max_name_column_width=70), flush=True)
+    del model
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
+def engine_cfg(new: int) -> Any:
+    from dllm_rollout import SamplingConfig
+
+    return SamplingConfig(max_new_tokens=new, steps=4, block_length=4, temperature=0.0, cache="prefix",
+                          stop_at_eos=False, block_diffusion=True)
+
+
+def agreement(a: list[list[int]], b: list[list[int]]) -> dict[str, float]:
+    """Share of equal tokens and mean common-prefix length of two response lists."""
+    same = total = 0
+    prefix = []
+    for x, y in zip(a, b):
+        n = min(len(x), len(y))
+        eq = [x[i] == y[i] for i in range(n)]
+        same += sum(eq)
+        total += n
+        prefix.append(next((i for i, e in enumerate(eq) if not e), n))
+    return {"token_agreement": round(same / max(total, 1), 4), "mean_common_prefix": round(sum(prefix) / len(prefix), 1)}
+
+
+def engine_checks(engine: Any, folder: Path, prompts: list[list[int]], device: str) -> dict[str, Any]:
+    """Hand-off, sleep/wake, served-weights check and the per-row settings reproduction."""
+    from dllm_models import load_model
+
+    out: dict[str, Any] = {}
+    probe = prompts[:4]
+    base = engine.generate(probe).response_ids.tolist()
+    model = load_model(folder, dtype=torch.bfloat16, device=device)
+    ref = dict(model.named_parameters())
+    check = engine.check_weights(ref)
+    out["served_check_initial"] = {"ok": check.ok, "compared": check.compared, "total": check.total,
+                                   "mismatched": list(check.mismatched[:5])}
+    changed = {k: (v * 1.5 if k.endswith("o_proj.weight") else v) for k, v in ref.items()}
+    t0 = time.perf_counter()
+    engine.load_weights(changed.items())
+    out["load_weights_s"] = round(time.perf_counter() - t0, 2)
+    moved = engine.generate(probe).response_ids.tolist()
+    out["changed_weights_change_output"] = moved != base
+    out["probe_row0_before_after"] = [base[0][:12], moved[0][:12]]
+    out["served_check_changed_vs_original"] = engine.check_weights(ref).ok
+    engine.sleep()
+    free_asleep = torch.cuda.mem_get_info()[0] / 2**30
+    t0 = time.perf_counter()
+    engine.wake(ref.items())
+    out["wake_with_weights_s"] = round(time.perf_counter() - t0, 2)
+    out["free_gib_asleep"] = round(free_asleep, 1)
+    out["served_check_after_wake"] = engine.check_weights(ref).ok
+    out["restored_output_equal"] = engine.generate(probe).response_ids.tolist() == base
+    del model, ref, changed
+    gc.collect()
+    torch.cuda.empty_cache()
+    out["per_row_settings"] = per_row_reproduction(engine, probe[0])
+    return out
+
+
+def per_row_reproduction(engine: Any, prompt: list[int]) -> dict[str, Any]:
+    """Does a greedy row keep its tokens when batched beside sampling rows? (lmdeploy 0.18 dLLM sampler)
+
+    Row A is greedy (top_k=1). Alone, or beside copies of itself, its output is fixed. Beside rows
+    at temperature 1.5 with no top-k, it must stay the same if per-sequence settings reach the
+    right rows; lmdeploy repeats per-sequence settings block-major, so some of A's positions are
+    sampled with the other rows' settings.
+    """
+    import asyncio
+
+    lm = engine.lmdeploy
+    greedy = lm.GenerationConfig(max_new_tokens=64, do_sample=False, top_k=1, ignore_eos=True)
+    hot = lm.GenerationConfig(max_new_tokens=64, do_sample=True, temperature=1.5, top_k=0, top_p=1.0, ignore_eos=True)
+
+    async def mixed(configs: list[Any]) -> list[Any]:
+        return list(await asyncio.gather(*[engine._one(list(prompt), g) for g in configs]))
+
+    alone = engine._run(mixed([greedy]))[0].token_ids
+    runs = []
+    for _ in range(3):
+        outs = engine._run(mixed([greedy, hot, hot, hot]))
+        runs.append(outs[0].token_ids == alone)
+    return {"greedy_row_unchanged_beside_sampling_rows": runs}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="SDAR-8B-Chat")
+    ap.add_argument("--rows", default="128")
+    ap.add_argument("--new", default="1024")
+    ap.add_argument("--engines", default="native,lmdeploy")
+    ap.add_argument("--engine-checks", action="store_true")
+    ap.add_argument("--profile", type=int, default=0, help="profile one native decode of this many new tokens")
+    ap.add_argument("--workdir", type=Path, default=Path("/dev/shm/engine_decode"))
+    ap.add_argument("--tiny", action="store_true")
+    ap.add_argument("--head-scale", type=float, default=1.0, help="sharpen the random head (greedy agreement)")
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args(argv)
+    device = "cuda" if torch.cuda.is_available() and not args.tiny else "cpu"
+    info = prepare_model(args.model, _default_dir("checkpoints"), args.workdir, tiny=args.tiny, device=device)
+    print(json.dumps(info), flush=True)
+    folder = Path(info["folder"])
+    sharpen_head(folder, args.head_scale)
+    rows = [int(x) for x in args.rows.split(",")]
+    news = [int(x) for x in args.new.split(",")]
+    data = _default_dir("data") / "rl/train/gsm8k_1.parquet"
+    prompts_all = chat_prompts(folder, data, max(rows))
+    engines = args.engines.split(",")
+    results: list[dict[str, Any]] = []
+    outputs: dict[tuple[str, int, int], list[list[int]]] = {}
+    if args.profile:
+        profile_native(folder, prompts_all[:max(rows)], args.profile, device)
+    for name in [e for e in engines if e.startswith("native")]:
+        for r in rows:
+            for n in news:
+                lora = {"native_lora": "merged", "native_lora_unmerged": "unmerged"}.get(name, "")
+                s, out = native(folder, prompts_all[:r], n, device, kernel=name != "native_sdpa", lora=lora)
+                outputs[name, r, n] = out
+                row = {"engine": name, "rows": r, "new": n, "s": round(s, 2), "tok_s": round(r * n / s)}
+                ref = {"native_lora_unmerged": "native_lora", "native_lora": ""}.get(name, "native")
+                if ref and name != ref and (ref, r, n) in outputs:
+                    row.update(agreement(outputs[ref, r, n], out))
+                results.append(row)
+                print(json.dumps(row), flush=True)
+    if "lmdeploy" in engines:
+        from dllm_rollout.engines import LMDeployEngine
+
+        t0 = time.perf_counter()
+        gen_cfg = json.loads((folder / "generation_config.json").read_text())
+        eos = gen_cfg.get("eos_token_id")
+        eos_id = int(eos[0] if isinstance(eos, list) else eos)
+        engine = LMDeployEngine(folder, engine_cfg(max(news)), eos_id=eos_id, pad_id=int(gen_cfg.get("pad_token_id", 0)),
+                                engine_options={"max_batch_size": max(rows), "cache_max_entry_count": 0.6,
+                                                "session_len": max(len(p) for p in prompts_all) + max(news) + 8})
+        print(json.dumps({"lmdeploy_start_s": round(time.perf_counter() - t0, 1)}), flush=True)
+        for r in rows:
+            for n in news:
+                engine.cfg = engine_cfg(n)
+                engine.generate(prompts_all[:2])
+                _sync()
+                t0 = time.perf_counter()
+                out = engine.generate(prompts_all[:r]).response_ids.tolist()
+                s = time.perf_counter() - t0
+                outputs["lmdeploy", r, n] = out
+                row = {"engine": "lmdeploy", "rows": r, "new": n, "s": round(s, 2), "tok_s": round(r * n / s)}
+                if ("native", r, n) in outputs:
+                    row.update(agreement(outputs["native", r, n], out))
+                    nat = next(x for x in results if x["engine"] == "native" and x["rows"] == r and x["new"] == n)
+                    row["native_over_lmdeploy"] = round(nat["tok_s"] / row["tok_s"], 3)
+                results.append(row)
+                print(json.dumps(row), flush=True)
+                print(json.dumps({"lmdeploy_row0": out[0][:24], "native_row0": outputs.get(("native", r, n), [[]])[0][:24],
+                                  "lmdeploy_distinct_tokens": len({t for o in out for t in o})}), flush=True)
+        if args.engine_checks:
+            print(json.dumps({"engine_checks": engine_checks(engine, folder, prompts_all, device)}), flush=True)
+        engine.close()
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,106 @@
+"""Attention of a few queries per row against a wide, partly visible KV cache (a decoding step).
+
+A cached block-diffusion step attends with Lq = block_length queries per row (and n_rep query heads
+per KV head, folded into the query axis: M = n_rep * Lq rows) over a cache that spans the whole
+canvas, of which only some columns are visible (`key_padding`: left padding and the blocks not yet
+decoded are hidden). A dense-mask attention kernel reads every column of the cache at every step.
+This kernel computes the same function (softmax(q k^T / sqrt(D)) v over the visible keys) with one
+program per (row, KV head): it walks the columns in tiles of BLOCK_N, skips every tile with no
+visible column without loading its keys or values, and keeps the softmax online in float32
+(FlashAttention's recurrence, Dao et al. 2022, arXiv 2205.14135), so a step reads only the keys
+it uses. Set TRITON_INTERPRET=1 before importing to run it on CPU (tests).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from dllm_models.kernels.logsumexp import HAS_TRITON, runs_on
+
+if HAS_TRITON:
+    import triton  # type: ignore[import-untyped,unused-ignore]
+    import triton.language as tl  # type: ignore[import-untyped,unused-ignore]
+
+    @triton.jit  # type: ignore[untyped-decorator,unused-ignore]
+    def _decode_attention_kernel(  # type: ignore[no-untyped-def]
+        q_ptr, k_ptr, v_ptr, pad_ptr, o_ptr, sm_scale, m_rows, n_cols,
+        sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd, spb, spn, sob, soh, som, sod,
+        HAS_PAD: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    ):
+        b = tl.program_id(0).to(tl.int64)
+        h = tl.program_id(1).to(tl.int64)
+        rows = tl.arange(0, BLOCK_M)
+        dims = tl.arange(0, BLOCK_D)
+        cols0 = tl.arange(0, BLOCK_N)
+        q = tl.load(q_ptr + b * sqb + h * sqh + rows[:, None] * sqm + dims[None, :] * sqd,
+                    mask=rows[:, None] < m_rows, other=0.0)
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+        k_base = k_ptr + b * skb + h * skh
+        v_base = v_ptr + b * svb + h * svh
+        for start in range(0, n_cols, BLOCK_N):
+            cols = start + cols0
+            inside = cols < n_cols
+            if HAS_PAD:
+                seen = tl.load(pad_ptr + b * spb + cols * spn, mask=inside, other=0) != 0
+            else:
+                seen = inside
+            if tl.max(seen.to(tl.int32), axis=0) > 0:
+                k = tl.load(k_base + cols[None, :] * skn + dims[:, None] * skd, mask=seen[None, :], other=0.0)
+                s = tl.dot(q, k, input_precision=PRECISION) * sm_scale
+                s = tl.where(seen[None, :], s, float("-inf"))
+                m_new = tl.maximum(m_i, tl.max(s, axis=1))
+                alpha = tl.exp(m_i - m_new)
+                p = tl.exp(s - m_new[:, None])
+                l_i = l_i * alpha + tl.sum(p, axis=1)
+                v = tl.load(v_base + cols[:, None] * svn + dims[None, :] * svd, mask=seen[:, None], other=0.0)
+                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+                m_i = m_new
+        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        tl.store(o_ptr + b * sob + h * soh + rows[:, None] * som + dims[None, :] * sod,
+                 out.to(o_ptr.dtype.element_ty), mask=rows[:, None] < m_rows)
+
+
+def decode_attention_fits(q: torch.Tensor, k: torch.Tensor) -> bool:
+    """Whether `decode_attention` serves folded queries `q` [B, H, M, D] against `k` [B, H, N, D].
+
+    A few query rows (M <= 64), a power-of-two head size, enough (row, head) programs to fill the
+    GPU, and a device the kernel runs on.
+    """
+    b, h, m, d = q.shape
+    return (runs_on(q) and m <= 64 and d in (32, 64, 128, 256) and k.shape[2] >= 16
+            and (b * h >= 128 or not q.is_cuda) and q.dtype in (torch.bfloat16, torch.float16, torch.float32))
+
+
+def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     key_padding: torch.Tensor | None) -> torch.Tensor:
+    """softmax(q k^T / sqrt(D)) v over the visible keys, every query of a row seeing the same keys.
+
+    Args:
+        q: [B, H, M, D] queries (query heads of a KV head folded into M); k, v: [B, H, N, D].
+        key_padding: bool [B, N], True on visible keys (None: all visible).
+
+    Returns:
+        [B, H, M, D] in q's dtype; a row with no visible key gets zeros.
+    """
+    b, h, m, d = q.shape
+    n = k.shape[2]
+    out = torch.empty_like(q)
+    if key_padding is not None:
+        pad = key_padding[:, -n:]
+        pad = pad.view(torch.uint8) if pad.dtype == torch.bool else pad.to(torch.uint8)
+        strides = (pad.stride(0), pad.stride(1))
+    else:
+        pad, strides = q, (0, 0)
+    block_m = max(16, 1 << (m - 1).bit_length())
+    _decode_attention_kernel[(b, h)](
+        q, k, v, pad, out, 1.0 / math.sqrt(d), m, n,
+        *q.stride(), *k.stride(), *v.stride(), *strides, *out.stride(),
+        HAS_PAD=key_padding is not None,
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", BLOCK_M=block_m, BLOCK_N=64, BLOCK_D=d,
+        num_warps=4, num_stages=2,
+    )
+    return out

@@ -1,0 +1,149 @@
+"""Rollouts decoded by an inference engine colocated with the trainer (`rollout.engine=lmdeploy`).
+
+The engine holds its own copy of the policy on the training GPU. Each rollout wakes it with the
+actor's current weights (release names; a LoRA actor hands over its merged weights, the base
+restored bit for bit after), checks that the engine serves exactly those tensors, decodes, and puts
+the engine to sleep (weights to host memory, KV cache freed) so that the update has the GPU. The
+trainer recomputes every old log-prob itself, so the estimators do not depend on the engine; what
+the engine cannot provide is refused before any work (`check_engine_support`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dllm_models import merged_adapters
+from dllm_rollout import RolloutBatch, SamplingConfig
+from dllm_train.algorithm import RLAlgorithm
+from dllm_train.workers import Rollout, RolloutWorker, load_rollout_weights, sampling_for
+
+ENGINE_FAMILIES = ("sdar", "sdar_moe")
+"""Families lmdeploy 0.18's dLLM path serves."""
+
+EngineFactory = Callable[[Path, SamplingConfig, int, int], Any]
+"""(release folder, decoding settings, eos id, pad id) -> an engine with `generate`, `sleep`,
+`wake(weights)`, `check_weights(reference)` (`dllm_rollout.engines.LMDeployEngine`)."""
+
+
+def check_engine_support(family: str, algorithm: RLAlgorithm[Any] | None, sampling: SamplingConfig,
+                         folder: str | Path | None) -> None:
+    """Raise, naming the setting and the fix, for what an engine rollout cannot provide."""
+    name = sampling.engine
+    if family not in ENGINE_FAMILIES:
+        raise ValueError(f"rollout.engine={name} serves block-diffusion families {ENGINE_FAMILIES}; "
+                         f"the model is {family!r}: set rollout.engine=native")
+    if folder is None or not (Path(folder) / "config.json").is_file():
+        raise ValueError(f"rollout.engine={name} loads the model from a release-layout folder "
+                         f"(config.json, tokenizer, safetensors); checkpoint.checkpoint={folder!r} is not one")
+    if sampling.record_trajectory or sampling.record_steps:
+        who = f"algorithm {algorithm.label}" if algorithm is not None else "this run"
+        raise ValueError(f"{who} reads the rollout's step records (rollout.record_trajectory or the algorithm's "
+                         f"own), which rollout.engine={name} does not return: set rollout.engine=native")
+    if algorithm is not None and algorithm.needs_rollout_reference:
+        raise ValueError(f"algorithm {algorithm.label} scores the rollout's canvases with a reference model "
+                         f"during decoding, which rollout.engine={name} cannot: set rollout.engine=native")
+    if algorithm is not None and type(algorithm).generate is not RLAlgorithm.generate:
+        raise ValueError(f"algorithm {algorithm.label} runs its own rollout (not the standard decoder): "
+                         f"set rollout.engine=native")
+
+
+def release_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The model's tensors under their release names: LoRA layers' base weights (`.base_layer.`
+    dropped), adapters left out. Call inside `merged_adapters` to hand over merged weights."""
+    out: dict[str, torch.Tensor] = {}
+    for name, p in model.named_parameters():
+        if "lora_" in name:
+            continue
+        out[name.replace(".base_layer.", ".")] = p.detach()
+    return out
+
+
+def lmdeploy_factory(folder: Path, sampling: SamplingConfig, eos_id: int, pad_id: int) -> Any:
+    """An `LMDeployEngine` on `folder` with the run's decoding and its KV-cache share."""
+    from dllm_rollout.engines import LMDeployEngine
+
+    return LMDeployEngine(folder, sampling, eos_id=eos_id, pad_id=pad_id,
+                          engine_options={"cache_max_entry_count": sampling.engine_kv_fraction})
+
+
+def _to(batch: RolloutBatch, device: torch.device) -> RolloutBatch:
+    moved = {f.name: getattr(batch, f.name).to(device) for f in dataclasses.fields(batch)
+             if isinstance(getattr(batch, f.name), torch.Tensor)}
+    return dataclasses.replace(batch, **moved)
+
+
+class EngineRolloutWorker:
+    """The rollout worker of `rollout.engine=lmdeploy`: the same interface as `RolloutWorker`.
+
+    Args:
+        model: the policy (the actor's module): its weights are handed to the engine each rollout.
+        sampling: the run's decoding settings; algorithm: the run's algorithm (its records).
+        folder: the release-layout folder the engine starts from (the run's checkpoint).
+        factory: builds the engine (default: lmdeploy's, `lmdeploy_factory`).
+    """
+
+    def __init__(self, model: Any, sampling: SamplingConfig, *, algorithm: RLAlgorithm[Any] | None,
+                 folder: str | Path | None, factory: EngineFactory | None = None) -> None:
+        self.model = model
+        self.sampling = sampling_for(model, sampling, algorithm)
+        self.algorithm = algorithm
+        self.ref_model = None
+        check_engine_support(str(model.traits.family), algorithm, self.sampling, folder)
+        assert folder is not None
+        self.folder = Path(folder)
+        self.factory: EngineFactory = factory or lmdeploy_factory
+        self.engine: Any = None
+        self.last_metrics: dict[str, float] = {}
+
+    def _hand_over(self, weights: dict[str, torch.Tensor]) -> float:
+        """Put `weights` into the engine (starting it the first time); returns the seconds it took."""
+        t0 = time.perf_counter()
+        traits = self.model.traits
+        if self.engine is None:
+            self.engine = self.factory(self.folder, self.sampling, int(traits.eos_token_id), int(traits.pad_token_id))
+            self.engine.load_weights(weights.items())
+        else:
+            self.engine.wake(weights.items())
+        return time.perf_counter() - t0
+
+    def generate(self, prompts: Sequence[Sequence[int]], seeds: torch.Tensor) -> RolloutBatch:
+        """Hand the current weights to the engine, check them, decode `prompts`, put the engine to sleep.
+
+        Raises:
+            RuntimeError: when the engine does not serve exactly the policy's weights.
+        """
+        device = next(self.model.parameters()).device
+        with torch.no_grad(), merged_adapters(self.model):
+            weights = release_weights(self.model)
+            handoff_s = self._hand_over(weights)
+            check = self.engine.check_weights(weights)
+        if not check.ok:
+            raise RuntimeError(
+                f"the {self.sampling.engine} engine does not serve the policy's weights after the hand-off: "
+                f"{len(check.mismatched)} of {check.total} tensors differ or are unknown "
+                f"(e.g. {list(check.mismatched[:3])}); the rollout would come from other weights")
+        t0 = time.perf_counter()
+        batch = self.engine.generate(prompts, [int(s) for s in seeds.tolist()])
+        decode_s = time.perf_counter() - t0
+        self.engine.sleep()
+        self.last_metrics = {"engine_handoff_s": handoff_s, "engine_decode_s": decode_s,
+                             "engine_weights_exact": 1.0, "engine_tensors_checked": float(check.compared)}
+        return _to(batch, device)
+
+    def load_weights(self, state: dict[str, torch.Tensor]) -> None:
+        """Weight hand-off into the policy copy (Ray replicas); the engine reads it at the next rollout."""
+        load_rollout_weights(self.model, state)
+
+
+def build_rollout_worker(model: Any, sampling: SamplingConfig, *, algorithm: RLAlgorithm[Any],
+                         ref_model: Any = None, engine_folder: str | Path | None = None) -> Rollout:
+    """The rank's rollout worker for `sampling.engine`: native decoding, or an engine on `engine_folder`."""
+    if sampling.engine == "native":
+        return RolloutWorker(model, sampling, algorithm=algorithm, ref_model=ref_model)
+    return EngineRolloutWorker(model, sampling, algorithm=algorithm, folder=engine_folder)

@@ -1,0 +1,305 @@
+"""Parity of the block-diffusion families (SDAR, LLaDA2) with DARE's loss code.
+
+Each `_dare_*` function below is a short plain-torch transcription of yjyddq/DARE at commit
+83ae8a3 (file and function named in its docstring); the tests feed it and our algorithms
+(`dllm_algorithms.BGPO`, `EBPO`, `CJGRPO` on `dllm_train.Scorer`) the same model, masks and
+advantages and compare values, losses and gradients, in float64 weights.
+
+What DARE does for block models (docs/algorithms.md#block-diffusion):
+- compaction (`block_diffusion_utils.compact_block_diffusion_artifacts`): prompt and response
+  padding removed per sample, targets = masked *response* positions;
+- the `[noisy ; clean]` layout (`build_full_block_diffusion_tensors`) with the same position ids in
+  both halves and the BD3LM mask (`build_block_diffusion_mask`, block ids from the compact
+  position on the global grid);
+- token loss CE / p_mask on the noisy half (the SDAR/LLaDA2 model's `block_diffusion_token_loss`);
+- BGPO (`sdar_dp_actor_bgpo.py`, `llada2_dp_actor_bgpo.py`): per MC sample
+  l_i = -sum(token loss) / valid response length, broadcast over valid tokens, then
+  `compute_policy_loss_bgpo` (token-mean), divided by mc_num and summed over samples;
+- EBPO (`ebpo_actor_mixin.py`, `sdar_dp_actor_ebpo.py`): token ELBOs scattered to the response,
+  composite = mean over rows of the sum over tokens, `compute_policy_loss_ebpo` (log-domain clip,
+  mean over valid samples);
+- CJ-GRPO (`cj_grpo_sglang_mixin.py`): paper-exact weights (`compute_cj_block_step_token_weights`),
+  per local step `compute_policy_loss` with the weights as the mask, times (mass + 1e-8) / B.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import dllm_algorithms as da
+import dllm_objectives as do
+from dllm_models.attention import AttentionMask
+from dllm_rollout import RolloutBatch, SamplingConfig
+from dllm_train import LossInputs, RLBatch, Scorer, SpecialTokens
+from tests.dllm_models.tiny_configs import EOS, MASK, build_tiny
+
+BLOCK = 4
+FAMILIES = ("sdar", "llada2_moe")
+
+
+# ---------------------------------------------------------------- DARE transcriptions (83ae8a3)
+
+def _dare_masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """verl/utils/torch_functional.py `masked_mean` (agg_loss 'token-mean')."""
+    return (values * mask).sum() / (mask.sum() + 1e-8)
+
+
+def _dare_compact(noisy: torch.Tensor, clean: torch.Tensor, attn: torch.Tensor, pos: torch.Tensor,
+                  target: torch.Tensor, p_mask: torch.Tensor, prompt_section_length: int) -> dict[str, torch.Tensor]:
+    """verl/workers/actor/block_diffusion_utils.py `compact_block_diffusion_artifacts`."""
+    valid = attn.bool()
+    lengths = valid.sum(1)
+    n = int(lengths.max())
+    b = clean.shape[0]
+    out = {"noisy": torch.full((b, n), EOS), "clean": torch.full((b, n), EOS),
+           "valid": torch.zeros((b, n), dtype=torch.bool), "target": torch.zeros((b, n), dtype=torch.bool),
+           "p_mask": torch.zeros((b, n), dtype=p_mask.dtype), "pos": torch.zeros((b, n), dtype=torch.long),
+           "response_positions": torch.full((b, n), -1)}
+    for i in range(b):
+        idx = torch.nonzero(valid[i]).flatten()
+        m = int(lengths[i])
+        out["noisy"][i, :m] = noisy[i, idx]
+        out["clean"][i, :m] = clean[i, idx]
+        out["valid"][i, :m] = True
+        out["pos"][i, :m] = pos[i, idx]
+        is_response = idx >= prompt_section_length
+        out["target"][i, :m] = target[i, idx].bool() & is_response
+        out["p_mask"][i, :m] = p_mask[i, idx]
+        out["response_positions"][i, :m] = torch.where(is_response, idx - prompt_section_length, -1)
+    return out
+
+
+def _dare_block_ids(valid: torch.Tensor) -> torch.Tensor:
+    """block_diffusion_utils.py `build_token_block_ids`, block_origin='global'."""
+    idx = torch.arange(valid.shape[1]).expand_as(valid)
+    return torch.where(valid, torch.div(idx, BLOCK, rounding_mode="floor"), -1)
+
+
+def _dare_mask(block_ids: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """block_diffusion_utils.py `build_block_diffusion_mask`: its `mask_mod` on every (q, kv)."""
+    n = block_ids.shape[1]
+    q = torch.arange(2 * n)[:, None]
+    kv = torch.arange(2 * n)[None, :]
+    q_clean, k_clean = q >= n, kv >= n
+    qb, kb = block_ids[:, q % n], block_ids[:, kv % n]
+    qv, kvv = valid[:, q % n], valid[:, kv % n]
+    diag = (qb == kb) & (q_clean == k_clean)
+    offset_causal = (qb > kb) & k_clean & ~q_clean
+    causal = (qb >= kb) & k_clean & q_clean
+    return qv & kvv & (diag | offset_causal | causal)
+
+
+def _dare_token_losses(model: torch.nn.Module, art: dict[str, torch.Tensor]) -> torch.Tensor:
+    """`_compute_block_diffusion_token_losses` (sdar/llada2 BGPO actors): CE / p on the noisy half."""
+    n = art["clean"].shape[1]
+    ids = _dare_block_ids(art["valid"])
+    full_ids = torch.cat([art["noisy"], art["clean"]], 1)
+    full_pos = torch.cat([art["pos"], art["pos"]], 1)
+    # The model runs the BD3LM rule of dllm_models; check it is DARE's mask_mod on this layout.
+    mask = AttentionMask(key_padding=torch.cat([art["valid"]] * 2, 1), block_ids=torch.cat([ids, ids], 1),
+                         is_clean=torch.cat([torch.zeros_like(art["valid"]), torch.ones_like(art["valid"])], 1))
+    dense = mask.dense(2 * n, 2 * n, full_ids.device)
+    assert dense is not None
+    dare = _dare_mask(ids, art["valid"])
+    real = torch.cat([art["valid"]] * 2, 1)[:, :, None]  # DARE also hides padding queries; ours lets them look
+    assert bool((dense[:, 0] & real == dare).all())
+    logits = model(full_ids, position_ids=full_pos, attention=mask).logits[:, :n]
+    ce = F.cross_entropy(logits.transpose(1, 2), art["clean"], reduction="none")
+    p = torch.where(art["target"], art["p_mask"], torch.ones_like(art["p_mask"]))
+    return torch.where(art["target"], ce / p, torch.zeros_like(ce))
+
+
+def _dare_scatter(values: torch.Tensor, art: dict[str, torch.Tensor], response_length: int) -> torch.Tensor:
+    """block_diffusion_utils.py `scatter_compact_values_to_response`."""
+    out = values.sum() * 0 + torch.zeros(values.shape[0], response_length, dtype=values.dtype)
+    out = out.clone()
+    for i in range(values.shape[0]):
+        sel = art["target"][i]
+        out[i, art["response_positions"][i, sel]] = values[i, sel]
+    return out
+
+
+def _dare_bgpo_pg(old: torch.Tensor, new: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor,
+                  clip: float = 0.2, clip_c: float = 3.0) -> torch.Tensor:
+    """verl/trainer/ppo/dllm_core_algos.py `compute_policy_loss_bgpo` (token-mean)."""
+    neg_kl = torch.where(adv > 0, torch.log(1 + new - old), new - old)
+    ratio = torch.exp(neg_kl)
+    pg1 = -adv * ratio
+    pg2 = -adv * torch.clamp(ratio, 1 - clip, 1 + clip)
+    c1 = torch.maximum(pg1, pg2)
+    c2 = torch.min(-adv * clip_c, c1)
+    return _dare_masked_mean(torch.where(adv < 0, c2, c1), mask)
+
+
+def _dare_policy_pg(old: torch.Tensor, new: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor,
+                    clip: float = 0.2, clip_c: float = 3.0) -> torch.Tensor:
+    """dllm_core_algos.py `compute_policy_loss` (token-mean, dual clip)."""
+    ratio = torch.exp(new - old)
+    pg1 = -adv * ratio
+    pg2 = -adv * torch.clamp(ratio, 1 - clip, 1 + clip)
+    c1 = torch.maximum(pg1, pg2)
+    c2 = torch.min(-adv * clip_c, c1)
+    return _dare_masked_mean(torch.where(adv < 0, c2, c1), mask)
+
+
+def _dare_ebpo_pg(old: torch.Tensor, new: torch.Tensor, adv: torch.Tensor, valid: torch.Tensor,
+                  clip: float = 0.2) -> torch.Tensor:
+    """dllm_core_algos.py `compute_policy_loss_ebpo` (log-domain clip, mean over valid samples)."""
+    log_ratio = new[valid] - old[valid]
+    a = adv[valid]
+    eff = torch.where(a >= 0, torch.minimum(log_ratio, torch.log1p(log_ratio.new_tensor(clip))),
+                      torch.maximum(log_ratio, torch.log1p(log_ratio.new_tensor(-clip))))
+    return (-a * torch.exp(eff)).mean()
+
+
+def _dare_cj_weights(traj: torch.Tensor, response_mask: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+    """block_diffusion_utils.py `compute_cj_block_step_token_weights` (global origin), as loops."""
+    b, k, r = traj.shape[0], traj.shape[1], response_mask.shape[1]
+    ids = torch.where(attn, torch.div((attn.long().cumsum(1) - 1).clamp_min(0), BLOCK, rounding_mode="floor"), -1)
+    rid = ids[:, -r:]
+    sel = traj[:, :, -r:] & response_mask[:, None, :]
+    w = torch.zeros(b, k, r)
+    for i in range(b):
+        trans = {(s, int(rid[i, j])) for s in range(k) for j in range(r) if sel[i, s, j]}
+        for s, blk in trans:
+            cell = sel[i, s] & (rid[i] == blk)
+            w[i, s, cell] = 1.0 / int(cell.sum()) / len(trans)
+    return w
+
+
+# ---------------------------------------------------------------- shared inputs
+
+def _model(family: str) -> torch.nn.Module:
+    return build_tiny(family, seed=3, std=0.3).double()
+
+
+def _rollout(empty_row: bool = False, **extra: torch.Tensor) -> RolloutBatch:
+    """Three samples: left-padded prompts, right-padded (varying L) responses, P = 6, R = 7
+    (`empty_row`: the second response has no valid token, e.g. EOS first under eos_handling='truncate')."""
+    g = torch.Generator().manual_seed(5)
+    prompt = torch.randint(0, 60, (3, 6), generator=g)
+    prompt_mask = torch.tensor([[0, 0, 1, 1, 1, 1], [1] * 6, [0, 1, 1, 1, 1, 1]], dtype=torch.bool)
+    response = torch.randint(0, 60, (3, 7), generator=g)
+    response_mask = torch.tensor([[1] * 7, [1, 1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 1, 1, 0]], dtype=torch.bool)
+    if empty_row:
+        response_mask[1] = False
+    response = torch.where(response_mask, response, EOS)
+    cfg = SamplingConfig(max_new_tokens=7, steps=4, block_length=BLOCK, block_diffusion=True)
+    return RolloutBatch(prompt_ids=prompt, prompt_mask=prompt_mask, response_ids=response,
+                        response_mask=response_mask, seeds=torch.arange(3), config=cfg, **extra)
+
+
+def _batch(rollout: RolloutBatch) -> RLBatch:
+    return RLBatch(rollout=rollout, scores=torch.zeros(3), group_ids=torch.zeros(3, dtype=torch.long),
+                   tokens=SpecialTokens(mask_id=MASK, eos_id=EOS, pad_id=EOS))
+
+
+ADV = torch.tensor([0.7, -1.3, 0.4], dtype=torch.float64)
+
+
+def _grads(loss: torch.Tensor, model: torch.nn.Module) -> list[torch.Tensor]:
+    params = [p for p in model.parameters() if p.requires_grad]
+    return [g if g is not None else torch.zeros_like(p)
+            for g, p in zip(torch.autograd.grad(loss, params, allow_unused=True), params)]
+
+
+def _assert_close(a: torch.Tensor, b: torch.Tensor, ga: list[torch.Tensor], gb: list[torch.Tensor]) -> None:
+    # The model runs in float64, so both sides get the same token log-probs; our objectives then
+    # compute in float32 by design (docs/algorithms.md#numerics; DARE's token losses are `.float()`
+    # too), so the tolerance is float32 rounding of raw ELBOs of a few hundred nats.
+    assert a.item() == pytest.approx(b.item(), rel=2e-5, abs=1e-8)
+    num = sum(float((x - y).pow(2).sum()) for x, y in zip(ga, gb)) ** 0.5
+    den = sum(float(y.pow(2).sum()) for y in gb) ** 0.5
+    assert den > 0 and num <= 2e-5 * den, (num, den)
+
+
+def _dare_values(model: torch.nn.Module, rollout: RolloutBatch,
+                 plan: do.MaskPlan) -> list[tuple[torch.Tensor, dict[str, torch.Tensor]]]:
+    """Per MC row: DARE's compact token losses [B, n] and artifacts (one forward each)."""
+    ids, attn = rollout.input_ids, rollout.attention_mask
+    pos = (attn.long().cumsum(-1) - 1).clamp(min=0)
+    out = []
+    for i in range(plan.num_samples):
+        noisy = torch.where(plan.mask[:, i], MASK, ids)
+        art = _dare_compact(noisy, ids, attn, pos, plan.mask[:, i], plan.p_mask[:, i].double(),
+                            rollout.prompt_ids.shape[1])
+        out.append((_dare_token_losses(model, art), art))
+    return out
+
+
+# ---------------------------------------------------------------- tests
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_bgpo_block_matches_dare(family: str) -> None:
+    model, rollout = _model(family), _rollout()
+    batch, alg = _batch(rollout), da.BGPO(mc_num=3)
+    plan = alg.prepare(batch, torch.Generator().manual_seed(0))
+    resp = rollout.response_mask.double()
+    valid_len = resp.sum(-1)
+    # old values off the current ones, so the ratio, the clip and the dual clip all act
+    shift = torch.tensor([[0.05, -0.4, 0.3], [-0.3, 0.02, 0.5], [0.4, -0.1, -0.02]], dtype=torch.float64)
+
+    parts = _dare_values(model, rollout, plan)
+    dare_l = torch.stack([-(tl.sum(-1)) / valid_len for tl, _ in parts], 1)  # [B, N]
+    old = dare_l.detach() + shift
+    dare_loss = sum(_dare_bgpo_pg(old[:, i, None] * resp, dare_l[:, i, None] * resp, ADV[:, None] * resp, resp)
+                    for i in range(3)) / 3
+    dare_grads = _grads(dare_loss, model)
+
+    ours_v = alg.values(Scorer(model), batch, plan, 0)
+    torch.testing.assert_close(ours_v.double(), dare_l, rtol=1e-6, atol=1e-7)
+    ours_loss, _ = alg.loss(ours_v, LossInputs(batch=batch, data=plan, iteration=0, advantages=ADV, old=old, ref=None))
+    _assert_close(ours_loss, dare_loss, _grads(ours_loss, model), dare_grads)
+
+
+@pytest.mark.parametrize(("family", "empty_row"), [("sdar", False), ("llada2_moe", False), ("sdar", True)])
+def test_ebpo_block_matches_dare(family: str, empty_row: bool) -> None:
+    # DARE averages the loss over the sequences with a valid response token (`sample_mask`)
+    model, rollout = _model(family), _rollout(empty_row)
+    batch, alg = _batch(rollout), da.EBPO(mc_num=2)
+    plan = alg.prepare(batch, torch.Generator().manual_seed(1))
+    r = rollout.response_ids.shape[1]
+    parts = _dare_values(model, rollout, plan)
+    token_elbos = torch.stack([_dare_scatter(-tl, art, r) for tl, art in parts], 1)  # [B, N, R]
+    dare_e = torch.where(rollout.response_mask[:, None, :], token_elbos, 0.0).sum(-1).mean(1)  # [B]
+    old = dare_e.detach() + torch.tensor([0.05, -0.5, 0.3], dtype=torch.float64)
+    dare_loss = _dare_ebpo_pg(old, dare_e, ADV, rollout.response_mask.any(-1))
+    dare_grads = _grads(dare_loss, model)
+
+    ours_v = alg.values(Scorer(model), batch, plan, 0)
+    torch.testing.assert_close(ours_v.double(), dare_e, rtol=1e-6, atol=1e-6)
+    ours_loss, _ = alg.loss(ours_v, LossInputs(batch=batch, data=plan, iteration=0, advantages=ADV, old=old, ref=None))
+    _assert_close(ours_loss, dare_loss, _grads(ours_loss, model), dare_grads)
+
+
+def test_cj_grpo_block_weights_and_loss_match_dare() -> None:
+    # global unmask steps, contiguous inside every block once made block-local (P = 6, block 4):
+    # sample 0's response starts on a block boundary, samples 1 and 2 mid-block
+    unmask = torch.tensor([[0, 1, 0, 1, 2, 3, 2], [0, 1, 2, 2, -1, -1, -1], [0, 0, 1, 2, 3, 4, -1]])
+    rollout = _rollout(unmask_step=unmask)
+    batch, alg = _batch(rollout), da.CJGRPO()
+    data = alg.prepare(batch, torch.Generator().manual_seed(0))
+    local, k = da.trajectory_steps(rollout)
+    assert k == 3
+    traj = torch.stack([local == s for s in range(k)], 1)  # DARE's reversed_traj_unmask_positions [B, K, S]
+    dare_w = _dare_cj_weights(traj, rollout.response_mask, rollout.attention_mask)
+    # DARE's weights sum to 1 per sample and its step loss is divided by the sample count B;
+    # ours fold the 1 / B into the weights
+    torch.testing.assert_close(data.weights[:, :, 6:] * 3, dare_w)
+    assert float(data.weights[:, :, :6].abs().sum()) == 0.0
+
+    # loss and gradient on shared per-step log-probs (the replay forward is the scorer's)
+    g = torch.Generator().manual_seed(2)
+    scored = data.plan.meta["scored"].double()
+    lp = (-torch.rand(3, k, 13, generator=g, dtype=torch.float64) * scored).requires_grad_(True)
+    old = (lp.detach() + 0.3 * torch.randn(3, k, 13, generator=g, dtype=torch.float64)) * scored
+    resp = rollout.response_mask.double()
+    dare_loss = sum(_dare_policy_pg(old[:, s, 6:], lp[:, s, 6:], ADV[:, None] * resp, dare_w[:, s].double())
+                    * (dare_w[:, s].sum().double() + 1e-8) / 3 for s in range(k))
+    (dare_g,) = torch.autograd.grad(dare_loss, lp)
+    ours_loss, _ = alg.loss(lp, LossInputs(batch=batch, data=data, iteration=0, advantages=ADV, old=old, ref=None))
+    (ours_g,) = torch.autograd.grad(ours_loss, lp)
+    assert ours_loss.item() == pytest.approx(dare_loss.item(), rel=1e-6)
+    torch.testing.assert_close(ours_g.double(), dare_g, rtol=1e-5, atol=1e-9)
