@@ -134,11 +134,14 @@ class FakeAsyncEngine:
         gen = request.gen
         self.seen.append(gen)
         # a deterministic 'model': echo the prompt's last id + 1.., stopping at EOS after 3 tokens
-        out = [request.ids[-1] + 1 + i for i in range(3)] + [EOS]
-        if not gen.include_stop_str_in_output:
-            out = out[:-1]
-        yield GenOut(response="", input_token_len=len(request.ids), generate_token_len=len(out),
-                     finish_reason="stop", token_ids=out)
+        # as 0.18.0's AsyncEngine.generate: the new tokens in chunks (stop token held back), then a
+        # last chunk holding the stop token only with include_stop_str_in_output
+        out = [request.ids[-1] + 1 + i for i in range(3)]
+        n = len(request.ids)
+        yield GenOut(response="", input_token_len=n, generate_token_len=2, token_ids=out[:2])
+        yield GenOut(response="", input_token_len=n, generate_token_len=3, token_ids=out[2:])
+        yield GenOut(response="", input_token_len=n, generate_token_len=3, finish_reason="stop",
+                     token_ids=[EOS] if gen.include_stop_str_in_output else [])
 
     async def sleep(self, level: int = 1) -> None:
         self.asleep = {"weights", "kv_cache"}

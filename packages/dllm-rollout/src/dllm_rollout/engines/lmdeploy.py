@@ -126,13 +126,22 @@ def batch_from_lmdeploy(
     """lmdeploy outputs (`.token_ids`, with the stop token kept) -> RolloutBatch (no re-tokenising).
 
     Raises:
-        RuntimeError: when the engine answered a request with an error (`finish_reason="error"`).
+        RuntimeError: when the engine answered a request with an error or aborted it.
     """
     for i, o in enumerate(outputs):
-        if getattr(o, "finish_reason", None) == "error":
+        if getattr(o, "finish_reason", None) in ("error", "abort"):
             raise RuntimeError(f"lmdeploy failed on prompt {i}: {getattr(o, 'response', '') or 'no message'}")
     return batch_from_token_lists(prompts, [list(o.token_ids or []) for o in outputs], seeds, cfg,
                                   eos_id=eos_id, pad_id=pad_id)
+
+
+@dataclass(frozen=True)
+class EngineOutput:
+    """One request's whole output: every generated token id, why it ended, and its text."""
+
+    token_ids: list[int]
+    finish_reason: str | None
+    response: str = ""
 
 
 FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
@@ -224,16 +233,23 @@ class LMDeployEngine:
         """Run `coro` on the pipeline's own event loop (the engine lives there) and wait for it."""
         return asyncio.run_coroutine_threadsafe(coro, self.pipe.internal_thread.loop).result()
 
-    async def _one(self, ids: list[int], gen: Any) -> Any:
+    async def _one(self, ids: list[int], gen: Any) -> EngineOutput:
+        """One request; `AsyncEngine.generate` yields the new tokens in chunks, then a last chunk
+        (empty, or the stop token with `include_stop_str_in_output`): they are concatenated, as
+        lmdeploy's own `Pipeline.infer` does."""
         engine = self._async_engine
         request = await engine.preprocess(messages=None, session_id=self.pipe.session_mgr.get(), gen_config=gen,
                                           input_ids=ids)
-        out = None
+        tokens: list[int] = []
+        reason: str | None = None
+        text: list[str] = []
         async for item in engine.generate(request, stream_response=False):
-            out = item
-        return out
+            tokens += list(item.token_ids or [])
+            reason = item.finish_reason or reason
+            text.append(str(getattr(item, "response", "") or ""))
+        return EngineOutput(token_ids=tokens, finish_reason=reason, response="".join(text))
 
-    async def _all(self, prompts: Sequence[list[int]], gen: Any) -> list[Any]:
+    async def _all(self, prompts: Sequence[list[int]], gen: Any) -> list[EngineOutput]:
         return list(await asyncio.gather(*[self._one(p, gen) for p in prompts]))
 
     def generate(self, prompts: Sequence[Sequence[int]], seed: int | Sequence[int] | None = None) -> RolloutBatch:
