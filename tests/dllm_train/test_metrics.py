@@ -114,3 +114,16 @@ def test_curves_skip_empty_panels_and_mark_points(tmp_path: Path, monkeypatch: p
     assert path is not None and path.stat().st_size > 0 and titles == ["d1: 41% -> 80%"]
     assert plot_curves(records, ["ppo_kl", "consistency"], tmp_path / "none.png") is None
     assert not (tmp_path / "none.png").exists()
+
+
+def test_a_torn_last_line_is_cut_and_reported_when_the_run_resumes(tmp_path: Path, caplog: Any) -> None:
+    from dllm_train import MetricsWriter, read_metrics
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1, "loss": 0.5}\n{"step": 2, "loss": 0.4}\n{"step": 3, "lo')  # killed mid-write
+    with pytest.raises(ValueError, match=r"metrics.jsonl, line 3, is not a JSON record"):
+        read_metrics(path)
+    with caplog.at_level("WARNING"):
+        MetricsWriter(path, resume_step=2).close()
+    assert [r["step"] for r in read_metrics(path)] == [1, 2]
+    assert any(str(path) in r.getMessage() and "torn" in r.getMessage() for r in caplog.records)

@@ -71,10 +71,10 @@ def run_sft_recipe(cfg: RunConfig, output_dir: Path, *, progress: bool = True) -
     sft, data, optim = need(cfg.sft, "sft"), need(cfg.data, "data"), need(cfg.sft_optim, "sft_optim")
     _check(cfg, entry, sft.steps, "sft.steps")
     rows = read_sft_rows(data.train_files)
-    wandb_run = _open(cfg, output_dir)
     tokenizer = load_tokenizer(need(cfg.checkpoint, "checkpoint").checkpoint)
     examples = encode_sft(rows, tokenizer, max_prompt_length=data.max_prompt_length,
                           max_response_length=data.max_response_length)
+    wandb_run = _open(cfg, output_dir)  # every input check above passed: the first write
     model = load_policy(cfg)
     set_activation_checkpointing(model, cfg.trainer.activation_checkpointing)
     device, pad, seed = next(model.parameters()).device, _pad_id(tokenizer), cfg.trainer.seed
@@ -114,10 +114,10 @@ def run_preference_recipe(cfg: RunConfig, output_dir: Path, *, progress: bool = 
     data, ckpt = need(cfg.data, "data"), need(cfg.checkpoint, "checkpoint")
     _check(cfg, entry, cfg.trainer.max_steps, "trainer.max_steps")
     rows = read_preference_rows(data.train_files)
-    wandb_run = _open(cfg, output_dir)
     tokenizer = load_tokenizer(ckpt.checkpoint)
     examples = encode_preference(rows, tokenizer, max_prompt_length=data.max_prompt_length,
                                  max_response_length=data.max_response_length)
+    wandb_run = _open(cfg, output_dir)  # every input check above passed: the first write
     model = load_policy(cfg)
     set_activation_checkpointing(model, cfg.trainer.activation_checkpointing)
     reference = copy.deepcopy(model)
