@@ -90,7 +90,11 @@ def test_non_finite_steps_in_a_row_stop_the_run_without_saving(tmp_path: Path) -
     toy = _Toy(model, poison=lambda i: i >= 2)
     with pytest.raises(Diverged, match=r"3 steps in a row had a non-finite loss.*trainer.max_nonfinite_steps=3"):
         Run(tmp_path, model, progress=False, max_nonfinite_steps=3).run_phase(_phase(toy, steps=10, save_every=2))
-    assert [r.step for r in list_checkpoints(tmp_path)] == [2, 4]  # step 4 is step 2's weights: skips change nothing
+    # steps 3-5 were skipped: the weights of step 2 (in checkpoints 2 and 4) gave no finite step, so
+    # both are set aside (renamed) and a rerun starts from an earlier one, here from scratch
+    assert list_checkpoints(tmp_path) == []
+    aside = sorted(p.name.split(".")[0] for p in (tmp_path / "checkpoints").iterdir())
+    assert aside == ["0-sft-000002", "0-sft-000004"]
     assert toy.optim.updates == 2 and toy.optim.skipped == 3
     assert [r["skipped"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [0, 0, 1, 1, 1]
 

@@ -20,7 +20,15 @@ from tqdm import tqdm
 from dllm_models import BaseWeightsView, has_adapters
 from dllm_rollout import SamplingConfig
 from dllm_train.algorithm import RLAlgorithm
-from dllm_train.checkpointing import SHARDS, checkpoint_path, new_checkpoint, resume_checkpoint, write_checkpoint_files
+from dllm_train.checkpointing import (
+    SHARDS,
+    checkpoint_path,
+    list_checkpoints,
+    new_checkpoint,
+    resume_checkpoint,
+    set_aside,
+    write_checkpoint_files,
+)
 from dllm_train.config import OptimConfig, TrainerConfig
 from dllm_train.likelihood import Scorer
 from dllm_train.metrics import MetricsWriter, format_line, read_metrics
@@ -171,13 +179,26 @@ class Run:
             return 0
         streak += 1
         if streak >= self.max_nonfinite_steps:
+            aside = self._set_aside_unconfirmed(spec, step - streak)
             loss = record.get("loss")
             raise Diverged(
                 f"{spec.name} step {step}: {streak} steps in a row had a non-finite loss or gradient norm "
                 f"(last loss {loss}) and were skipped (trainer.max_nonfinite_steps={self.max_nonfinite_steps}); "
-                f"stopped without saving, {self._resume_point()}. Lower the phase's learning rate (e.g. "
+                f"stopped without saving{aside}, {self._resume_point()}. Lower the phase's learning rate (e.g. "
                 "rl_optim.lr, sft_optim.lr) or its grad_clip")
         return streak
+
+    def _set_aside_unconfirmed(self, spec: PhaseSpec, suspect_from: int) -> str:
+        """Set aside this phase's checkpoints from step `suspect_from` on: they hold the weights of update
+        `suspect_from`, with which no step computed a finite loss and gradient (what a too-large
+        learning rate leaves: huge but finite weights). Returns a clause for the message."""
+        bad = [r for r in list_checkpoints(self.output_dir) if r.order == spec.order and r.step >= suspect_from]
+        for ref in bad:
+            set_aside(ref.path, f"its weights (those of {spec.name} step {suspect_from}) gave only non-finite steps")
+        self.latest_saved = None
+        kept = [r for r in list_checkpoints(self.output_dir)]
+        self.latest = kept[-1] if kept else None
+        return f" and set aside {len(bad)} checkpoint(s) holding the weights that diverged" if bad else ""
 
     def run_phase(self, spec: PhaseSpec) -> None:
         start = self._start(spec)
