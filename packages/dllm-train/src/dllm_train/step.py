@@ -32,6 +32,12 @@ PromptSampler = Callable[[int], PromptBatch]
 
 def check_settings(algorithm: RLAlgorithm[Any], sampling: SamplingConfig, *, consistency_every: int) -> None:
     """Raise before any work on settings no step can honour (field, value and fix in the message)."""
+    if sampling.temperature == 0 and sampling.remasking != "random" and not sampling.alg_temp:
+        raise ValueError(
+            "rollout.temperature=0 decodes greedily with a deterministic unmasking order "
+            f"(rollout.remasking={sampling.remasking!r}), so every sample of a group is the same response, every "
+            "group's rewards are equal, every advantage is 0 and the policy gradient is identically zero: set "
+            "rollout.temperature > 0 (e.g. 1.0)")
     if consistency_every and not sampling.record_trajectory:
         raise ValueError(
             f"trainer.consistency_every={consistency_every} needs recorded trajectories; "
