@@ -153,3 +153,15 @@ def test_a_huge_learning_rate_never_leaves_a_checkpoint_to_resume_from_its_poiso
         for ref in refs:
             weights, _ = read_checkpoint(ref)
             assert max(float(w.abs().max()) for w in weights.values() if w.is_floating_point()) < 1e3, ref
+
+
+def test_an_rl_recipe_whose_data_fail_writes_nothing(tiny_checkpoint: Path, sums_parquet: Path,
+                                                     tmp_path: Path) -> None:
+    # every row is longer than data.max_prompt_length: found only once the prompts were encoded,
+    # which ran after config.json was written (the corrected rerun was then refused as "a different config")
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit) as err:
+        main(["train", "llada-d1", f"checkpoint.checkpoint={tiny_checkpoint}", "checkpoint.dtype=float32",
+              f"data.train_files={sums_parquet}", "data.max_prompt_length=1", "--output-dir", str(out),
+              "--no-progress"])
+    assert err.value.code == 2 and not out.exists()
