@@ -169,8 +169,13 @@ def release_run_folder(output_dir: Path) -> None:
     os.close(fd)
 
 
+_OWNER = os.getpid()
+
+
 @atexit.register
 def _release_all() -> None:
+    if os.getpid() != _OWNER:  # a forked child inherits the table, not the lock's ownership
+        return
     for folder in list(_HELD):
         release_run_folder(folder)
 

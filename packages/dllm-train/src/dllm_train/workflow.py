@@ -155,15 +155,16 @@ class Run:
         return self.latest.step
 
     def _save(self, spec: PhaseSpec, step: int) -> Path:
-        bad = next((n for n, p in self.model.named_parameters() if not bool(torch.isfinite(p).all())), None)
-        if bad is not None:
-            raise Diverged(f"{spec.name} step {step}: parameter {bad} holds non-finite values, so no checkpoint "
-                           f"is written; {self._resume_point()}. Lower the phase's learning rate (e.g. "
-                           "rl_optim.lr, sft_optim.lr) or its grad_clip")
+        """Checkpoint the phase after `step` steps; raises `Diverged` (nothing written) on non-finite weights."""
         with new_checkpoint(self.output_dir, order=spec.order, phase=spec.name, step=step,
                             keep=self.keep_checkpoints) as folder:
-            if isinstance(spec.owner, ShardedStateful):
+            if isinstance(spec.owner, ShardedStateful):  # also refreshes a Ray driver's model
                 spec.owner.save_shards(folder / SHARDS)
+            bad = next((n for n, p in self.model.named_parameters() if not bool(torch.isfinite(p).all())), None)
+            if bad is not None:
+                raise Diverged(f"{spec.name} step {step}: parameter {bad} holds non-finite values, so no checkpoint "
+                               f"is written; {self._resume_point()}. Lower the phase's learning rate (e.g. "
+                               "rl_optim.lr, sft_optim.lr) or its grad_clip")
             state = {"owner": spec.owner.state(), "results": self.results}
             write_checkpoint_files(folder, model=self.model, state=state, tokenizer=self.tokenizer)
         self.latest_saved = checkpoint_path(self.output_dir, spec.order, spec.name, step)
@@ -196,7 +197,7 @@ class Run:
         for ref in bad:
             set_aside(ref.path, f"its weights (those of {spec.name} step {suspect_from}) gave only non-finite steps")
         self.latest_saved = None
-        kept = [r for r in list_checkpoints(self.output_dir)]
+        kept = list_checkpoints(self.output_dir)
         self.latest = kept[-1] if kept else None
         return f" and set aside {len(bad)} checkpoint(s) holding the weights that diverged" if bad else ""
 
