@@ -190,3 +190,17 @@ def test_every_checkpoint_has_a_manifest_of_its_files(tmp_path: Path, tiny_llada
     on_disk = {p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file()} - {"manifest.json"}
     assert set(files) == on_disk and all(files[n]["size"] == (path / n).stat().st_size for n in files)
     assert "sha256" in files["model/config.json"] and "trainer_state.pt" in files
+
+
+def test_a_torn_ray_shard_makes_the_checkpoint_damaged(tmp_path: Path, tiny_llada: torch.nn.Module) -> None:
+    # Ray's ranks write shards/ inside the temporary folder: the manifest, written after them, covers them
+    from dllm_train.checkpointing import SHARDS, new_checkpoint, resume_checkpoint, write_checkpoint_files
+
+    for step in (1, 2):
+        with new_checkpoint(tmp_path, order=0, phase="rl", step=step, keep=3) as folder:
+            (folder / SHARDS).mkdir()
+            (folder / SHARDS / "__0_0.distcp").write_bytes(bytes(4096))
+            write_checkpoint_files(folder, model=tiny_llada, state={"step": step})
+    _truncate(tmp_path / "checkpoints" / "0-rl-000002" / SHARDS / "__0_0.distcp")
+    ref, state = resume_checkpoint(tmp_path, tiny_llada)
+    assert ref is not None and ref.step == 1 and state == {"step": 1}
