@@ -189,10 +189,14 @@ def holds_a_run(output_dir: Path) -> bool:
 def check_extras(cfg: RunConfig) -> None:
     """Raise if a switched-on metric sink's package is not installed (`trainer.wandb=true`)."""
     import importlib.util
+    import sys
 
     from dllm_train.metrics import WANDB_INSTALL_HINT
 
-    if cfg.trainer.wandb and importlib.util.find_spec("wandb") is None:
+    if not cfg.trainer.wandb:
+        return
+    loaded = "wandb" in sys.modules  # imported already (None there: import blocked)
+    if (sys.modules["wandb"] is None) if loaded else importlib.util.find_spec("wandb") is None:
         raise ValueError(f"trainer.wandb=true needs the wandb package: {WANDB_INSTALL_HINT}, or set trainer.wandb=false")
 
 
