@@ -247,6 +247,13 @@ def test_a_ray_run_stopped_by_sigterm_checkpoints_its_shards_and_resumes_exactly
         run(tmp_path / "cut", kill_after=2)
     assert err.value.exit_code == 143 and err.value.checkpoint is not None
     assert (err.value.checkpoint / "shards" / ".metadata").is_file()
+    from dllm_train import latest_checkpoint, read_checkpoint
+
+    ref = latest_checkpoint(tmp_path / "cut")
+    assert ref is not None and ref.step == 2
+    saved, _ = read_checkpoint(ref)  # off the sync period: the driver's model took the ranks' weights first
+    init = tiny_model("llada").state_dict()
+    assert any(not torch.equal(saved[k], init[k]) for k in init)
     resumed = run(tmp_path / "cut")
     assert all(torch.equal(resumed[k], v) for k, v in full.items())
     cut = [reproducible(r) for r in read_metrics(tmp_path / "cut" / "metrics.jsonl")]
