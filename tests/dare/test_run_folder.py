@@ -150,6 +150,7 @@ time.sleep(60)
 
 def test_a_second_writer_is_refused_naming_the_holder_and_a_dead_ones_lock_is_taken_over(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    import logging
     import os
     import subprocess
     import sys
@@ -171,6 +172,7 @@ def test_a_second_writer_is_refused_naming_the_holder_and_a_dead_ones_lock_is_ta
         holder.kill()
         holder.wait()
     assert (out / LOCK).is_file()  # killed: its lock file stays, but no process holds it
+    logging.getLogger().addHandler(caplog.handler)  # main() set up the CLI's own log handler
     with caplog.at_level("WARNING"):
         open_run_folder(quickstart(), out)
     assert any("taking over the lock" in r.getMessage() and str(holder.pid) in r.getMessage() for r in caplog.records)
