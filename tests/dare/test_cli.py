@@ -75,3 +75,45 @@ def test_held_out_evaluation_decodes_block_models_block_by_block(monkeypatch: py
     cfg = dataclasses.replace(cfg, eval=dataclasses.replace(cfg.eval, batch_size=4))
     acc = evaluate_accuracy(tiny_model("sdar"), TASK, cfg)  # the helpers' task: 20 held-out pairs
     assert 0.0 <= acc <= 1.0 and seen
+
+
+def test_a_full_disk_ends_in_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    # before: the checkpoint's OSError carried no file name, so the CLI re-raised a 66-line chained traceback
+    import errno
+
+    import dllm_train.workflow
+    from dare.cli import main
+
+    def full(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(dllm_train.workflow, "write_checkpoint_files", full)
+    with pytest.raises(SystemExit) as err:
+        main(["train", *TINY, "sft.steps=1", "task.num_eval=2", "--output-dir", str(tmp_path / "run"), "--no-progress"])
+    assert err.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines[-1].startswith("dare: error: could not write the checkpoint") and "No space left" in lines[-1]
+    assert not any("Traceback" in line for line in lines)
+
+
+@pytest.mark.slow
+def test_sigterm_checkpoints_prints_the_resume_command_and_exits_143(tmp_path: Path) -> None:
+    import signal
+    import time
+
+    out = tmp_path / "run"
+    cmd = [sys.executable, str(ROOT / "apps" / "dare"), "train", *TINY, "sft.steps=400", "--output-dir", str(out), "--no-progress"]
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while not ((out / "sft_metrics.jsonl").is_file() and (out / "sft_metrics.jsonl").read_text().count("\n") >= 2):
+        assert time.time() < deadline and proc.poll() is None
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 143, err
+    assert "resumes from its checkpoint 0-sft-" in err and "--output-dir" in err
+    from dllm_train import latest_checkpoint
+
+    ref = latest_checkpoint(out)
+    assert ref is not None and ref.phase == "sft" and 2 <= ref.step < 400

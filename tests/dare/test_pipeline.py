@@ -133,3 +133,37 @@ def test_the_ray_driver_keeps_its_policy_copy_on_the_cpu_unless_it_validates() -
     ray = apply_overrides(cfg, ["trainer.backend=ray"])
     assert driver_device(ray) == "cpu"  # only receives the ranks' weights for checkpoints
     assert driver_device(apply_overrides(ray, ["data.eval_files=gsm8k"])) is None  # it decodes: the GPU
+
+
+def test_a_huge_learning_rate_never_leaves_a_checkpoint_to_resume_from_its_poison(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # rl_optim.lr=1e9: one finite update sends the weights to ~1e9, every later step is non-finite.
+    # Before, those weights were checkpointed and the rerun resumed from them.
+    import dare.quickstart
+    from dllm_train import latest_checkpoint, list_checkpoints, read_checkpoint
+    from dllm_train.preemption import Diverged
+    from tests.dare.helpers import tiny_config
+    from tests.tiny_rl import partial_reward
+
+    monkeypatch.setattr(dare.quickstart, "exact_match_reward", partial_reward)  # rewards that differ: a gradient
+    cfg = tiny_config("rl_optim.lr=1e9", "trainer.save_every=1", "trainer.max_steps=8", "trainer.keep_checkpoints=8")
+    for _ in range(2):  # the run, then its rerun
+        with pytest.raises(Diverged, match="steps in a row had a non-finite loss or gradient norm"):
+            dare.quickstart.run_quickstart(cfg, tmp_path, progress=False)
+        refs = list_checkpoints(tmp_path)
+        assert refs and latest_checkpoint(tmp_path) == refs[-1]
+        for ref in refs:
+            weights, _ = read_checkpoint(ref)
+            assert max(float(w.abs().max()) for w in weights.values() if w.is_floating_point()) < 1e3, ref
+
+
+def test_an_rl_recipe_whose_data_fail_writes_nothing(tiny_checkpoint: Path, sums_parquet: Path,
+                                                     tmp_path: Path) -> None:
+    # every row is longer than data.max_prompt_length: found only once the prompts were encoded,
+    # which ran after config.json was written (the corrected rerun was then refused as "a different config")
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit) as err:
+        main(["train", "llada-d1", f"checkpoint.checkpoint={tiny_checkpoint}", "checkpoint.dtype=float32",
+              f"data.train_files={sums_parquet}", "data.max_prompt_length=1", "--output-dir", str(out),
+              "--no-progress"])
+    assert err.value.code == 2 and not out.exists()

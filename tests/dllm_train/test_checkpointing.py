@@ -96,3 +96,111 @@ def test_keep_checkpoints_must_leave_one() -> None:
     assert TrainerConfig(keep_checkpoints=1).keep_checkpoints == 1
     with pytest.raises(ValueError, match="trainer.keep_checkpoints must be >= 1"):
         TrainerConfig(keep_checkpoints=0)
+
+
+def _three(tmp_path: Path, model: torch.nn.Module) -> list[Path]:
+    return [save_checkpoint(tmp_path, order=0, phase="rl", step=s, model=model, state={"step": s}, keep=3)
+            for s in (1, 2, 3)]
+
+
+def _truncate(path: Path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+@pytest.mark.parametrize("torn", ["model/model.safetensors", "trainer_state.pt", "manifest.json"])
+def test_a_damaged_newest_checkpoint_is_set_aside_and_the_older_one_resumes(
+        torn: str, tmp_path: Path, tiny_llada: torch.nn.Module, caplog: Any) -> None:
+    from dllm_train.checkpointing import resume_checkpoint
+
+    paths = _three(tmp_path, tiny_llada)
+    target = paths[-1] / torn
+    if torn == "manifest.json":  # no manifest, and a torn weights file: what an incomplete copy leaves
+        target.unlink()
+        _truncate(next((paths[-1] / "model").glob("*.safetensors")))
+    else:
+        _truncate(target if target.exists() else next((paths[-1] / "model").glob("*.safetensors")))
+    with caplog.at_level("WARNING"):
+        ref, state = resume_checkpoint(tmp_path, tiny_llada)
+    assert ref is not None and ref.step == 2 and state == {"step": 2}
+    aside = [p.name for p in (tmp_path / "checkpoints").iterdir() if ".damaged-" in p.name]
+    assert len(aside) == 1 and aside[0].startswith("0-rl-000003.damaged-")  # renamed, not deleted
+    lines = [r.getMessage() for r in caplog.records if "damaged" in r.getMessage()]
+    assert len(lines) == 1 and "0-rl-000003" in lines[0]
+
+
+def test_a_checkpoint_without_manifest_but_readable_still_resumes(tmp_path: Path, tiny_llada: torch.nn.Module) -> None:
+    # checkpoints written before manifests: renamed into place whole, so verified by reading them
+    from dllm_train.checkpointing import resume_checkpoint
+
+    paths = _three(tmp_path, tiny_llada)
+    (paths[-1] / "manifest.json").unlink()
+    ref, state = resume_checkpoint(tmp_path, tiny_llada)
+    assert ref is not None and ref.step == 3 and state == {"step": 3}
+
+
+def test_a_checksum_mismatch_of_a_small_file_is_damage(tmp_path: Path, tiny_llada: torch.nn.Module) -> None:
+    from dllm_train.checkpointing import damage
+
+    paths = _three(tmp_path, tiny_llada)
+    cfg = paths[-1] / "model" / "config.json"
+    cfg.write_text(cfg.read_text().replace("{", "[", 1))  # same size, other bytes
+    assert "checksum" in str(damage(paths[-1]))
+    assert latest_checkpoint(tmp_path) is not None and latest_checkpoint(tmp_path).step == 2  # type: ignore[union-attr]
+
+
+def test_leftovers_of_killed_writes_and_deletions_are_cleaned_at_the_next_start(
+        tmp_path: Path, tiny_llada: torch.nn.Module) -> None:
+    from dllm_train.checkpointing import recover_checkpoints
+
+    _three(tmp_path, tiny_llada)
+    root = tmp_path / "checkpoints"
+    (root / ".tmp-x1y2").mkdir()  # kill -9 inside a write
+    (root / ".tmp-x1y2" / "trainer_state.pt").write_bytes(b"12")
+    (root / ".deleting-0-rl-000000-77").mkdir()  # kill -9 inside a deletion
+    ref = recover_checkpoints(tmp_path)
+    assert ref is not None and ref.step == 3
+    assert sorted(p.name for p in root.iterdir()) == ["0-rl-000001", "0-rl-000002", "0-rl-000003"]
+
+
+def test_pruning_goes_through_a_rename(tmp_path: Path, tiny_llada: torch.nn.Module, monkeypatch: Any) -> None:
+    # a crash while an old checkpoint is deleted must not leave a half-deleted folder under its name
+    import shutil
+
+    import dllm_train.checkpointing as ck
+
+    seen: list[str] = []
+    real = shutil.rmtree
+
+    def watch(path: Any, *a: Any, **k: Any) -> None:
+        seen.append(Path(path).name)
+        real(path, *a, **k)
+
+    monkeypatch.setattr(ck.shutil, "rmtree", watch)
+    for s in (1, 2):
+        save_checkpoint(tmp_path, order=0, phase="rl", step=s, model=tiny_llada, state={}, keep=1)
+    assert seen and all(n.startswith(".deleting-") for n in seen)
+
+
+def test_every_checkpoint_has_a_manifest_of_its_files(tmp_path: Path, tiny_llada: torch.nn.Module) -> None:
+    import json
+
+    path = save_checkpoint(tmp_path, order=0, phase="rl", step=1, model=tiny_llada, state={})
+    files = json.loads((path / "manifest.json").read_text())["files"]
+    on_disk = {p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file()} - {"manifest.json"}
+    assert set(files) == on_disk and all(files[n]["size"] == (path / n).stat().st_size for n in files)
+    assert "sha256" in files["model/config.json"] and "trainer_state.pt" in files
+
+
+def test_a_torn_ray_shard_makes_the_checkpoint_damaged(tmp_path: Path, tiny_llada: torch.nn.Module) -> None:
+    # Ray's ranks write shards/ inside the temporary folder: the manifest, written after them, covers them
+    from dllm_train.checkpointing import SHARDS, new_checkpoint, resume_checkpoint, write_checkpoint_files
+
+    for step in (1, 2):
+        with new_checkpoint(tmp_path, order=0, phase="rl", step=step, keep=3) as folder:
+            (folder / SHARDS).mkdir()
+            (folder / SHARDS / "__0_0.distcp").write_bytes(bytes(4096))
+            write_checkpoint_files(folder, model=tiny_llada, state={"step": step})
+    _truncate(tmp_path / "checkpoints" / "0-rl-000002" / SHARDS / "__0_0.distcp")
+    ref, state = resume_checkpoint(tmp_path, tiny_llada)
+    assert ref is not None and ref.step == 1 and state == {"step": 1}

@@ -132,3 +132,16 @@ def test_a_flat_curve_keeps_its_panel_labelled_as_flat(tmp_path: Path, monkeypat
     assert plot_curves(records, ["reward_mean", "loss"], tmp_path / "curves.png") is not None
     assert titles == ["reward_mean is flat at 0 over all 4 steps"]
     assert labels == ["reward_mean\n(flat at 0)", "loss"]
+
+
+def test_a_torn_last_line_is_cut_and_reported_when_the_run_resumes(tmp_path: Path, caplog: Any) -> None:
+    from dllm_train import MetricsWriter, read_metrics
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1, "loss": 0.5}\n{"step": 2, "loss": 0.4}\n{"step": 3, "lo')  # killed mid-write
+    with pytest.raises(ValueError, match=r"metrics.jsonl, line 3, is not a JSON record"):
+        read_metrics(path)
+    with caplog.at_level("WARNING"):
+        MetricsWriter(path, resume_step=2).close()
+    assert [r["step"] for r in read_metrics(path)] == [1, 2]
+    assert any(str(path) in r.getMessage() and "torn" in r.getMessage() for r in caplog.records)

@@ -209,3 +209,52 @@ def test_ray_sequence_parallel_run_matches_the_local_workflow(ray_cluster: Any) 
     ref = local_model.state_dict()
     assert max(float((weights[k] - ref[k]).abs().max()) for k in ref) < 1e-4
     assert all(r["max_abs_gap"] == 0.0 for r in reports)
+
+
+@pytest.mark.slow
+def test_a_ray_run_stopped_by_sigterm_checkpoints_its_shards_and_resumes_exactly(ray_cluster: Any,
+                                                                                 tmp_path: Path) -> None:
+    # the driver catches SIGTERM, finishes the step; the ranks write their shards into the checkpoint
+    import os
+    import signal
+
+    from dllm_train import PhaseSpec, Run, TrainerConfig, read_metrics
+    from dllm_train.distributed import DistributedConfig, RayRLWorkflow
+    from dllm_train.preemption import Interrupted
+    from tests.dllm_train.distributed_helpers import TINY_RL, tiny_rank_setup
+
+    trainer = TrainerConfig(max_steps=4, seed=0, backend="ray", num_workers=2)
+
+    def run(out: Path, kill_after: int | None = None) -> dict[str, torch.Tensor]:
+        model = tiny_model("llada")
+        wf = RayRLWorkflow(setup_fn=tiny_rank_setup, prompts=addition_prompts(TINY_RL.prompts_per_step,
+                           TINY_RL.group_size), algorithm=D1(), trainer=trainer, rl=TINY_RL,
+                           dist=DistributedConfig(num_workers=2), driver_model=model)
+
+        def step(i: int) -> dict[str, float]:
+            out_ = wf.step(i)
+            if i + 1 == kill_after:
+                os.kill(os.getpid(), signal.SIGTERM)
+            return out_
+        try:
+            Run(out, model, progress=False).run_phase(PhaseSpec(order=0, name="rl", steps=4, step_fn=step, owner=wf))
+            return {k: v.clone() for k, v in model.state_dict().items()}
+        finally:
+            wf.shutdown()
+
+    full = run(tmp_path / "full")
+    with pytest.raises(Interrupted) as err:
+        run(tmp_path / "cut", kill_after=2)
+    assert err.value.exit_code == 143 and err.value.checkpoint is not None
+    assert (err.value.checkpoint / "shards" / ".metadata").is_file()
+    from dllm_train import latest_checkpoint, read_checkpoint
+
+    ref = latest_checkpoint(tmp_path / "cut")
+    assert ref is not None and ref.step == 2
+    saved, _ = read_checkpoint(ref)  # off the sync period: the driver's model took the ranks' weights first
+    init = tiny_model("llada").state_dict()
+    assert any(not torch.equal(saved[k], init[k]) for k in init)
+    resumed = run(tmp_path / "cut")
+    assert all(torch.equal(resumed[k], v) for k, v in full.items())
+    cut = [reproducible(r) for r in read_metrics(tmp_path / "cut" / "metrics.jsonl")]
+    assert cut == [reproducible(r) for r in read_metrics(tmp_path / "full" / "metrics.jsonl")]

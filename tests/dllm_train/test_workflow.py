@@ -176,3 +176,12 @@ def test_a_failed_shard_write_leaves_no_partial_checkpoint(tmp_path: Path) -> No
         Run(tmp_path, tiny_model("llada"), progress=False).run_phase(
             PhaseSpec(order=0, name="rl", steps=1, step_fn=owner.step, owner=owner))
     assert list((tmp_path / "checkpoints").iterdir()) == []
+
+
+def test_greedy_rollouts_are_refused_since_their_gradient_is_identically_zero() -> None:
+    # temperature 0 + low-confidence unmasking: the G samples of a prompt are one response, so
+    # group-relative advantages are all 0 (before: loss 0 and grad norm 0 every step, no warning)
+    greedy = dataclasses.replace(SAMPLING, temperature=0.0)
+    with pytest.raises(ValueError, match=r"rollout.temperature=0 .*identically zero.*rollout.temperature > 0"):
+        check_settings(D1(), greedy, consistency_every=0)
+    check_settings(D1(), dataclasses.replace(greedy, remasking="random"), consistency_every=0)  # seeds still differ

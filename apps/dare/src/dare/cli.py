@@ -164,8 +164,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "eval":
             check_eval_inputs(args.checkpoint, args.output_dir, harness=args.harness)
         code: int = args.func(args)
-    except KeyboardInterrupt:
-        parser.exit(130, f"dare: interrupted. {_resume_hint(args, argv)}\n")
+    except KeyboardInterrupt as err:  # SIGINT, or SIGTERM during a phase (dllm_train.Interrupted): 128 + signal
+        parser.exit(getattr(err, "exit_code", 130), f"dare: interrupted. {_resume_hint(args, argv)}\n")
     except (ValueError, OSError) as err:  # user errors: bad config, missing or unreadable files
         if args.verbose or (isinstance(err, OSError) and not isinstance(err, ValueError) and err.filename is None):
             raise  # an OSError without a file name is no user error: keep its traceback
@@ -199,4 +199,9 @@ def _resume_hint(args: argparse.Namespace, argv: list[str] | None) -> str:
     if "--output-dir" not in words and not any(w.startswith("--output-dir=") for w in words):
         words += ["--output-dir", out]
     prog = f"uv run {sys.argv[0]}" if Path(sys.argv[0]).is_dir() else "dare"
-    return f"The run in {out} is resumable from its last checkpoint: {prog} {shlex.join(words)}"
+    from dllm_train import latest_checkpoint
+
+    ref = latest_checkpoint(Path(out))
+    if ref is None:
+        return f"No checkpoint was written in {out}; rerunning starts the run over: {prog} {shlex.join(words)}"
+    return f"The run in {out} resumes from its checkpoint {ref.path.name}: {prog} {shlex.join(words)}"

@@ -28,7 +28,7 @@ from dare.config import RunConfig, need
 from dare.inputs import check_checkpoint, check_family_name, check_rl_data, train_file_entries
 from dare.rl_data import rl_prompts
 from dare.rl_backend import rl_backend
-from dare.run_folder import open_run_folder
+from dare.run_folder import open_run_folder, release_run_folder
 from dare.sinks import curve_keys, curves_title, open_wandb_run
 from dllm_eval import DATASETS, Row, score
 from dllm_models import load_model, load_tokenizer, save_model
@@ -155,13 +155,23 @@ def rank_setup(cfg: RunConfig, reward: RowReward) -> Any:
 def run_rl_recipe(cfg: RunConfig, output_dir: Path, *, progress: bool = True) -> dict[str, Any]:
     """Run (or resume) an RL recipe on `trainer.backend` (local, or Ray ranks); returns the summary it writes."""
     check_inputs(cfg, cfg.algorithm)
-    data_cfg, rl = need(cfg.data, "data"), need(cfg.rl, "rl")
+    data_cfg = need(cfg.data, "data")
+    need(cfg.rl, "rl")
     check_rl_data(data_cfg.train_files, names=DATASETS)
     tokenizer = load_tokenizer(need(cfg.checkpoint, "checkpoint").checkpoint)
     data = rl_prompts(cfg, tokenizer)  # every cell checked before anything is written or the model loads
     t0 = time.perf_counter()
     set_num_threads(cfg)
-    open_run_folder(cfg, output_dir)
+    open_run_folder(cfg, output_dir)  # every input check above passed: the first write
+    try:
+        return _train_rl(cfg, output_dir, data, tokenizer, t0=t0, progress=progress)
+    finally:
+        release_run_folder(output_dir)
+
+
+def _train_rl(cfg: RunConfig, output_dir: Path, data: list[tuple[list[int], Row]], tokenizer: Any, *, t0: float,
+              progress: bool) -> dict[str, Any]:
+    rl = need(cfg.rl, "rl")
     wandb_run = open_wandb_run(cfg, output_dir)
     model = policy_with_adapters(cfg, driver_device(cfg))
     reward = RowReward({str(i): row for i, (_, row) in enumerate(data)})

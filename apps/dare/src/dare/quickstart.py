@@ -13,7 +13,7 @@ import torch
 
 from dare.config import RunConfig, need
 from dare.rl_backend import rl_backend
-from dare.run_folder import open_run_folder
+from dare.run_folder import open_run_folder, release_run_folder
 from dare.sinks import curves_title, open_wandb_run
 from dare.tasks.addition import AdditionTask, build_tokenizer, exact_match_reward
 from dllm_models import build_model, save_model
@@ -85,11 +85,18 @@ def evaluate_accuracy(model: Any, task: AdditionTask, cfg: RunConfig) -> float:
 def run_quickstart(cfg: RunConfig, output_dir: Path, *, progress: bool = True) -> dict[str, Any]:
     """Run (or resume) the quick start in `output_dir`; returns the summary it writes."""
     t0 = time.perf_counter()
-    algorithm = cfg.algorithm
-    sft_cfg, rl = need(cfg.sft, "sft"), need(cfg.rl, "rl")
     if cfg.trainer.num_threads:
         torch.set_num_threads(cfg.trainer.num_threads)
     open_run_folder(cfg, output_dir)
+    try:
+        return _train(cfg, output_dir, t0=t0, progress=progress)
+    finally:
+        release_run_folder(output_dir)
+
+
+def _train(cfg: RunConfig, output_dir: Path, *, t0: float, progress: bool) -> dict[str, Any]:
+    algorithm = cfg.algorithm
+    sft_cfg, rl = need(cfg.sft, "sft"), need(cfg.rl, "rl")
     wandb_run = open_wandb_run(cfg, output_dir)
     tokenizer = build_tokenizer()
     task = AdditionTask(need(cfg.task, "task"), tokenizer)
@@ -106,7 +113,7 @@ def run_quickstart(cfg: RunConfig, output_dir: Path, *, progress: bool = True) -
     run.run_phase(PhaseSpec(
         order=0, name="sft", steps=sft_cfg.steps, step_fn=sft.step, owner=sft,
         on_end=lambda: {"eval_accuracy_before_rl": evaluate()["eval_accuracy"]},
-        metrics_file="sft_metrics.jsonl", log_keys=("loss",), save_every=0,
+        metrics_file="sft_metrics.jsonl", log_keys=("loss",), save_every=cfg.trainer.save_every,
     ))
     logger.info("held-out accuracy after SFT: %.3f", run.results["eval_accuracy_before_rl"])
 

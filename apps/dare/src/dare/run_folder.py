@@ -14,15 +14,27 @@ saved one before anything is written:
   describing them. Raise the budget, or choose a new `--output-dir`.
 
 A field the saved config.json lacks (added to the config since) reads as its default; a field only
-the saved config has (removed since) counts as a change.
+the saved config has (removed since) counts as a change. A folder holding no checkpoint and no
+metrics (what a start that failed before its first step leaves) holds no run yet: it is reused
+with the new config.
+
+One writer per folder: `open_run_folder` takes `.lock` (an exclusive `flock` held for the life
+of the process, with the holder's pid, host and start time inside). A second run into a busy
+folder is refused at once naming the holder; a lock file left by a dead process holds no `flock`
+and is taken over with one notice. `release_run_folder` (or the process's exit) drops it.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import contextvars
+import fcntl
 import json
+import logging
 import os
+import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,9 +42,14 @@ from typing import Any
 from dare.config import RunConfig, load_config, to_dict
 from dare.inputs import check_output_dir
 
+logger = logging.getLogger(__name__)
+
 # Fields a resumed run may change (prefix match for the `trainer.wandb*` group).
 RESUMABLE = ("trainer.max_steps", "sft.steps", "trainer.log_every", "trainer.eval_every", "trainer.save_every",
-             "trainer.keep_checkpoints", "trainer.tensorboard", "trainer.wandb", "trainer.num_threads")
+             "trainer.keep_checkpoints", "trainer.tensorboard", "trainer.wandb", "trainer.num_threads",
+             "trainer.max_nonfinite_steps")
+LOCK = ".lock"
+_HELD: dict[Path, int] = {}  # run folder (resolved) -> fd of its lock, held by this process
 
 _ALLOW = contextvars.ContextVar("allow_config_change", default=False)
 
@@ -84,12 +101,117 @@ def completed_steps(output_dir: Path) -> tuple[str, int]:
     return ("sft.steps" if ref.phase == "sft" else "trainer.max_steps"), ref.step
 
 
+def _holder(path: Path) -> str:
+    try:
+        info = json.loads(path.read_text())
+        return f"pid {info['pid']} on {info['host']}, started {info['started']}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "a process that left no readable pid"
+
+
+def _busy(output_dir: Path) -> str | None:
+    """Who holds the folder's lock (None: nobody; this process's own lock counts as free)."""
+    path = output_dir / LOCK
+    if output_dir.resolve() in _HELD or not path.is_file():
+        return None
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return _holder(path)
+    finally:
+        os.close(fd)  # closing drops a lock this probe may have taken
+    return None
+
+
+def _refuse_busy(output_dir: Path, holder: str) -> None:
+    raise ValueError(f"{output_dir} is in use by another run ({holder}): one run writes a folder at a time. "
+                     f"Wait for it to finish, stop it, or choose a new --output-dir")
+
+
+def lock_run_folder(output_dir: Path) -> None:
+    """Take the folder's single-writer lock for this process (see the module docstring)."""
+    key = output_dir.resolve()
+    if key in _HELD:
+        return
+    path = output_dir / LOCK
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            _refuse_busy(output_dir, _holder(path))
+        try:  # the holder may have removed the file between our open and our lock: lock the one on disk
+            same = os.fstat(fd).st_ino == os.stat(path).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)
+    stale = os.read(fd, 4096).decode(errors="replace").strip()
+    if stale:
+        logger.warning("%s: taking over the lock left by a process that is gone (%s)", output_dir,
+                       _holder(path))
+    info = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, json.dumps(info).encode(), 0)
+    _HELD[key] = fd
+
+
+def release_run_folder(output_dir: Path) -> None:
+    """Drop this process's lock of `output_dir` (nothing if it holds none)."""
+    fd = _HELD.pop(output_dir.resolve(), None)
+    if fd is None:
+        return
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(output_dir / LOCK)  # before unlocking, so no other process locks a file about to go
+    os.close(fd)
+
+
+_OWNER = os.getpid()
+
+
+@atexit.register
+def _release_all() -> None:
+    if os.getpid() != _OWNER:  # a forked child inherits the table, not the lock's ownership
+        return
+    for folder in list(_HELD):
+        release_run_folder(folder)
+
+
+def holds_a_run(output_dir: Path) -> bool:
+    """Whether the folder holds a run's work (a checkpoint or metrics), not only a failed start's config."""
+    return (output_dir / "checkpoints").is_dir() and any((output_dir / "checkpoints").iterdir()) \
+        or any(output_dir.glob("*metrics.jsonl"))
+
+
+def check_extras(cfg: RunConfig) -> None:
+    """Raise if a switched-on metric sink's package is not installed (`trainer.wandb=true`)."""
+    import importlib.util
+    import sys
+
+    from dllm_train.metrics import WANDB_INSTALL_HINT
+
+    if not cfg.trainer.wandb:
+        return
+    loaded = "wandb" in sys.modules  # imported already (None there: import blocked)
+    if (sys.modules["wandb"] is None) if loaded else importlib.util.find_spec("wandb") is None:
+        raise ValueError(f"trainer.wandb=true needs the wandb package: {WANDB_INSTALL_HINT}, or set trainer.wandb=false")
+
+
 def check_run_folder(cfg: RunConfig, output_dir: Path) -> None:
-    """Raise (writing nothing) if `output_dir` cannot hold this run: it is a file, or it holds a
-    different run (see the module docstring for what may differ)."""
+    """Raise (writing nothing) if `output_dir` cannot hold this run: it is a file, another process
+    writes it, or it holds a different run (see the module docstring for what may differ)."""
     check_output_dir(output_dir)
+    check_extras(cfg)
+    holder = _busy(output_dir) if output_dir.is_dir() else None
+    if holder is not None:
+        _refuse_busy(output_dir, holder)
     saved_path = output_dir / "config.json"
     if not saved_path.is_file():
+        return
+    if not holds_a_run(output_dir):  # a failed start's config.json: no run to protect
         return
     try:
         saved = json.loads(saved_path.read_text())
@@ -122,13 +244,16 @@ def open_run_folder(cfg: RunConfig, output_dir: Path) -> None:
     """Check the folder against the run (`check_run_folder`), create it and write config.json.
 
     Replaces a plain write of config.json in every pipeline: call it after the inputs are checked
-    and before anything else is written. config.json is written atomically.
+    and before anything else is written. It takes the folder's lock first (`lock_run_folder`;
+    held until `release_run_folder` or the process's exit). config.json is written atomically.
     """
     check_run_folder(cfg, output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
+    lock_run_folder(output_dir)
     tmp = output_dir / ".config.json.tmp"
     tmp.write_text(json.dumps(to_dict(cfg), indent=2, sort_keys=True))
     os.replace(tmp, output_dir / "config.json")
 
 
-__all__ = ["RESUMABLE", "check_run_folder", "config_change_allowed", "config_changes", "open_run_folder"]
+__all__ = ["LOCK", "RESUMABLE", "check_run_folder", "config_change_allowed", "config_changes", "holds_a_run",
+           "lock_run_folder", "open_run_folder", "release_run_folder"]

@@ -5,6 +5,8 @@ from dllm_train.checkpointing import (
     latest_checkpoint,
     list_checkpoints,
     load_checkpoint,
+    read_checkpoint,
+    resume_checkpoint,
     save_checkpoint,
 )
 from dllm_train.algorithm import LossInputs, MiniBatchRows, RLAlgorithm, RLBatch, SpecialTokens, mini_batch_slices, with_fields
@@ -14,6 +16,8 @@ from dllm_train.evaluation import benchmark_validator
 from dllm_train.likelihood import Scorer, noised_token_logp, plan_token_logp
 from dllm_train.lockstep import lockstep_passes
 from dllm_train.metrics import MetricsWriter, format_line, open_wandb, plot_curves, read_metrics
+from dllm_train.optim import OptimizerStep
+from dllm_train.preemption import Diverged, Interrupted
 from dllm_train.passes import ScoreCall, Update, accumulate, evaluate
 from dllm_train.preference import PreferenceBatch, PreferenceObjective, PreferenceWorker
 from dllm_train.seeding import derive_seed, generator, sample_seeds
@@ -44,6 +48,8 @@ __all__ = [
     "ActorWorker",
     "BaseWeightsScorer",
     "CheckpointRef",
+    "Diverged",
+    "Interrupted",
     "LocalRL",
     "LocalRanks",
     "LossInputs",
@@ -51,6 +57,7 @@ __all__ = [
     "MetricsWriter",
     "OffloadedScorer",
     "OptimConfig",
+    "OptimizerStep",
     "PhaseSpec",
     "PolicyRank",
     "PreferenceBatch",
@@ -96,6 +103,8 @@ __all__ = [
     "rl_step",
     "sample_seeds",
     "sampling_for",
+    "read_checkpoint",
+    "resume_checkpoint",
     "save_checkpoint",
     "sequence_inputs",
     "set_activation_checkpointing",

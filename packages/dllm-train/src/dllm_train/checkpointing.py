@@ -5,14 +5,26 @@ checkpoint (`model/`: config.json + safetensors) and `trainer_state.pt` (optimiz
 phase results); a sharded owner (the Ray backend) adds `shards/`, its ranks' own shards of the
 parameters and optimizer state. It is written under a temporary name and renamed into place, so a crash at any
 moment leaves either the previous checkpoint or the new one, never half of one.
+
+A checkpoint is complete only with its `manifest.json`, written last: every file's size, and the
+SHA-256 of the files up to `CHECKSUM_LIMIT` bytes (configs, tokenizer, the counters of a sharded
+checkpoint). Sizes catch what a crash or a full disk leaves (a truncated file), at no cost; a
+checksum of the weights and optimizer state would read ~50 GB per save at 8B, so the large files
+are verified by size and by loading. `recover_checkpoints` (run when a run starts) removes the
+leftovers of interrupted writes and deletions, and sets aside (renames, never deletes) every
+checkpoint newer than the newest intact one, each named in one log line.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import logging
 import os
 import re
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -25,6 +37,11 @@ from safetensors.torch import load_file
 
 from dllm_models import save_model, weight_files
 
+logger = logging.getLogger(__name__)
+MANIFEST = "manifest.json"
+CHECKSUM_LIMIT = 1 << 20
+"""Files up to this many bytes get a SHA-256 in the manifest; larger ones are verified by size."""
+_LEFTOVER = (".tmp-", ".deleting-")
 _NAME = re.compile(r"^(?P<order>\d+)-(?P<phase>[a-z]+)-(?P<step>\d{6})$")
 
 
@@ -38,13 +55,26 @@ class CheckpointRef:
     step: int
 
 
-def _path(output_dir: Path, order: int, phase: str, step: int) -> Path:
+def checkpoint_path(output_dir: Path, order: int, phase: str, step: int) -> Path:
+    """Where the checkpoint of (order, phase, step) of a run folder lives."""
     return output_dir / "checkpoints" / f"{order}-{phase}-{step:06d}"
 
 
 SHARDS = "shards"
 """Folder of a checkpoint holding parameters and optimizer state as every rank's own shards
 (`torch.distributed.checkpoint`), written by a sharded owner (`workflow.ShardedStateful`)."""
+
+
+class CheckpointWriteError(OSError):
+    """A checkpoint that could not be written (full disk...): one message naming the folder, the
+    free space and the fix; `filename` is the checkpoint's folder."""
+
+    def __init__(self, folder: Path, message: str) -> None:
+        super().__init__(message)
+        self.filename = str(folder)
+
+    def __str__(self) -> str:
+        return str(self.args[0])
 
 
 @contextmanager
@@ -56,19 +86,20 @@ def new_checkpoint(output_dir: Path, *, order: int, phase: str, step: int, keep:
     block raises, the folder is removed and the previous checkpoints are untouched; a write error
     (full disk) becomes one `OSError` naming the free space and the fix.
     """
-    final = _path(output_dir, order, phase, step)
+    final = checkpoint_path(output_dir, order, phase, step)
     root = final.parent
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=root))
     try:
         yield tmp
+        write_manifest(tmp)
         if final.exists():
-            shutil.rmtree(final)
+            _remove(final)
         os.replace(tmp, final)
     except (OSError, RuntimeError, SafetensorError) as err:  # torch.save: RuntimeError; safetensors: its own
         shutil.rmtree(tmp, ignore_errors=True)
         free = shutil.disk_usage(root).free / 2**30
-        raise OSError(f"could not write the checkpoint {final} ({type(err).__name__}: {err}); {free:.1f} GiB free "
+        raise CheckpointWriteError(final, f"could not write the checkpoint {final} ({type(err).__name__}: {err}); {free:.1f} GiB free "
                       "there. A checkpoint holds the weights and the optimizer state (AdamW: twice the weights): "
                       "free disk space or pass --output-dir on a larger disk; the previous checkpoint, if any, "
                       "is intact and the run resumes from it") from err
@@ -76,7 +107,101 @@ def new_checkpoint(output_dir: Path, *, order: int, phase: str, step: int, keep:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     for old in list_checkpoints(output_dir)[:-keep]:
-        shutil.rmtree(old.path, ignore_errors=True)
+        _remove(old.path)
+
+
+def _remove(folder: Path) -> None:
+    """Delete a checkpoint folder: renamed to `.deleting-*` first, so a crash mid-way leaves no
+    half-deleted folder under a checkpoint's name (`recover_checkpoints` finishes the job)."""
+    gone = folder.with_name(f".deleting-{folder.name}-{os.getpid()}")
+    os.replace(folder, gone)
+    shutil.rmtree(gone, ignore_errors=True)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def write_manifest(folder: Path) -> None:
+    """Write `folder/manifest.json`: every file's size, and the SHA-256 of the small ones (fsynced)."""
+    files: dict[str, dict[str, Any]] = {}
+    for path in sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST):
+        size = path.stat().st_size
+        entry: dict[str, Any] = {"size": size}
+        if size <= CHECKSUM_LIMIT:
+            entry["sha256"] = _sha256(path)
+        files[path.relative_to(folder).as_posix()] = entry
+    with open(folder / MANIFEST, "w") as fh:
+        json.dump({"files": files}, fh, indent=1, sort_keys=True)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def damage(folder: Path) -> str | None:
+    """What is wrong with a checkpoint folder (None: its manifest holds and every file matches it)."""
+    manifest = folder / MANIFEST
+    if not manifest.is_file():
+        if _legacy(folder):  # written before manifests, renamed into place whole: verified by reading it
+            return None
+        return f"no {MANIFEST} (an incomplete write)"
+    try:
+        files = json.loads(manifest.read_text())["files"]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        return f"unreadable {MANIFEST} ({err})"
+    for name, entry in files.items():
+        path = folder / name
+        if not path.is_file():
+            return f"{name} is missing"
+        size = path.stat().st_size
+        if size != entry["size"]:
+            return f"{name} has {size} bytes, the manifest says {entry['size']} (truncated)"
+        if "sha256" in entry and _sha256(path) != entry["sha256"]:
+            return f"{name} does not match its checksum"
+    return None
+
+
+def set_aside(folder: Path, why: str) -> Path:
+    """Rename a damaged checkpoint to `<name>.damaged-<time>` (never deleted) and log one line."""
+    aside = folder.with_name(f"{folder.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}")
+    n = 1
+    while aside.exists():
+        aside, n = folder.with_name(f"{folder.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}-{n}"), n + 1
+    os.replace(folder, aside)
+    logger.warning("checkpoint %s is damaged (%s): set aside as %s; resuming from the newest intact one",
+                   folder, why, aside.name)
+    return aside
+
+
+def clean_leftovers(output_dir: Path) -> list[Path]:
+    """Remove the temporary and half-deleted folders that interrupted writes and deletions leave in
+    `output_dir/checkpoints/`; returns what was removed. Only a run folder's single writer may call
+    it (a concurrent writer's temporary folder would go too)."""
+    root = output_dir / "checkpoints"
+    gone = [p for p in root.iterdir() if p.name.startswith(_LEFTOVER)] if root.is_dir() else []
+    for p in gone:
+        shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+    if gone:
+        logger.info("removed %d leftover folder(s) of interrupted checkpoint writes in %s", len(gone), root)
+    return gone
+
+
+def recover_checkpoints(output_dir: Path) -> CheckpointRef | None:
+    """The newest intact checkpoint of a run folder, after cleaning up (see the module docstring).
+
+    Leftovers are removed (`clean_leftovers`) and every checkpoint newer than the newest intact
+    one is renamed aside (`set_aside`) with one warning line each.
+    """
+    clean_leftovers(output_dir)
+    for ref in reversed(_named_checkpoints(output_dir)):
+        why = damage(ref.path)
+        if why is None:
+            return ref
+        set_aside(ref.path, why)
+    return None
 
 
 def write_checkpoint_files(folder: Path, *, model: Any, state: dict[str, Any], tokenizer: Any = None) -> None:
@@ -106,25 +231,59 @@ def save_checkpoint(
     """
     with new_checkpoint(output_dir, order=order, phase=phase, step=step, keep=keep) as folder:
         write_checkpoint_files(folder, model=model, state=state, tokenizer=tokenizer)
-    return _path(output_dir, order, phase, step)
+    return checkpoint_path(output_dir, order, phase, step)
 
 
-def list_checkpoints(output_dir: Path) -> list[CheckpointRef]:
-    """Complete checkpoints, oldest first (temporary folders are ignored)."""
+def _named_checkpoints(output_dir: Path) -> list[CheckpointRef]:
     root = output_dir / "checkpoints"
     if not root.is_dir():
         return []
     refs = []
     for p in root.iterdir():
         m = _NAME.match(p.name)
-        if m and (p / "trainer_state.pt").is_file() and (p / "model" / "config.json").is_file():
+        if m and p.is_dir():
             refs.append(CheckpointRef(p, int(m["order"]), m["phase"], int(m["step"])))
     return sorted(refs, key=lambda r: (r.order, r.step))
 
 
+def _legacy(folder: Path) -> bool:
+    """A checkpoint of the layout written before manifests (trainer_state.pt and model/config.json)."""
+    return (folder / "trainer_state.pt").is_file() and (folder / "model" / "config.json").is_file()
+
+
+def list_checkpoints(output_dir: Path) -> list[CheckpointRef]:
+    """Checkpoints with a manifest (or of the layout written before manifests), oldest first;
+    temporary and set-aside folders are ignored. `damage` verifies one."""
+    return [r for r in _named_checkpoints(output_dir) if (r.path / MANIFEST).is_file() or _legacy(r.path)]
+
+
 def latest_checkpoint(output_dir: Path) -> CheckpointRef | None:
-    refs = list_checkpoints(output_dir)
-    return refs[-1] if refs else None
+    """The newest intact checkpoint (`damage` finds nothing wrong), without touching the folder."""
+    for ref in reversed(_named_checkpoints(output_dir)):
+        if damage(ref.path) is None:
+            return ref
+    return None
+
+
+def read_checkpoint(ref: CheckpointRef) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """(weights by name, trainer state) of a checkpoint, read completely before anything uses them.
+
+    Raises:
+        CheckpointDamaged: a file cannot be read (the manifest held, but the bytes do not parse).
+    """
+    folder = ref.path / "model"
+    try:
+        weights: dict[str, torch.Tensor] = {}
+        for shard in sorted(set(weight_files(folder).values())):
+            weights.update(load_file(str(folder / shard)))
+        state: dict[str, Any] = torch.load(ref.path / "trainer_state.pt", weights_only=False)
+    except (OSError, ValueError, RuntimeError, EOFError, SafetensorError, KeyError) as err:
+        raise CheckpointDamaged(f"{type(err).__name__}: {err}") from err
+    return weights, state
+
+
+class CheckpointDamaged(Exception):
+    """A checkpoint whose files cannot be read."""
 
 
 def load_checkpoint(ref: CheckpointRef, model: Any) -> dict[str, Any]:
@@ -132,13 +291,21 @@ def load_checkpoint(ref: CheckpointRef, model: Any) -> dict[str, Any]:
 
     The tensors are read by name, so a model with LoRA adapters injected (whose state dict holds
     `base_layer` and `lora_A/B` names that no plain family module has) resumes like any other.
+    Every file is read before the model is touched, so a damaged checkpoint leaves it as it was.
     """
     dtype = next(model.parameters()).dtype
-    folder = ref.path / "model"
-    weights: dict[str, torch.Tensor] = {}
-    for shard in sorted(set(weight_files(folder).values())):
-        weights.update({k: v.to(dtype) if v.is_floating_point() else v
-                        for k, v in load_file(str(folder / shard)).items()})
-    model.load_state_dict(weights, strict=True)
-    state: dict[str, Any] = torch.load(ref.path / "trainer_state.pt", weights_only=False)
+    weights, state = read_checkpoint(ref)
+    model.load_state_dict({k: v.to(dtype) if v.is_floating_point() else v for k, v in weights.items()}, strict=True)
     return state
+
+
+def resume_checkpoint(output_dir: Path, model: Any) -> tuple[CheckpointRef | None, dict[str, Any]]:
+    """Load the newest intact, readable checkpoint of a run folder into `model`: (its ref, its state),
+    or (None, {}) with none. Leftovers are cleaned first and damaged checkpoints set aside
+    (`recover_checkpoints`), including one whose files pass the manifest but do not parse."""
+    while (ref := recover_checkpoints(output_dir)) is not None:
+        try:
+            return ref, load_checkpoint(ref, model)
+        except CheckpointDamaged as err:
+            set_aside(ref.path, str(err))
+    return None, {}

@@ -105,6 +105,9 @@ class TrainerConfig:
             GPU. A LoRA run needs no copy at all: see `dllm_train.workers.ReferenceWorker`.
         fsdp_cpu_offload: Ray backend: FSDP2 keeps parameters, gradients and optimizer state on
             the CPU (`CPUOffloadPolicy`), moving each block to the GPU for its compute.
+        max_nonfinite_steps: a phase stops with one error line after this many steps in a row
+            skipped for a non-finite loss or gradient norm (a skipped step changes neither the
+            weights nor the optimizer state; nothing non-finite is ever checkpointed).
         num_threads: torch CPU threads of this process (0 keeps torch's default). Tiny models run
             fastest on one thread: OpenMP threads spin at every barrier, which costs more than the
             small matrix products gain, and collapses when another process shares the cores.
@@ -132,8 +135,12 @@ class TrainerConfig:
     activation_checkpointing: bool = False
     reference_offload: bool = False
     fsdp_cpu_offload: bool = False
+    max_nonfinite_steps: int = 3
 
     def __post_init__(self) -> None:
+        if self.max_nonfinite_steps < 1:
+            raise ValueError(f"trainer.max_nonfinite_steps must be >= 1 (steps in a row skipped for non-finite "
+                             f"values before the run stops), got {self.max_nonfinite_steps}")
         choices = ("", "none", "auto", *PACKED_BACKENDS)
         if self.train_attention not in choices:
             raise ValueError(f"trainer.train_attention={self.train_attention!r} is not a packed attention backend; "

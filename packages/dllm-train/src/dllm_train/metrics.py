@@ -71,6 +71,8 @@ class MetricsWriter:
                  wandb_run: Any = None, phase: str = "train") -> None:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
+        if path.exists():
+            cut_torn_tail(path)
         kept = [r for r in read_metrics(path) if int(r["step"]) <= resume_step] if path.exists() else []
         tmp = path.with_suffix(".tmp")
         tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
@@ -122,8 +124,42 @@ def device_peak() -> dict[str, float]:
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """All records of a metrics.jsonl file."""
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    """All records of a metrics.jsonl file.
+
+    Raises:
+        ValueError: a line is not a JSON record (the message names the file and the line).
+    """
+    out = []
+    for n, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}, line {n}, is not a JSON record ({err.msg}); a crash while it was written "
+                             "leaves a torn last line, which resuming the run cuts: rerun the same command, or "
+                             "delete the line") from None
+    return out
+
+
+def cut_torn_tail(path: Path) -> bool:
+    """Cut a torn last line of a jsonl file (a crash mid-write: no newline, or no valid JSON);
+    returns whether one was cut, logging one warning naming the file."""
+    data = path.read_bytes()
+    if not data.strip():
+        return False
+    body, _, last = data.rstrip(b"\n").rpartition(b"\n")
+    head = body + b"\n" if body else b""
+    try:
+        torn = not data.endswith(b"\n") or (bool(last.strip()) and not isinstance(json.loads(last), dict))
+    except ValueError:
+        torn = True
+    if not torn:
+        return False
+    with open(path, "r+b") as fh:
+        fh.truncate(len(head))
+    logger.warning("%s: cut its torn last line (%d bytes, an interrupted write): %r", path, len(last), last[:80])
+    return True
 
 
 def format_line(record: dict[str, Any], keys: Sequence[str]) -> str:

@@ -19,10 +19,9 @@ from dllm_objectives import MaskPlan, dpo_logits, dpo_loss, elbo
 from dllm_train.metrics import device_peak
 from dllm_train.config import OptimConfig
 from dllm_train.likelihood import Scorer, plan_token_logp
+from dllm_train.optim import OptimizerStep
 from dllm_train.passes import ValuesFn, accumulate, evaluate
-from dllm_train.schedule import learning_rate
 from dllm_train.seeding import generator
-from dllm_train.workers import build_optimizer
 
 
 @dataclass(frozen=True)
@@ -97,7 +96,8 @@ class PreferenceWorker:
         self.batches = batches
         self.objective = objective
         self.optim_cfg = optim
-        self.optimizer = build_optimizer(model, optim)
+        self.optim = OptimizerStep(model, optim, horizon=steps)
+        self.optimizer = self.optim.optimizer
         self.scorer = Scorer(model, attention=attention)
         self.ref_scorer = Scorer(self.ref_model, attention=attention)
         self.max_tokens = max_tokens_per_pass
@@ -143,24 +143,17 @@ class PreferenceWorker:
         def loss_fn(v: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
             return dpo_loss(v[0], v[1], ref[0], ref[1], beta=beta), {}
 
-        self.optimizer.zero_grad(set_to_none=True)
+        self.optim.zero_grad()
         # the DPO margin couples a pair's two sides: values first, then passes backpropagating dL/dv
         result = accumulate(policy, loss_fn, self.scorer, max_tokens=self.max_tokens, row_local=False)
-        loss, pol = result.loss, result.values
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        clip = self.optim_cfg.grad_clip if self.optim_cfg.grad_clip > 0 else float("inf")
-        norm = torch.nn.utils.clip_grad_norm_(params, clip)
-        if torch.isfinite(norm) and torch.isfinite(loss):
-            lr = learning_rate(self.optim_cfg, step, total_steps=self.steps)
-            for group in self.optimizer.param_groups:
-                group["lr"] = lr
-            self.optimizer.step()
+        loss, pol = float(result.loss), result.values
+        stepped = self.optim.step(loss)
         logits = dpo_logits(pol[0], pol[1], ref[0], ref[1], beta=beta)
-        return {"loss": float(loss), "grad_norm": float(norm),
+        return {"loss": loss, **{k: v for k, v in stepped.items() if k != "lr"},
                 "reward_margin": float(logits.mean()), "pair_accuracy": float((logits > 0).float().mean()), **device_peak()}
 
     def state(self) -> dict[str, Any]:
-        return {"optimizer": self.optimizer.state_dict()}
+        return self.optim.state()
 
     def load_state(self, state: dict[str, Any]) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])
+        self.optim.load_state(state)

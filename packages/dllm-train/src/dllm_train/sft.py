@@ -18,10 +18,9 @@ from dllm_objectives import iid_masks, mdm_sft_loss
 from dllm_train.metrics import device_peak
 from dllm_train.config import OptimConfig, SFTConfig
 from dllm_train.likelihood import Scorer, plan_token_logp
+from dllm_train.optim import OptimizerStep
 from dllm_train.passes import LossFn, ValuesFn, accumulate
-from dllm_train.schedule import learning_rate
 from dllm_train.seeding import generator
-from dllm_train.workers import build_optimizer
 
 SFTBatchFn = Callable[[int], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 """step -> (input_ids [B, L], attention_mask [B, L], response_valid [B, L]), deterministic in step."""
@@ -52,7 +51,8 @@ class SFTWorker:
         self.batches = batches
         self.sft = sft
         self.optim_cfg = optim
-        self.optimizer = build_optimizer(model, optim)
+        self.optim = OptimizerStep(model, optim, horizon=sft.steps)
+        self.optimizer = self.optim.optimizer
         self.scorer = scorer if scorer is not None else Scorer(model)
         self.max_tokens = max_tokens_per_pass
         self.seed = seed
@@ -78,23 +78,17 @@ class SFTWorker:
         return loss(values(self.scorer))[0]
 
     def step(self, step: int) -> dict[str, float]:
+        """One optimizer step on the batch of step `step`: loss, grad_norm, optimizer_steps, skipped."""
         self.model.train()
-        self.optimizer.zero_grad(set_to_none=True)
+        self.optim.zero_grad()
         values, loss_fn = self._pieces(step)
         # the NELBO is a sum of per-row terms: each pass backpropagates its own rows
-        loss = accumulate(values, loss_fn, self.scorer, max_tokens=self.max_tokens, row_local=True).loss
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        clip = self.optim_cfg.grad_clip if self.optim_cfg.grad_clip > 0 else float("inf")
-        norm = torch.nn.utils.clip_grad_norm_(params, clip)
-        lr = learning_rate(self.optim_cfg, step, total_steps=self.sft.steps)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        if torch.isfinite(norm) and torch.isfinite(loss):
-            self.optimizer.step()
-        return {"loss": float(loss.detach()), "grad_norm": float(norm), **device_peak()}
+        loss = float(accumulate(values, loss_fn, self.scorer, max_tokens=self.max_tokens, row_local=True).loss)
+        stepped = self.optim.step(loss)
+        return {"loss": loss, **{k: v for k, v in stepped.items() if k != "lr"}, **device_peak()}
 
     def state(self) -> dict[str, Any]:
-        return {"optimizer": self.optimizer.state_dict()}
+        return self.optim.state()
 
     def load_state(self, state: dict[str, Any]) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])
+        self.optim.load_state(state)

@@ -39,6 +39,11 @@ def check_settings(algorithm: RLAlgorithm[Any], sampling: SamplingConfig, *, con
                                                    or type(algorithm).num_rows is RLAlgorithm.num_rows):
         raise ValueError(f"algorithm {algorithm.label} trains in rollout-sized mini-batches "
                          "(mini_batch_rows='rollout') but defines no num_rows / select_rows to cut its data")
+    if sampling.deterministic and algorithm.needs_distinct_samples:
+        raise ValueError(
+            "rollout.temperature=0 decodes greedily with a deterministic unmasking order "
+            f"(rollout.remasking={sampling.remasking!r}), so every sample of a group is the same response and "
+            f"algorithm {algorithm.label}'s policy gradient is identically zero: set rollout.temperature > 0 (e.g. 1.0)")
     if consistency_every and not sampling.record_trajectory:
         raise ValueError(
             f"trainer.consistency_every={consistency_every} needs recorded trajectories; "

@@ -25,10 +25,9 @@ from dllm_rollout import RolloutBatch, SamplingConfig, left_pad
 from dllm_train.algorithm import LossInputs, RLAlgorithm, RLBatch, SpecialTokens
 from dllm_train.config import OptimConfig
 from dllm_train.likelihood import Scorer
-from dllm_train.lockstep import group_all
 from dllm_train.minibatch import mean_metrics, mini_batches
 from dllm_train.passes import accumulate, evaluate
-from dllm_train.schedule import learning_rate
+from dllm_train.optim import OptimizerStep
 
 logger = logging.getLogger(__name__)
 D = TypeVar("D")
@@ -234,13 +233,6 @@ class ReferenceWorker:
         return out
 
 
-def build_optimizer(model: Any, cfg: OptimConfig) -> torch.optim.Optimizer:
-    params = [p for p in model.parameters() if p.requires_grad]
-    if not params:
-        raise ValueError("the model has no trainable parameters (requires_grad=False everywhere)")
-    return torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
-
-
 class ActorWorker(Generic[D]):
     """Holds the trainable policy and its optimizer; computes old values and updates.
 
@@ -268,12 +260,22 @@ class ActorWorker(Generic[D]):
         self.model = model
         self.algorithm = algorithm
         self.optim_cfg = optim
-        self.optimizer = build_optimizer(model, optim)
         self.scorer = scorer if scorer is not None else Scorer(model)
+        # ranks in lockstep skip together: the gradient clipping is a collective on them
+        self.optim = OptimizerStep(model, optim, group=self.scorer.lockstep_group)
+        self.optimizer = self.optim.optimizer
         self.max_tokens = max_tokens_per_pass
         self.reuse_old = reuse_old
-        self.updates = 0
-        self.skipped = 0
+
+    @property
+    def updates(self) -> int:
+        """Optimizer updates made (the schedule's counter)."""
+        return self.optim.updates
+
+    @property
+    def skipped(self) -> int:
+        """Optimizer steps skipped for a non-finite loss or gradient norm."""
+        return self.optim.skipped
 
     @property
     def old_from_training_pass(self) -> bool:
@@ -311,22 +313,21 @@ class ActorWorker(Generic[D]):
         a non-finite loss or gradient skips it.
 
         Returns:
-            the last iteration's metrics, averaged over its mini-batches, and `optimizer_steps`
-            (the optimizer updates made, skipped ones not counted).
+            the last iteration's metrics, averaged over its mini-batches, with `optimizer_steps`
+            (the optimizer updates made) and `skipped` (the steps skipped) counted over all of them.
         """
         out: dict[str, float] = {}
-        made = 0
+        updates, skipped = self.optim.updates, self.optim.skipped
         for i in range(self.algorithm.num_iterations):
             parts = [self._step(part, advantages, i) for part in mini_batches(self.algorithm, prepared)]
-            made += sum(1 for p in parts if not p["skipped"])
             out = mean_metrics(parts)
-        out["optimizer_steps"] = float(made)
+        out.update(optimizer_steps=float(self.optim.updates - updates), skipped=float(self.optim.skipped - skipped))
         return out
 
     def _step(self, prepared: Prepared[D], advantages: torch.Tensor, iteration: int) -> dict[str, float]:
         alg = self.algorithm
         self.model.train()
-        self.optimizer.zero_grad(set_to_none=True)
+        self.optim.zero_grad()
         old = prepared.old[iteration] if prepared.old is not None else None
         ref = prepared.ref[iteration] if prepared.ref is not None else None
 
@@ -341,27 +342,8 @@ class ActorWorker(Generic[D]):
         out = {k: float(v) for k, v in result.metrics.items()}
         out["loss"] = float(result.loss)
         out["update_passes"] = float(result.forwards)
-        # ranks in lockstep skip together: the gradient clipping below is a collective on them
-        if not group_all(math.isfinite(out["loss"]), self.scorer.lockstep_group):
-            return self._skip(out, "loss")
-        params = [p for p in self.model.parameters() if p.grad is not None]
-        clip = self.optim_cfg.grad_clip if self.optim_cfg.grad_clip > 0 else float("inf")
-        norm = float(torch.nn.utils.clip_grad_norm_(params, clip)) if params else 0.0
-        out["grad_norm"] = norm
-        if not math.isfinite(norm):
-            return self._skip(out, "gradient")
-        for group in self.optimizer.param_groups:
-            group["lr"] = learning_rate(self.optim_cfg, self.updates)
-        self.optimizer.step()
-        self.updates += 1
-        out["skipped"] = 0.0
-        return out
-
-    def _skip(self, out: dict[str, float], what: str) -> dict[str, float]:
-        self.optimizer.zero_grad(set_to_none=True)
-        self.skipped += 1
-        logger.warning("non-finite %s: step skipped, weights and optimizer state unchanged", what)
-        out["skipped"] = 1.0
+        stepped = self.optim.step(out["loss"])
+        out.update({k: v for k, v in stepped.items() if k != "lr"})
         return out
 
     def adapter_state(self) -> dict[str, torch.Tensor]:
@@ -370,10 +352,7 @@ class ActorWorker(Generic[D]):
         return {k: v.detach() for k, v in self.model.state_dict().items() if k in names}
 
     def state(self) -> dict[str, Any]:
-        return {"optimizer": self.optimizer.state_dict(), "updates": self.updates, "skipped": self.skipped,
-                "optim_cfg": asdict(self.optim_cfg)}
+        return {**self.optim.state(), "optim_cfg": asdict(self.optim_cfg)}
 
     def load_state(self, state: dict[str, Any]) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.updates = int(state["updates"])
-        self.skipped = int(state["skipped"])
+        self.optim.load_state(state)

@@ -20,11 +20,20 @@ from tqdm import tqdm
 from dllm_models import BaseWeightsView, has_adapters
 from dllm_rollout import SamplingConfig
 from dllm_train.algorithm import RLAlgorithm
-from dllm_train.checkpointing import SHARDS, latest_checkpoint, load_checkpoint, new_checkpoint, write_checkpoint_files
+from dllm_train.checkpointing import (
+    SHARDS,
+    checkpoint_path,
+    list_checkpoints,
+    new_checkpoint,
+    resume_checkpoint,
+    set_aside,
+    write_checkpoint_files,
+)
 from dllm_train.config import OptimConfig, TrainerConfig
 from dllm_train.engine_rollout import build_rollout_worker
 from dllm_train.likelihood import Scorer
 from dllm_train.metrics import MetricsWriter, format_line, read_metrics
+from dllm_train.preemption import Diverged, Interrupted, StopRequest
 from dllm_train.seeding import generator
 from dllm_train.step import LocalRanks, PolicyRank, PromptSampler, check_settings, rl_step
 from dllm_train.workers import ActorWorker, ReferenceWorker, RewardWorker, RolloutWorker
@@ -95,11 +104,19 @@ class Run:
         tensorboard: also write metrics to `<output_dir>/tensorboard/<phase>`.
         wandb_run: an open W&B run (`metrics.open_wandb`) that also receives every metric;
             `close()` finishes it.
+        max_nonfinite_steps: a phase stops (`Diverged`) after this many steps in a row skipped
+            for a non-finite loss or gradient norm (their `skipped` metric).
+
+    Starting, it removes the leftovers of interrupted checkpoint writes and resumes from the
+    newest intact checkpoint, setting damaged ones aside (`checkpointing.resume_checkpoint`).
+    During a phase, SIGTERM or SIGINT lets the current step finish, writes a checkpoint and
+    raises `Interrupted` (a second signal raises it at once, without a checkpoint). Nothing is
+    saved while a parameter is non-finite (`Diverged`).
     """
 
     def __init__(self, output_dir: Path, model: Any, *, tokenizer: Any = None, log_every: int = 1,
                  keep_checkpoints: int = 2, progress: bool = True, tensorboard: bool = False,
-                 wandb_run: Any = None) -> None:
+                 wandb_run: Any = None, max_nonfinite_steps: int = 3) -> None:
         self.output_dir = output_dir
         self.tensorboard = tensorboard
         self.wandb_run = wandb_run
@@ -108,8 +125,9 @@ class Run:
         self.log_every = log_every
         self.keep_checkpoints = keep_checkpoints
         self.progress = progress
-        self.latest = latest_checkpoint(output_dir)
-        self.state: dict[str, Any] = load_checkpoint(self.latest, model) if self.latest else {}
+        self.max_nonfinite_steps = max_nonfinite_steps
+        self.latest, self.state = resume_checkpoint(output_dir, model)
+        self.latest_saved: Path | None = None
         self.results: dict[str, Any] = dict(self.state.get("results", {}))
         if self.latest is not None:
             logger.info("resuming from %s", self.latest.path)
@@ -120,7 +138,7 @@ class Run:
         """A run with the trainer's logging period, checkpoint count and TensorBoard switch."""
         return cls(output_dir, model, tokenizer=tokenizer, log_every=trainer.log_every,
                    keep_checkpoints=trainer.keep_checkpoints, progress=progress, tensorboard=trainer.tensorboard,
-                   wandb_run=wandb_run)
+                   wandb_run=wandb_run, max_nonfinite_steps=trainer.max_nonfinite_steps)
 
     def _start(self, spec: PhaseSpec) -> int | None:
         """First step to run, or None if the phase already finished."""
@@ -137,13 +155,52 @@ class Run:
             owner.load_shards(shards)
         return self.latest.step
 
-    def _save(self, spec: PhaseSpec, step: int) -> None:
+    def _save(self, spec: PhaseSpec, step: int) -> Path:
+        """Checkpoint the phase after `step` steps; raises `Diverged` (nothing written) on non-finite weights."""
         with new_checkpoint(self.output_dir, order=spec.order, phase=spec.name, step=step,
                             keep=self.keep_checkpoints) as folder:
-            if isinstance(spec.owner, ShardedStateful):
+            if isinstance(spec.owner, ShardedStateful):  # also refreshes a Ray driver's model
                 spec.owner.save_shards(folder / SHARDS)
+            bad = next((n for n, p in self.model.named_parameters() if not bool(torch.isfinite(p).all())), None)
+            if bad is not None:
+                raise Diverged(f"{spec.name} step {step}: parameter {bad} holds non-finite values, so no checkpoint "
+                               f"is written; {self._resume_point()}. Lower the phase's learning rate (e.g. "
+                               "rl_optim.lr, sft_optim.lr) or its grad_clip")
             state = {"owner": spec.owner.state(), "results": self.results}
             write_checkpoint_files(folder, model=self.model, state=state, tokenizer=self.tokenizer)
+        self.latest_saved = checkpoint_path(self.output_dir, spec.order, spec.name, step)
+        return self.latest_saved
+
+    def _resume_point(self) -> str:
+        saved = self.latest_saved or (self.latest.path if self.latest else None)
+        return f"a rerun resumes from {saved}" if saved else "no checkpoint exists yet: a rerun starts over"
+
+    def _check_finite(self, spec: PhaseSpec, step: int, record: dict[str, Any], streak: int) -> int:
+        """The new count of non-finite steps in a row; raises `Diverged` when it reaches the limit."""
+        if not record.get("skipped"):
+            return 0
+        streak += 1
+        if streak >= self.max_nonfinite_steps:
+            aside = self._set_aside_unconfirmed(spec, step - streak)
+            loss = record.get("loss")
+            raise Diverged(
+                f"{spec.name} step {step}: {streak} steps in a row had a non-finite loss or gradient norm "
+                f"(last loss {loss}) and were skipped (trainer.max_nonfinite_steps={self.max_nonfinite_steps}); "
+                f"stopped without saving{aside}, {self._resume_point()}. Lower the phase's learning rate (e.g. "
+                "rl_optim.lr, sft_optim.lr) or its grad_clip")
+        return streak
+
+    def _set_aside_unconfirmed(self, spec: PhaseSpec, suspect_from: int) -> str:
+        """Set aside this phase's checkpoints from step `suspect_from` on: they hold the weights of update
+        `suspect_from`, with which no step computed a finite loss and gradient (what a too-large
+        learning rate leaves: huge but finite weights). Returns a clause for the message."""
+        bad = [r for r in list_checkpoints(self.output_dir) if r.order == spec.order and r.step >= suspect_from]
+        for ref in bad:
+            set_aside(ref.path, f"its weights (those of {spec.name} step {suspect_from}) gave only non-finite steps")
+        self.latest_saved = None
+        kept = list_checkpoints(self.output_dir)
+        self.latest = kept[-1] if kept else None
+        return f" and set aside {len(bad)} checkpoint(s) holding the weights that diverged" if bad else ""
 
     def run_phase(self, spec: PhaseSpec) -> None:
         start = self._start(spec)
@@ -155,23 +212,31 @@ class Run:
                                wandb_run=self.wandb_run, phase=spec.name)
         bar = tqdm(total=spec.steps, initial=start, desc=spec.name, disable=not self.progress,
                    dynamic_ncols=True, leave=False)
+        stop, streak = StopRequest(), 0
         try:
-            for i in range(start, spec.steps):
-                record: dict[str, Any] = {"step": i + 1, **spec.step_fn(i)}
-                if spec.eval_fn is not None and spec.eval_every and (i + 1) % spec.eval_every == 0:
-                    record.update(spec.eval_fn())
-                writer.write(record)
-                bar.update(1)
-                if (i + 1) % self.log_every == 0 or i + 1 == spec.steps:
-                    logger.info("%s %s", spec.name, format_line(record, spec.log_keys))
-                if spec.save_every and (i + 1) % spec.save_every == 0 and i + 1 < spec.steps:
-                    self._save(spec, i + 1)
+            with stop.catching():
+                for i in range(start, spec.steps):
+                    record: dict[str, Any] = {"step": i + 1, **spec.step_fn(i)}
+                    if spec.eval_fn is not None and spec.eval_every and (i + 1) % spec.eval_every == 0:
+                        record.update(spec.eval_fn())
+                    writer.write(record)
+                    bar.update(1)
+                    if (i + 1) % self.log_every == 0 or i + 1 == spec.steps:
+                        logger.info("%s %s", spec.name, format_line(record, spec.log_keys))
+                    streak = self._check_finite(spec, i + 1, record, streak)
+                    if stop.signum is not None and i + 1 < spec.steps:
+                        logger.warning("%s: saving a checkpoint at %s step %d", stop.name, spec.name, i + 1)
+                        raise Interrupted(stop.signum, self._save(spec, i + 1))
+                    if spec.save_every and (i + 1) % spec.save_every == 0 and i + 1 < spec.steps:
+                        self._save(spec, i + 1)
+                if spec.on_end is not None:
+                    self.results.update(spec.on_end())
+                self._save(spec, spec.steps)
+            if stop.signum is not None:
+                raise Interrupted(stop.signum, self.latest_saved)
         finally:
             bar.close()
             writer.close()
-        if spec.on_end is not None:
-            self.results.update(spec.on_end())
-        self._save(spec, spec.steps)
 
     def metrics(self, spec_name_file: str = "metrics.jsonl") -> list[dict[str, Any]]:
         path = self.output_dir / spec_name_file

@@ -222,8 +222,7 @@ class RankWorker:
         checkpoints written before sharded checkpoints hold it) is broadcast: a collective then."""
         if "optimizer" in state:
             load_full_optimizer_state(self.model, self.actor.optimizer, state["optimizer"])
-        self.actor.updates = int(state["updates"])
-        self.actor.skipped = int(state["skipped"])
+        self.actor.optim.load_counters(state)
 
     def save_shards(self, folder: str) -> None:
         """Write this rank's shards of the actor's parameters and optimizer state into `folder`

@@ -236,12 +236,15 @@ class RayRLWorkflow:
         self.driver_model = driver_model
         self.group = RayActorGroup(setup_fn, dist)
         self.ranks = RayRanks(self.group, dist)
+        self.driver_stale = False  # the ranks trained since the driver's model last took their weights
 
     def step(self, step: int) -> dict[str, float]:
         metrics = rl_step(step, prompts=self.prompts, ranks=self.ranks, algorithm=self.algorithm,
                           seed=self.trainer.seed)
+        self.driver_stale = self.driver_model is not None
         if self.driver_model is not None and self._sync_due(step + 1):
             self.pull_weights(self.driver_model)
+            self.driver_stale = False
         return metrics
 
     def _sync_due(self, done: int) -> bool:
@@ -264,7 +267,11 @@ class RayRLWorkflow:
         mixed precision) and optimizer state into `folder` (a checkpoint's `shards/`, on a path
         every rank reaches). Nothing travels through the driver: gathering the full AdamW state on
         rank 0 and shipping it through Ray needed three copies of it in host memory (64 GB each at
-        8B), which is what killed the first 8B run's final save."""
+        8B), which is what killed the first 8B run's final save. A checkpoint off the sync period
+        (a preemption's) first refreshes the driver's model, which `Run` writes beside the shards."""
+        if self.driver_stale and self.driver_model is not None:
+            self.pull_weights(self.driver_model)
+            self.driver_stale = False
         self.group.call("save_shards", [(str(folder),) for _ in range(self.dist.num_workers)])
 
     def load_shards(self, folder: Path) -> None:

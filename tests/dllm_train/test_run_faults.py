@@ -1,0 +1,128 @@
+"""`Run` under faults: a preemption signal checkpoints and stops; non-finite steps never reach a checkpoint."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from dllm_train import OptimConfig, PhaseSpec, Run, latest_checkpoint, list_checkpoints, read_metrics
+from dllm_train.optim import OptimizerStep
+from dllm_train.preemption import Diverged, Interrupted
+from tests.tiny_rl import tiny_model
+
+
+class _Toy:
+    """A phase whose step `i` pulls the weights toward i (AdamW); `poison(i)` makes step i non-finite."""
+
+    def __init__(self, model: torch.nn.Module, poison: Any = None, on_step: Any = None) -> None:
+        self.model = model
+        self.optim = OptimizerStep(model, OptimConfig(lr=1e-2))
+        self.poison = poison or (lambda i: False)
+        self.on_step = on_step or (lambda i: None)
+
+    def step(self, i: int) -> dict[str, float]:
+        self.on_step(i)
+        self.optim.zero_grad()
+        loss = sum(((p - float(i)) ** 2).mean() for p in self.model.parameters())
+        assert isinstance(loss, torch.Tensor)
+        if self.poison(i):
+            loss = loss * float("nan")
+        loss.backward()
+        return {"loss": float(loss.detach()), **self.optim.step(float(loss.detach()))}
+
+    def state(self) -> dict[str, Any]:
+        return self.optim.state()
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        self.optim.load_state(state)
+
+
+def _phase(toy: _Toy, steps: int = 6, save_every: int = 0) -> PhaseSpec:
+    return PhaseSpec(order=0, name="sft", steps=steps, step_fn=toy.step, owner=toy, save_every=save_every)
+
+
+def _weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_finishes_the_step_writes_a_checkpoint_and_the_rerun_resumes_exactly(
+        signum: int, tmp_path: Path) -> None:
+    full = tiny_model("llada")
+    Run(tmp_path / "full", full, progress=False).run_phase(_phase(_Toy(full)))
+
+    model = tiny_model("llada")
+    toy = _Toy(model, on_step=lambda i: os.kill(os.getpid(), signum) if i == 2 else None)
+    with pytest.raises(Interrupted) as err:
+        Run(tmp_path / "cut", model, progress=False).run_phase(_phase(toy))
+    assert err.value.exit_code == 128 + signum
+    assert err.value.checkpoint is not None and err.value.checkpoint.name == "0-sft-000003"  # step 3 finished
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # handlers restored
+
+    again = tiny_model("llada")
+    run = Run(tmp_path / "cut", again, progress=False)
+    assert run.latest is not None and run.latest.step == 3
+    run.run_phase(_phase(_Toy(again)))
+    assert all(torch.equal(v, full.state_dict()[k]) for k, v in _weights(again).items())
+    assert [r["step"] for r in read_metrics(tmp_path / "cut" / "metrics.jsonl")] == [1, 2, 3, 4, 5, 6]
+
+
+def test_a_second_signal_stops_at_once_without_claiming_a_checkpoint(tmp_path: Path) -> None:
+    model = tiny_model("llada")
+
+    def twice(i: int) -> None:
+        if i == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    with pytest.raises(Interrupted) as err:
+        Run(tmp_path, model, progress=False).run_phase(_phase(_Toy(model, on_step=twice)))
+    assert err.value.checkpoint is None and list_checkpoints(tmp_path) == []
+
+
+def test_non_finite_steps_in_a_row_stop_the_run_without_saving(tmp_path: Path) -> None:
+    model = tiny_model("llada")
+    toy = _Toy(model, poison=lambda i: i >= 2)
+    with pytest.raises(Diverged, match=r"3 steps in a row had a non-finite loss.*trainer.max_nonfinite_steps=3"):
+        Run(tmp_path, model, progress=False, max_nonfinite_steps=3).run_phase(_phase(toy, steps=10, save_every=2))
+    # steps 3-5 were skipped: the weights of step 2 (in checkpoints 2 and 4) gave no finite step, so
+    # both are set aside (renamed) and a rerun starts from an earlier one, here from scratch
+    assert list_checkpoints(tmp_path) == []
+    aside = sorted(p.name.split(".")[0] for p in (tmp_path / "checkpoints").iterdir())
+    assert aside == ["0-sft-000002", "0-sft-000004"]
+    assert toy.optim.updates == 2 and toy.optim.skipped == 3
+    assert [r["skipped"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [0, 0, 1, 1, 1]
+
+
+def test_a_skip_followed_by_a_finite_step_resets_the_count(tmp_path: Path) -> None:
+    model = tiny_model("llada")
+    toy = _Toy(model, poison=lambda i: i in (1, 2, 4, 5))
+    Run(tmp_path, model, progress=False, max_nonfinite_steps=3).run_phase(_phase(toy, steps=7))
+    assert toy.optim.skipped == 4
+
+
+def test_non_finite_weights_are_never_checkpointed(tmp_path: Path) -> None:
+    model = tiny_model("llada")
+
+    def poison_weights(i: int) -> None:
+        if i == 3:
+            with torch.no_grad():
+                next(model.parameters()).fill_(float("inf"))
+
+    toy = _Toy(model, on_step=poison_weights)
+    with pytest.raises(Diverged, match="holds non-finite values, so no checkpoint is written.*0-sft-000002"):
+        Run(tmp_path, model, progress=False).run_phase(_phase(toy, steps=6, save_every=2))
+    ref = latest_checkpoint(tmp_path)
+    assert ref is not None and ref.step == 2
+
+
+def test_max_nonfinite_steps_is_validated() -> None:
+    from dllm_train import TrainerConfig
+
+    with pytest.raises(ValueError, match="trainer.max_nonfinite_steps must be >= 1"):
+        TrainerConfig(max_nonfinite_steps=0)
