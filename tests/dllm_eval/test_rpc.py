@@ -79,3 +79,19 @@ def test_nesting_is_bounded() -> None:
         deep = ["l", [deep]]
     with pytest.raises(ProtocolError, match="nested"):
         decode(deep, lambda h: h)
+
+
+def test_long_flat_sequences_take_the_raw_json_path() -> None:
+    nums = [1, 2.5, -0.0, float("inf"), 2**62, 7, 8, 9, 10, 11]
+    for value in (nums, tuple(nums), [str(i) for i in range(20)], list(range(100))):
+        wire = encode(value, _no_handles)
+        assert wire[0] in ("ln", "tn", "ls", "ts")
+        got = _roundtrip(value)
+        assert type(got) is type(value) and repr(got) == repr(value)
+        assert [type(x) for x in got] == [type(x) for x in value]  # 2 stays int, 2.0 float
+    big = [2**70] + list(range(10))
+    assert encode(big, _no_handles)[0] == "l" and _roundtrip(big) == big
+    with pytest.raises(ProtocolError):
+        decode(["ln", [1, "2"]], lambda h: h)
+    with pytest.raises(ProtocolError):
+        decode(["ls", ["a", True]], lambda h: h)

@@ -2,7 +2,9 @@
 
 Three families: forging success from inside the program (reading the completion token out of the
 harness's frames, hooks or memory, then ``os._exit(0)``), objects that compare equal to anything,
-and reading host files (the project, the benchmark data with its tests, other processes).
+and reading host files (the project, the benchmark data with its tests, other processes). Every
+case failed on the code before the fix except ``patched builtins`` on HumanEval+ (whose tests'
+own ``isinstance`` calls broke there); it stays as a check of the protected builtins.
 """
 
 from __future__ import annotations
@@ -54,15 +56,6 @@ FORGERIES = {
         "    _boom()\n"
         "except RuntimeError as _e:\n"
         "    _hook(None, _e, _e.__traceback__)\n"
-    ),
-    "gc walk": (
-        "import gc, os, re\n"
-        "for _o in gc.get_objects():\n"
-        "    if isinstance(_o, dict):\n"
-        "        for _v in list(_o.values()):\n"
-        "            if isinstance(_v, bytes) and re.fullmatch(rb'[0-9a-f]{32}', _v):\n"
-        "                os.write(1, b'\\n' + _v + b'\\n')\n"
-        "                os._exit(0)\n"
     ),
     "proc self mem": (
         "import os, re\n"
@@ -206,3 +199,12 @@ def test_program_sees_only_its_own_processes() -> None:
     pids_line, cmds_line = r.stdout.splitlines()[:2]
     assert pids_line == "[1]"  # the program itself, PID 1 of its own namespace
     assert "pytest" not in cmds_line and "_supervisor" not in cmds_line
+
+
+def test_always_equal_object_fails_call_based_io_tests() -> None:
+    import json
+
+    tests = json.dumps({"inputs": ["[2, 7, 11]\n9"], "outputs": ["[0, 1]"], "fn_name": "twoSum"})
+    liar = ("class _Liar(list):\n    def __eq__(self, other):\n        return True\n"
+            "class Solution:\n    def twoSum(self, nums, target):\n        return _Liar([5])\n")
+    assert score("taco", f"```python\n{liar}```", tests) == 0.0

@@ -59,6 +59,10 @@ def encode(value: Any, handle: Callable[[Any], int], depth: int = 0) -> Any:
         return ["Y", bytes(value).hex()]
     if isinstance(value, bytes):
         return ["y", bytes.hex(value)]
+    if type(value) in (list, tuple) and len(value) > 8:
+        kind = _flat_kind(value)
+        if kind is not None:
+            return [("l" if type(value) is list else "t") + kind, list(value)]
     if isinstance(value, tuple):
         return ["t", [encode(x, handle, d) for x in tuple.__iter__(value)]]
     if isinstance(value, list):
@@ -72,6 +76,19 @@ def encode(value: Any, handle: Callable[[Any], int], depth: int = 0) -> Any:
     if type(value) is range:
         return ["r", value.start, value.stop, value.step]
     return ["h", handle(value)]
+
+
+_NUMBER = (int, float)
+
+
+def _flat_kind(value: "list[Any] | tuple[Any, ...]") -> str | None:
+    """``n`` for exact ints (64-bit) and floats, ``s`` for exact strings, sent as raw JSON."""
+    if all(type(x) is str for x in value):
+        return "s"
+    if all(type(x) is float or (type(x) is int and -(1 << 63) <= x < (1 << 63))
+           for x in value):
+        return "n"
+    return None
 
 
 def _items(payload: Any, resolve: Callable[[int], Any], depth: int) -> list[Any]:
@@ -112,6 +129,13 @@ def decode(obj: Any, resolve: Callable[[int], Any], depth: int = 0) -> Any:
             return tuple(_items(rest[0], resolve, depth))
         if tag == "l" and len(rest) == 1:
             return _items(rest[0], resolve, depth)
+        if tag in ("ln", "tn", "ls", "ts") and len(rest) == 1 and type(rest[0]) is list:
+            items = rest[0]
+            if tag[1] == "s" and not all(type(x) is str for x in items):
+                raise ProtocolError(f"{tag!r} items must all be str")
+            if tag[1] == "n" and not all(type(x) in _NUMBER for x in items):
+                raise ProtocolError(f"{tag!r} items must all be int or float")
+            return items if tag[0] == "l" else tuple(items)
         if tag == "S" and len(rest) == 1:
             return set(_items(rest[0], resolve, depth))
         if tag == "F" and len(rest) == 1:
