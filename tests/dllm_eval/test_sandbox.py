@@ -223,8 +223,9 @@ def test_solution_cannot_reach_the_tests() -> None:
         "def f():\n"
         "    return (found, procs)\n"
     )
-    r = execute_tests(snoop, "got = f()\nassert got == (False, ['1']), got\nassert 4242 > 0\n")
-    assert r.ok, r.stderr
+    tests = "got = f()\nassert got == (False, ['1']), got\nassert 4242 > 0\n"
+    r = execute_tests(snoop, tests, timeout_s=20)  # the gc walk is slow on a loaded machine
+    assert r.ok, (r.timed_out, r.stderr)
 
 
 def _reachable_by_others(path: str) -> bool:

@@ -207,6 +207,32 @@ def _isolation_mode(lim: SandboxLimits) -> str:
     return mode
 
 
+def _config(host_dir: Path, mode: str, lim: SandboxLimits, isolation_mode: str,
+            report_fd: int) -> dict[str, object]:
+    """The supervisor's configuration (one JSON argument)."""
+    return {
+        "host_dir": str(host_dir),
+        "mode": mode,
+        "script": "solution.py",
+        "python": sys.executable,
+        "expose": _python_paths(),
+        "hide": _hidden_paths(),
+        "harness": {"serve.py": _SERVE,
+                    "_rpc.py": (_HERE / "_rpc.py").read_text(encoding="utf-8")},
+        "isolation": isolation_mode,
+        "extra_unshare_flags": _EXTRA_UNSHARE_FLAGS,
+        "uid": lim.uid,
+        "gid": lim.gid,
+        "memory_mb": lim.memory_mb,
+        "disk_mb": lim.disk_mb,
+        "cpu_s": math.ceil(lim.timeout_s) + 1,
+        "max_processes": lim.max_processes,
+        "max_open_files": lim.max_open_files,
+        "env": _scrubbed_env(),
+        "report_fd": report_fd,
+    }
+
+
 def _run(files: dict[str, str], mode: str, lim: SandboxLimits) -> ExecutionResult:
     """Write ``files`` to a host temp dir, run the supervisor on them, collect the outcome."""
     global _warned_unisolated
@@ -218,27 +244,7 @@ def _run(files: dict[str, str], mode: str, lim: SandboxLimits) -> ExecutionResul
             (host_dir / name).write_text(text, encoding="utf-8")
         out_path, err_path = host_dir / "_stdout", host_dir / "_stderr"
         read_fd, write_fd = os.pipe()
-        cfg = {
-            "host_dir": str(host_dir),
-            "mode": mode,
-            "script": "solution.py",
-            "python": sys.executable,
-            "expose": _python_paths(),
-            "hide": _hidden_paths(),
-            "harness": {"serve.py": _SERVE,
-                        "_rpc.py": (_HERE / "_rpc.py").read_text(encoding="utf-8")},
-            "isolation": isolation_mode,
-            "extra_unshare_flags": _EXTRA_UNSHARE_FLAGS,
-            "uid": lim.uid,
-            "gid": lim.gid,
-            "memory_mb": lim.memory_mb,
-            "disk_mb": lim.disk_mb,
-            "cpu_s": math.ceil(lim.timeout_s) + 1,
-            "max_processes": lim.max_processes,
-            "max_open_files": lim.max_open_files,
-            "env": _scrubbed_env(),
-            "report_fd": write_fd,
-        }
+        cfg = _config(host_dir, mode, lim, isolation_mode, write_fd)
         with open(out_path, "wb") as out, open(err_path, "wb") as err:
             proc = subprocess.Popen(
                 [sys.executable, "-I", "-S", _SUPERVISOR, json.dumps(cfg)],
