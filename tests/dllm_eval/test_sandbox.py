@@ -5,12 +5,20 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from dllm_eval import ExecutionResult, SandboxLimits, execute_code, execute_many
+from dllm_eval import (
+    ExecutionResult,
+    SandboxLimits,
+    SandboxUnavailableError,
+    execute_code,
+    execute_many,
+    execute_tests,
+)
 
 IS_ROOT = os.geteuid() == 0
 
@@ -87,8 +95,10 @@ def test_network_is_blocked() -> None:
 
 
 def test_killing_parent_does_not_kill_harness() -> None:
-    r = execute_code("import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nos.kill(0, 9)")
-    assert not r.ok
+    r = execute_code("import os, signal\nprint(os.getppid())\nos.kill(os.getppid(), signal.SIGKILL)"
+                     "\nos.kill(0, 9)\nos.kill(-1, 9)")
+    if "pidns" in r.isolation:
+        assert r.stdout.split()[:1] == ["0"]  # the parent lies outside the program's namespace
     assert execute_code("print(1)").ok  # we are still alive
 
 
@@ -158,46 +168,109 @@ def test_no_temp_dirs_left_behind() -> None:
     assert after <= before
 
 
-# Completion token: a run passes only if the program reaches its end (the harness prints a
-# per-run random token after the last statement; the program never sees the token).
+# Tests run apart from the solution: a run passes only if the test runner reaches its end.
 EARLY_EXITS = {
-    "sys.exit(0)": "import sys\nsys.exit(0)\nassert False",
-    "os._exit(0)": "import os\nos._exit(0)\nassert False",
-    "raise SystemExit": "raise SystemExit\nassert False",
-    "raise SystemExit(0)": "raise SystemExit(0)\nassert False",
-    "exit()": "exit()\nassert False",
-    "atexit os._exit(0)": "import atexit, os\natexit.register(lambda: os._exit(0))\nassert False",
-    "kill parent": "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nassert False",
-    "kill own group": "import os\nos.kill(0, 9)\nassert False",
+    "sys.exit(0)": "import sys\nsys.exit(0)",
+    "os._exit(0)": "import os\nos._exit(0)",
+    "raise SystemExit": "raise SystemExit",
+    "raise SystemExit(0)": "raise SystemExit(0)",
+    "exit()": "exit()",
+    "atexit os._exit(0)": "import atexit, os\natexit.register(lambda: os._exit(0))",
+    "kill parent": "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)",
+    "kill own group": "import os\nos.kill(0, 9)",
+    "kill everything": "import os\nos.kill(-1, 9)",
     "close stdout": "import os\nos.close(1)",
+    "close the pipes": "import os\nos.close(3)\nos.close(4)",
+    "exit inside the call": "def f(x):\n    import os\n    os._exit(0)",
+    "SystemExit inside the call": "def f(x):\n    raise SystemExit(0)",
 }
 
 
 @pytest.mark.parametrize("name", sorted(EARLY_EXITS))
-def test_early_exit_fails_with_completion_token(name: str) -> None:
-    r = execute_code(EARLY_EXITS[name], completion_token=True)
-    assert not r.ok and r.completed is not True, (name, r)
+def test_early_exit_fails_the_tests(name: str) -> None:
+    solution = "def f(x):\n    return x + 1\n" + EARLY_EXITS[name]
+    r = execute_tests(solution, "assert f(1) == 3")  # f is wrong: only an escape could pass
+    assert not r.ok, (name, r)
 
 
-def test_completion_token_is_required_and_stripped() -> None:
-    r = execute_code("print('tests passed')", completion_token=True)
-    assert r.ok and r.completed and r.stdout == "tests passed\n"
-    # without the token the same early exit would have counted as a pass
-    assert execute_code("import sys\nsys.exit(0)\nassert False").ok
+def test_tests_pass_and_fail_on_the_values() -> None:
+    solution = "def f(x):\n    return x + 1\nprint('loaded')\n"
+    r = execute_tests(solution, "assert f(1) == 2\nassert f(-1) == 0\n")
+    assert r.ok and r.stdout == "loaded\n" and "split-tests" in r.isolation
+    r = execute_tests(solution, "assert f(1) == 2\nassert f(2) == 4\n")
+    assert not r.ok and "AssertionError" in r.stderr
 
 
-def test_program_cannot_forge_the_token() -> None:
-    # everything the program can see: its files, environment, argv, stdin; none holds the token
+def test_solution_errors_reach_the_tests() -> None:
+    solution = "def f(x):\n    raise ValueError('bad ' + str(x))\n"
+    tests = "try:\n    f(1)\nexcept ValueError as e:\n    assert str(e) == 'bad 1'\n"
+    assert execute_tests(solution, tests).ok
+    assert not execute_tests("raise ImportError('x')\ndef f(x):\n    return 1", "f(1)").ok
+
+
+def test_solution_cannot_reach_the_tests() -> None:
+    # the expected value exists only in the runner; a snooping solution finds nothing
     snoop = (
-        "import os, sys\n"
-        "seen = [open(f, errors='replace').read() for f in os.listdir('.') if os.path.isfile(f)]\n"
-        "seen += [repr(dict(os.environ)), repr(sys.argv), sys.stdin.read()]\n"
-        "print('\\n'.join(seen))\n"
-        "sys.stdout.flush()\n"
-        "os._exit(0)\n"
+        "import gc, os\n"
+        "def _look():\n"
+        "    m = str(4241 + 1)  # the marker, never spelled out in this source\n"
+        "    if any(m in repr(o) for o in gc.get_objects() if isinstance(o, (dict, list))):\n"
+        "        return True\n"
+        "    return any(m in open(f, errors='replace').read()\n"
+        "               for f in os.listdir('.') if os.path.isfile(f))\n"
+        "found = _look()\n"
+        "procs = [p for p in os.listdir('/proc') if p.isdigit()]\n"
+        "def f():\n"
+        "    return (found, procs)\n"
     )
-    r = execute_code(snoop, completion_token=True, stdin="")
-    assert not r.ok and r.completed is False  # had it found the token, this would be True
-    # a guessed token of the right shape is still wrong
-    guess = "import os\nos.write(1, b'\\n' + b'0' * 32 + b'\\n')\nos._exit(0)"
-    assert not execute_code(guess, completion_token=True).ok
+    tests = "got = f()\nassert got == (False, ['1']), got\nassert 4242 > 0\n"
+    r = execute_tests(snoop, tests, timeout_s=20)  # the gc walk is slow on a loaded machine
+    assert r.ok, (r.timed_out, r.stderr)
+
+
+def _reachable_by_others(path: str) -> bool:
+    parts = Path(os.path.realpath(path)).parents
+    return all(os.stat(p).st_mode & 0o001 for p in parts)
+
+
+# Where the kernel refuses namespaces: fail closed by default, run degraded only when asked.
+# An invalid unshare(2) bit (CLONE_PTRACE) makes this kernel refuse the way others do.
+@pytest.fixture
+def kernel_refuses_namespaces(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dllm_eval import sandbox
+
+    monkeypatch.setattr(sandbox, "_EXTRA_UNSHARE_FLAGS", 0x00002000)
+    monkeypatch.setattr(sandbox, "_warned_unisolated", False)
+    monkeypatch.delenv("DLLM_SANDBOX_ISOLATION", raising=False)
+
+
+@pytest.mark.usefixtures("kernel_refuses_namespaces")
+def test_missing_isolation_fails_closed(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    with pytest.raises(SandboxUnavailableError, match="DLLM_SANDBOX_ISOLATION=best-effort"):
+        execute_code(f"open({str(marker)!r}, 'w').write('x')")
+    with pytest.raises(SandboxUnavailableError):
+        execute_tests("def f():\n    return 1\n", "assert f() == 1")
+    assert not marker.exists()  # nothing ran
+
+
+@pytest.mark.usefixtures("kernel_refuses_namespaces")
+def test_best_effort_runs_degraded_with_a_warning(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    limits = SandboxLimits(isolation="best-effort")
+    with caplog.at_level("WARNING", logger="dllm_eval.sandbox"):
+        r = execute_code("print('ran')", limits=limits)
+    assert "private-root" not in r.isolation and "netns" not in r.isolation
+    assert "without namespaces" in caplog.text
+    if IS_ROOT and not _reachable_by_others(sys.executable):
+        # without a mount namespace nothing can re-expose an interpreter under /root (0700)
+        assert not r.ok and r.returncode == 127
+        pytest.skip("the interpreter is not reachable by uid 65534 without namespaces")
+    assert r.ok and r.stdout == "ran\n"
+    monkeypatch.setenv("DLLM_SANDBOX_ISOLATION", "best-effort")
+    assert execute_tests("def f(x):\n    return x * 2\n", "assert f(2) == 4").ok
+    liar = "class L:\n    def __eq__(self, o):\n        return True\ndef f(x):\n    return L()\n"
+    assert not execute_tests(liar, "assert f(2) == 4").ok  # the verdict is still the runner's
+    with pytest.raises(ValueError, match="isolation"):
+        SandboxLimits(isolation="off")

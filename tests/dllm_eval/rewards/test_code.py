@@ -72,8 +72,8 @@ def test_humaneval_real_rows() -> None:
 
 def test_humaneval_entry_point_fallback_is_first_def() -> None:
     row = load_rows("humaneval", limit=1)[0]
-    program = build_program("humaneval", HAS_CLOSE, row.ground_truth)
-    assert program.rstrip().endswith("check(has_close_elements)")
+    _, tests = build_program("humaneval", HAS_CLOSE, row.ground_truth)
+    assert tests.rstrip().endswith("check(has_close_elements)")
 
 
 def test_humanevalplus_real_rows() -> None:

@@ -75,7 +75,7 @@ def test_call_based_cases() -> None:
     assert score("taco", fence("def twoSum(nums, target):\n    return [0, 1]\n"), tests) == 1.0
     assert score("taco", fence("def twoSum(nums, target):\n    return [1, 0]\n"), tests) == 0.0
     exits = "def twoSum(nums, target):\n    import os\n    os._exit(0)\n"
-    assert score("taco", fence(exits), tests) == 0.0  # call-based runs need the completion token
+    assert score("taco", fence(exits), tests) == 0.0  # call-based runs: the test runner decides
     lcb = json.dumps([{"input": "[1, 2]\n3", "output": "[0, 1]", "testtype": "functional"}])
     assert score("lcbv5", fence("def twoSum(nums, target):\n    return [0, 1]\n"), lcb,
                  {"fn_name": "twoSum"}) == 1.0

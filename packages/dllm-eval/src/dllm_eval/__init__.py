@@ -38,7 +38,14 @@ from dllm_eval.runner import (
     run_benchmark,
     write_result,
 )
-from dllm_eval.sandbox import ExecutionResult, SandboxLimits, execute_code, execute_many
+from dllm_eval.sandbox import (
+    ExecutionResult,
+    SandboxLimits,
+    SandboxUnavailableError,
+    execute_code,
+    execute_many,
+    execute_tests,
+)
 
 __all__ = [
     "BENCHMARKS",
@@ -59,12 +66,14 @@ __all__ = [
     "RewardResult",
     "Row",
     "SandboxLimits",
+    "SandboxUnavailableError",
     "code_reward",
     "compute_reward",
     "countdown_reward",
     "evaluate_arithmetic",
     "execute_code",
     "execute_many",
+    "execute_tests",
     "extract_answer_tag",
     "extract_boxed",
     "extract_code",

@@ -1,27 +1,51 @@
-"""Sandbox supervisor: isolates itself, drops privileges, then runs the untrusted program.
+"""Sandbox supervisor: builds a private root, drops privileges, runs the untrusted program.
 
-Run by :func:`dllm_eval.sandbox.execute_code` as ``python -I -S _supervisor.py CONFIG_JSON``
-in a fresh session. Standard library only (it runs before ``site``). Steps:
+Run by :mod:`dllm_eval.sandbox` as ``python -I -S _supervisor.py CONFIG_JSON`` in a fresh
+session. Standard library only (it runs before ``site``). Steps:
 
 1. enter new mount, network, PID, IPC and UTS namespaces (plus a user namespace when not root);
-2. mount a private size-limited tmpfs on ``/tmp`` (the program's cwd) and on ``/dev/shm`` and
-   ``/var/tmp``; re-expose the interpreter if it lives under a directory others cannot enter;
-3. set resource limits, scrub groups, drop to an unprivileged uid/gid, set no_new_privs;
-4. fork the program (PID 1 of the new PID namespace, so everything it spawns dies with it),
-   report its host pid on the report fd, wait, and exit with its status (128 + signal if killed).
+2. build a new root on a small tmpfs: read-only binds of the system libraries (``/usr``,
+   ``/lib*``, ``/bin``, ``/sbin``) and of the interpreter's own folders (``bin``, ``lib`` and
+   ``pyvenv.cfg`` of ``sys.prefix`` and ``sys.base_prefix``), the few device nodes Python uses,
+   a size-limited writable tmpfs on ``/tmp`` (the program's cwd) and ``/dev/shm``; then
+   ``pivot_root`` into it and detach the old root, so no host path is reachable any more;
+3. fork the program as PID 1 of the new PID namespace; it mounts a fresh ``/proc`` (showing
+   only its own processes), sets rlimits, drops to an unprivileged uid/gid when root, sets
+   ``no_new_privs`` and execs the interpreter.
 
-Every step that the kernel refuses is skipped and left out of the reported isolation list, so
-the harness can say honestly what protected a run.
+With tests (``mode == "tests"``) the forked child is the *test runner*: it forks the solution
+into a further PID namespace of its own (so the solution cannot see, signal or read the runner),
+drops privileges, makes itself non-dumpable and runs the tests against the solution over two
+pipes (:mod:`dllm_eval._rpc`); its exit status is the verdict. The tests' source only ever
+exists in the runner's memory.
+
+The supervisor reports on the report fd ``{"pid": ..., "isolation": [...]}`` (or
+``{"error": ...}`` when isolation was required but could not be set up) and exits with the
+child's status (128 + signal if killed).
 """
 
 import ctypes
+import fcntl
+import importlib.util
 import json
 import os
 import resource
 import signal
-import stat
 import sys
 from typing import Any
+
+
+def _load_rpc() -> Any:
+    """The test runner's half of :mod:`dllm_eval._rpc`, loaded before the root is replaced."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_rpc.py")
+    spec = importlib.util.spec_from_file_location("_rpc", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_rpc = _load_rpc()
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWUTS = 0x04000000
@@ -32,13 +56,21 @@ CLONE_NEWNET = 0x40000000
 MS_RDONLY = 1
 MS_NOSUID = 2
 MS_NODEV = 4
+MS_NOEXEC = 8
 MS_REMOUNT = 32
 MS_BIND = 4096
-MS_MOVE = 8192
 MS_REC = 16384
 MS_PRIVATE = 1 << 18
+MNT_DETACH = 2
 PR_SET_PDEATHSIG = 1
+PR_SET_DUMPABLE = 4
 PR_SET_NO_NEW_PRIVS = 38
+_KEEP_FLAGS = MS_NODEV | MS_NOEXEC | 1024 | 2048 | (1 << 21)  # + noatime, nodiratime, relatime
+_SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "riscv64": 41, "ppc64le": 203, "s390x": 217}
+SYSTEM_DIRS = ("/usr", "/lib", "/lib64", "/lib32", "/libx32", "/bin", "/sbin")
+SYSTEM_FILES = ("/etc/ld.so.cache", "/etc/localtime")
+DEVICES = ("null", "zero", "full", "random", "urandom")
+EXIT_NO_ISOLATION = 125
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -65,96 +97,125 @@ def _write(path: str, text: str) -> None:
         f.write(text)
 
 
-def _enter_namespaces(is_root: bool) -> bool:
-    flags = CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS
+def _unshare(flags: int, what: str) -> None:
+    _check(_libc.unshare(ctypes.c_int(flags)), f"unshare({what})")
+
+
+def _enter_namespaces(is_root: bool, sandbox_uid: int, extra: int) -> None:
+    flags = CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | extra
     uid, gid = os.getuid(), os.getgid()
     if not is_root:
         flags |= CLONE_NEWUSER
-    if _libc.unshare(ctypes.c_int(flags)) != 0:
-        return False
+    _unshare(flags, "mount, net, pid, ipc, uts" + ("" if is_root else ", user"))
     if not is_root:
         _write("/proc/self/setgroups", "deny")
         _write("/proc/self/uid_map", f"0 {uid} 1")
         _write("/proc/self/gid_map", f"0 {gid} 1")
     _mount(None, "/", None, MS_REC | MS_PRIVATE, None)
-    return True
 
 
-def _blocked_ancestor(path: str) -> str | None:
-    """First ancestor of ``path`` that other users cannot traverse (mode lacks o+x)."""
-    parts = os.path.realpath(path).strip("/").split("/")
-    cur = ""
-    for part in parts:
-        cur = f"{cur}/{part}"
-        try:
-            if not os.stat(cur).st_mode & stat.S_IXOTH:
-                return cur
-        except OSError:
-            return None
-    return None
+def _bind_ro(src: str, dst: str) -> None:
+    if os.path.isdir(src):
+        os.makedirs(dst, 0o755, exist_ok=True)
+    else:
+        os.makedirs(os.path.dirname(dst), 0o755, exist_ok=True)
+        if not os.path.exists(dst):
+            open(dst, "wb").close()
+    _mount(src, dst, None, MS_BIND | MS_REC, None)
+    # a remount in a user namespace must keep the source's locked flags (nodev, noexec, ...)
+    keep = os.statvfs(src).f_flag & _KEEP_FLAGS
+    _mount(None, dst, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | keep, None)
 
 
-def _expose(dirs: list[str], stage_root: str) -> None:
-    """Re-expose ``dirs`` (the interpreter) hidden under untraversable ancestors (e.g. /root)."""
-    plan: dict[str, list[str]] = {}
-    for d in sorted({os.path.realpath(d) for d in dirs}):
-        if d.startswith("/tmp/"):
-            continue  # already bound into the private /tmp by _private_tmp
-        blocked = _blocked_ancestor(d)
-        if blocked is not None and not any(d.startswith(k + "/") for k in plan.get(blocked, [])):
-            plan.setdefault(blocked, []).append(d)
-    for i, (blocked, targets) in enumerate(plan.items()):
-        stages = []
-        for j, d in enumerate(targets):
-            stage = os.path.join(stage_root, f".stage{i}_{j}")
-            os.mkdir(stage, 0o700)
-            _mount(d, stage, None, MS_BIND | MS_REC, None)
-            stages.append(stage)
-        _mount("tmpfs", blocked, "tmpfs", MS_NOSUID | MS_NODEV, "size=64k,mode=0755")
-        for d, stage in zip(targets, stages):
-            os.makedirs(d, 0o755, exist_ok=True)
-            _mount(stage, d, None, MS_MOVE, None)
-            os.rmdir(stage)
-        _mount(None, blocked, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, None)
+def _covered(path: str, done: list[str]) -> bool:
+    return any(path == d or path.startswith(d.rstrip("/") + "/") for d in done)
 
 
-def _read_inputs(host_dir: str) -> dict[str, bytes]:
-    files = {}
-    for name in os.listdir(host_dir):
-        if not name.startswith("_"):
-            with open(os.path.join(host_dir, name), "rb") as src:
-                files[name] = src.read()
-    return files
+def _build_root(root: str, cfg: dict[str, Any], uid: int, gid: int) -> None:
+    """Populate the tmpfs mounted at ``root`` (see the module docstring, step 2)."""
+    done: list[str] = []
+    for d in SYSTEM_DIRS:
+        if os.path.islink(d):
+            os.symlink(os.readlink(d), root + d)
+        elif os.path.isdir(d):
+            _bind_ro(d, root + d)
+            done.append(d)
+    for f in SYSTEM_FILES:
+        if os.path.isfile(f):
+            _bind_ro(os.path.realpath(f), root + f)
+    for path in cfg["expose"]:
+        real = os.path.realpath(path)
+        if os.path.exists(real) and not _covered(real, done):
+            _bind_ro(real, root + real)
+            done.append(real)
+        if path != real and os.path.exists(real) and not os.path.lexists(root + path):
+            os.makedirs(os.path.dirname(root + path), 0o755, exist_ok=True)
+            os.symlink(real, root + path)
+    for hidden in cfg["hide"]:
+        if os.path.isdir(root + hidden):
+            _mount("tmpfs", root + hidden, "tmpfs", MS_NOSUID | MS_NODEV | MS_RDONLY,
+                   "size=4k,mode=0555")
+    dev = root + "/dev"
+    os.makedirs(dev, 0o755, exist_ok=True)
+    for name in DEVICES:
+        if os.path.exists(f"/dev/{name}"):
+            open(f"{dev}/{name}", "wb").close()
+            _mount(f"/dev/{name}", f"{dev}/{name}", None, MS_BIND, None)
+    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
+                         ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")):
+        os.symlink(target, f"{dev}/{name}")
+    os.makedirs(dev + "/shm", 0o755)
+    _mount("tmpfs", dev + "/shm", "tmpfs", MS_NOSUID | MS_NODEV,
+           f"size=1m,mode=0700,uid={uid},gid={gid}")
+    for d in ("/proc", "/tmp", "/etc", "/.dllm"):
+        os.makedirs(root + d, 0o755, exist_ok=True)
+    _mount("tmpfs", root + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV,
+           f"size={int(cfg['disk_mb'])}m,mode=0700,uid={uid},gid={gid}")
 
 
-def _under_tmp(dirs: list[str]) -> list[tuple[str, int]]:
-    """O_PATH handles on the outermost of `dirs` that live under /tmp (e.g. a venv in a clone
-    there), taken before the private tmpfs hides them."""
-    real = sorted({os.path.realpath(d) for d in dirs if os.path.realpath(d).startswith("/tmp/")})
-    outer = [d for d in real if not any(d.startswith(o + "/") for o in real if o != d)]
-    return [(d, os.open(d, os.O_PATH | os.O_DIRECTORY)) for d in outer if os.path.isdir(d)]
+def _pivot(root: str) -> None:
+    nr = _SYS_PIVOT_ROOT.get(os.uname().machine)
+    if nr is None:
+        raise OSError(0, f"pivot_root: unknown syscall number on {os.uname().machine}")
+    os.chdir(root)
+    _check(_libc.syscall(ctypes.c_long(nr), b".", b"."), "pivot_root")
+    _check(_libc.umount2(b".", ctypes.c_int(MNT_DETACH)), "umount old root")
+    os.chdir("/")
 
 
-def _private_tmp(cfg: dict[str, Any], files: dict[str, bytes], uid: int, gid: int) -> str:
-    size = int(cfg["disk_mb"])
-    keep = _under_tmp(list(cfg.get("expose", [])))
-    _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV,
-           f"size={size}m,mode=0700,uid={uid},gid={gid}")
-    for path, fd in keep:
-        # the interpreter's own folders stay visible, read-only, at the same path
-        os.makedirs(path, 0o755, exist_ok=True)
-        _mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC, None)
-        _mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV, None)
-        os.close(fd)
-    for extra in ("/dev/shm", "/var/tmp"):
-        if os.path.isdir(extra):
-            _mount("tmpfs", extra, "tmpfs", MS_NOSUID | MS_NODEV, "size=4k,mode=0755")
-    work = "/tmp"
+def _isolate(cfg: dict[str, Any], files: dict[str, bytes], is_root: bool, uid: int,
+             gid: int) -> list[str]:
+    """Namespaces + private root; returns the isolation tags (raises OSError on failure)."""
+    _enter_namespaces(is_root, uid, int(cfg.get("extra_unshare_flags", 0)))
+    tags = ["netns", "pidns", "ipcns", "mountns"] + ([] if is_root else ["userns"])
+    root = os.path.join(cfg["host_dir"], "_root")
+    os.mkdir(root, 0o755)
+    _mount("tmpfs", root, "tmpfs", MS_NOSUID, "size=1m,mode=0755")
+    _build_root(root, cfg, uid, gid)
     for name, data in files.items():
-        dst = os.path.join(work, name)
+        dst = f"{root}/tmp/{name}"
         with open(dst, "wb") as out:
             out.write(data)
         os.chown(dst, uid, gid)
+    for name, data in cfg["harness"].items():
+        with open(f"{root}/.dllm/{name}", "w", encoding="utf-8") as out:
+            out.write(data)
+    _pivot(root)
+    _mount(None, "/", None, MS_REMOUNT | MS_RDONLY | MS_NOSUID, None)
+    return tags + ["private-root", "private-tmp"]
+
+
+def _fallback(cfg: dict[str, Any], files: dict[str, bytes], is_root: bool, uid: int,
+              gid: int) -> str:
+    """No namespaces: run in the host temp dir (rlimits and, as root, the uid drop only)."""
+    work = str(cfg["host_dir"])
+    if is_root:
+        os.chown(work, uid, gid)
+        for name in files:
+            os.chown(os.path.join(work, name), uid, gid)
+    for name, data in cfg["harness"].items():
+        with open(os.path.join(work, name), "w", encoding="utf-8") as out:
+            out.write(data)
     return work
 
 
@@ -173,51 +234,131 @@ def _set_limits(cfg: dict[str, Any]) -> None:
         resource.setrlimit(key, value)
 
 
+def _drop(cfg: dict[str, Any], is_root: bool, uid: int, gid: int, tags: list[str]) -> None:
+    _set_limits(cfg)
+    if is_root:
+        os.setgroups([])
+        os.setgid(gid)
+        os.setuid(uid)
+        tags.append("uid-drop")
+    if _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0:
+        tags.append("no-new-privs")
+
+
+def _own_proc(isolated: bool, tags: list[str]) -> None:
+    """Mount a /proc of the caller's (new) PID namespace, in a mount namespace of its own."""
+    if not isolated:
+        return
+    try:
+        _unshare(CLONE_NEWNS, "mount")
+        _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
+        tags.append("private-proc")
+    except OSError:
+        pass  # /proc stays an empty directory: no process is visible at all
+
+
+def _exec_program(cfg: dict[str, Any], work: str, argv: list[str], keep: dict[int, int]) -> None:
+    """In a forked child: stdin, fds, then exec the interpreter (never returns)."""
+    try:
+        _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        os.setsid()
+        stdin_path = os.path.join(work, "stdin.txt")
+        fd = os.open(stdin_path if os.path.exists(stdin_path) else os.devnull, os.O_RDONLY)
+        os.dup2(fd, 0)
+        high = {dst: fcntl.fcntl(src, fcntl.F_DUPFD, 100) for dst, src in keep.items()}
+        for dst, src in high.items():
+            os.dup2(src, dst)
+        os.closerange(3 + len(keep), 1 << 16)
+        env = {str(k): str(v) for k, v in cfg["env"].items()}
+        env["HOME"] = env["TMPDIR"] = work
+        os.chdir(work)
+        os.execve(cfg["python"], [cfg["python"], "-I", *argv], env)
+    finally:
+        os._exit(127)
+
+
+def _report(fd: int, tags: list[str]) -> None:
+    os.write(fd, json.dumps({"isolation": tags}).encode() + b"\n")
+    os.close(fd)
+
+
+def _run_tests(cfg: dict[str, Any], tests: str, work: str, harness_dir: str, isolated: bool,
+               ids: tuple[bool, int, int], tags: list[str], report: int) -> None:
+    """PID 1 of the sandbox: fork the solution (own PID namespace), run the tests (no return)."""
+    is_root, uid, gid = ids
+    code = 1
+    try:
+        import site
+
+        sys.dont_write_bytecode = True
+        site.main()  # the tests may import installed packages (numpy for HumanEval+)
+        sys.path[:] = [p for p in sys.path if p and not p.startswith(("/tmp", work))]
+        req_r, req_w = os.pipe()
+        resp_r, resp_w = os.pipe()
+        if isolated:
+            _unshare(CLONE_NEWPID, "pid")
+            tags.append("solution-pidns")
+        pid = os.fork()
+        if pid == 0:
+            os.close(req_w)
+            os.close(resp_r)
+            os.close(report)
+            _own_proc(isolated, [])
+            _drop(cfg, is_root, uid, gid, [])
+            _exec_program(cfg, work, [f"{harness_dir}/serve.py", f"{work}/solution.py"],
+                          {3: req_r, 4: resp_w})
+        os.close(req_r)
+        os.close(resp_w)
+        _drop(cfg, is_root, uid, gid, tags)
+        if _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) == 0:
+            tags.append("runner-undumpable")
+        os.chdir("/" if isolated else work)
+        _report(report, tags + ["split-tests"])
+        code = _rpc.run_tests(tests, resp_r, req_w)
+    except BaseException as e:  # noqa: BLE001 - any failure of the runner is a failed run
+        sys.stderr.write(f"[dllm-eval tests] runner error: {type(e).__name__}: {e}\n")
+    finally:
+        sys.stderr.flush()
+        os._exit(code)
+
+
 def main() -> None:
     cfg = json.loads(sys.argv[1])
     report = int(cfg["report_fd"])
     is_root = os.geteuid() == 0
-    isolation: list[str] = ["rlimits", "session"]
-    sandbox_uid, sandbox_gid = (int(cfg["uid"]), int(cfg["gid"])) if is_root else (0, 0)
-    files = _read_inputs(cfg["host_dir"])
-    if _enter_namespaces(is_root):
-        isolation += ["netns", "pidns", "mountns"] + ([] if is_root else ["userns"])
-        work = _private_tmp(cfg, files, sandbox_uid, sandbox_gid)
-        if is_root:
-            _expose(cfg["expose"], "/tmp")
-        isolation.append("private-tmp")
-    else:
-        work = cfg["host_dir"]
-        if is_root:
-            os.chown(work, sandbox_uid, sandbox_gid)
-            for name in os.listdir(work):
-                if not name.startswith("_"):
-                    os.chown(os.path.join(work, name), sandbox_uid, sandbox_gid)
-        sandbox_uid, sandbox_gid = int(cfg["uid"]), int(cfg["gid"])
-    os.chdir(work)
-    _set_limits(cfg)
-    if is_root:
-        os.setgroups([])
-        os.setgid(sandbox_gid)
-        os.setuid(sandbox_uid)
-        isolation.append("uid-drop")
-    if _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0:
-        isolation.append("no-new-privs")
-    env = {str(k): str(v) for k, v in cfg["env"].items()}
-    env["HOME"] = env["TMPDIR"] = work
-    stdin_path = os.path.join(work, "stdin.txt")
+    tags: list[str] = ["rlimits", "session"]
+    uid, gid = (int(cfg["uid"]), int(cfg["gid"])) if is_root else (0, 0)
+    host_dir = cfg["host_dir"]
+    files = {}
+    for name in os.listdir(host_dir):
+        if not name.startswith("_"):
+            with open(os.path.join(host_dir, name), "rb") as src:
+                files[name] = src.read()
+    tests = None
+    if cfg["mode"] == "tests":
+        with open(os.path.join(host_dir, "_tests.py"), encoding="utf-8") as src:
+            tests = src.read()
+    try:
+        tags += _isolate(cfg, files, is_root, uid, gid)
+        isolated, work, harness_dir = True, "/tmp", "/.dllm"
+    except OSError as e:
+        if cfg["isolation"] == "required":
+            os.write(report, json.dumps({"error": str(e)}).encode() + b"\n")
+            os._exit(EXIT_NO_ISOLATION)
+        uid, gid = int(cfg["uid"]), int(cfg["gid"])
+        work = harness_dir = _fallback(cfg, files, is_root, uid, gid)
+        isolated = False
     pid = os.fork()
     if pid == 0:
-        try:
-            _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-            fd = os.open(stdin_path, os.O_RDONLY) if os.path.exists(stdin_path) else os.open(
-                os.devnull, os.O_RDONLY)
-            os.dup2(fd, 0)
-            os.closerange(3, 1 << 16)
-            os.execve(cfg["python"], [cfg["python"], "-I", cfg["script"]], env)
-        finally:
-            os._exit(127)
-    os.write(report, json.dumps({"pid": pid, "isolation": isolation}).encode() + b"\n")
+        if tests is not None:
+            _run_tests(cfg, tests, work, harness_dir, isolated, (is_root, uid, gid), tags,
+                       report)
+        _own_proc(isolated, tags)
+        _drop(cfg, is_root, uid, gid, tags)
+        _report(report, tags)
+        _exec_program(cfg, work, [cfg["script"]], {})
+    del tests
+    os.write(report, json.dumps({"pid": pid}).encode() + b"\n")
     os.close(report)
     _, status = os.waitpid(pid, 0)
     if os.WIFSIGNALED(status):

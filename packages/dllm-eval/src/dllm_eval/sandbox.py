@@ -2,20 +2,24 @@
 
 Each call starts ``python -I -S _supervisor.py`` in a new session. The supervisor (standard
 library only) enters new mount/network/PID/IPC/UTS namespaces (plus a user namespace when not
-root), mounts a private size-limited tmpfs as the program's working directory, applies rlimits,
-drops to an unprivileged uid/gid when running as root, sets ``no_new_privs`` and forks the
-program as PID 1 of its PID namespace. When PID 1 exits the kernel kills everything left in the
+root), pivots into a private root that holds only the system libraries, the interpreter's own
+folders (read-only) and a size-limited tmpfs as the program's working directory, and forks the
+program as PID 1 of its PID namespace with a fresh ``/proc``, rlimits, an unprivileged uid/gid
+(when root) and ``no_new_privs``. When PID 1 exits the kernel kills everything left in the
 namespace, which also catches double-forked ``setsid`` escapees. The harness enforces a wall
 clock, kills the supervisor's process group and the program's PID-namespace init, and removes
-the host temp dir. Where the kernel refuses a namespace the run still happens, with fewer
-protections, and :attr:`ExecutionResult.isolation` says which ones applied.
+the host temp dir. :attr:`ExecutionResult.isolation` says which protections applied.
 
-With ``completion_token=True`` a run only counts as passed when the program ran to its end: the
-program is executed by a small harness (``harness.py``) that reads a per-run random token from a
-file, deletes the file, runs ``solution.py`` and writes the token to stdout as the last line.
-Exiting early (``sys.exit(0)``, ``os._exit(0)``, ``raise SystemExit``, an ``atexit`` hook, killing
-the parent) leaves the token out, and the program never sees the token in its source, argv,
-environment or stdin, so it cannot print it in advance.
+Isolation is required by default: where the kernel refuses the namespaces,
+:class:`SandboxUnavailableError` is raised before any untrusted code runs. With
+``SandboxLimits(isolation="best-effort")`` (or ``DLLM_SANDBOX_ISOLATION=best-effort``) the
+program runs anyway with rlimits and, as root, the uid drop only, and a warning is logged.
+
+:func:`execute_tests` decides success outside the program: the solution runs in one process,
+the tests in another (a runner the solution can neither see, signal nor read, in a PID
+namespace above the solution's), and every value crosses between them as plain data
+(:mod:`dllm_eval._rpc`). Nothing the solution does (exiting early, forging output, patching
+builtins, returning an object whose ``__eq__`` is always True) makes the runner's verdict pass.
 """
 
 from __future__ import annotations
@@ -24,7 +28,6 @@ import json
 import logging
 import math
 import os
-import secrets
 import shutil
 import signal
 import subprocess
@@ -36,33 +39,39 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-__all__ = ["ExecutionResult", "SandboxLimits", "execute_code", "execute_many"]
+__all__ = [
+    "ExecutionResult",
+    "SandboxLimits",
+    "SandboxUnavailableError",
+    "execute_code",
+    "execute_many",
+    "execute_tests",
+]
 
 logger = logging.getLogger(__name__)
 
 _SUPERVISOR = str(Path(__file__).with_name("_supervisor.py"))
 _NOBODY = 65534
 _STARTUP_SLACK_S = 1.0
-_TOKEN_FILE = ".token"
-_HARNESS_FILE = "harness.py"
-_HARNESS = """import os
+_HERE = Path(__file__).parent
+_EXIT_NO_ISOLATION = 125
+_ISOLATION_MODES = ("required", "best-effort")
+_ISOLATION_ENV = "DLLM_SANDBOX_ISOLATION"
+_SERVE = """import os
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _rpc import serve
 
-def _run():
-    with open(%(token)r, "rb") as f:
-        token = f.read()
-    os.unlink(%(token)r)
-    with open("solution.py", encoding="utf-8") as f:
-        code = compile(f.read(), "solution.py", "exec")
-    exec(code, {"__name__": "__main__", "__file__": "solution.py", "__builtins__": __builtins__})
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.write(1, b"\\n" + token + b"\\n")
+serve(sys.argv[1], 3, 4)
+"""
+# test hook: extra unshare(2) flags; an invalid bit makes the kernel refuse, as some do
+_EXTRA_UNSHARE_FLAGS = 0
+_warned_unisolated = False
 
 
-_run()
-""" % {"token": _TOKEN_FILE}
+class SandboxUnavailableError(RuntimeError):
+    """The kernel refused the namespaces the sandbox needs and isolation is required."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,6 +86,9 @@ class SandboxLimits:
         max_open_files: RLIMIT_NOFILE.
         max_output_bytes: stdout/stderr kept per stream (the rest is dropped).
         uid / gid: unprivileged identity used when the harness runs as root.
+        isolation: ``"required"`` (raise :class:`SandboxUnavailableError` when namespaces
+            are refused) or ``"best-effort"`` (run with rlimits and the uid drop only, logging
+            a warning); None reads ``$DLLM_SANDBOX_ISOLATION``, default ``"required"``.
     """
 
     timeout_s: float = 5.0
@@ -87,6 +99,7 @@ class SandboxLimits:
     max_output_bytes: int = 1 << 20
     uid: int = _NOBODY
     gid: int = _NOBODY
+    isolation: str | None = None
 
     def __post_init__(self) -> None:
         if not (self.timeout_s > 0 and math.isfinite(self.timeout_s)):
@@ -99,18 +112,22 @@ class SandboxLimits:
             raise ValueError(f"memory_mb={self.memory_mb} is too small for Python; use >= 64")
         if self.uid == 0 or self.gid == 0:
             raise ValueError("uid/gid must not be 0 (root); use an unprivileged id such as 65534")
+        if self.isolation is not None and self.isolation not in _ISOLATION_MODES:
+            raise ValueError(f"isolation must be one of {_ISOLATION_MODES} or None, got "
+                             f"{self.isolation!r}")
 
 
 @dataclass(frozen=True, kw_only=True)
 class ExecutionResult:
     """Outcome of one sandboxed run.
 
-    ``ok`` is True iff the program exited with status 0 within the limits (and, for runs with a
-    completion token, printed the token as its last line; the token is removed from ``stdout``
-    and ``completed`` says whether it was seen). ``returncode`` is
-    the program's exit status, ``128 + signal`` when a signal killed it (e.g. 137 for SIGKILL,
-    152 for SIGXCPU), or -9 when the harness killed it on the wall clock. ``isolation`` lists
-    the protections that applied (e.g. ``netns``, ``pidns``, ``uid-drop``).
+    ``ok`` is True iff the run ended with status 0 within the limits: for
+    :func:`execute_code` the program's own exit status, for :func:`execute_tests` the test
+    runner's verdict. ``returncode`` is that status, ``128 + signal`` when a signal killed it
+    (e.g. 137 for SIGKILL, 152 for SIGXCPU), or -9 when the harness killed it on the wall
+    clock. ``stdout``/``stderr`` are the program's (with tests, stderr also carries the
+    runner's reason for a failure). ``isolation`` lists the protections that applied (e.g.
+    ``netns``, ``private-root``, ``uid-drop``, ``split-tests``).
     """
 
     ok: bool
@@ -120,13 +137,19 @@ class ExecutionResult:
     stderr: str
     wall_s: float
     isolation: tuple[str, ...]
-    completed: bool | None = None
 
 
-def _python_dirs() -> list[str]:
-    exe = os.path.realpath(sys.executable)
-    dirs = {sys.prefix, sys.base_prefix, os.path.dirname(exe), os.path.dirname(os.path.dirname(exe))}
-    return sorted(os.path.realpath(d) for d in dirs)
+def _python_paths() -> list[str]:
+    """What the interpreter needs: ``bin``, ``lib*`` and ``pyvenv.cfg`` of each prefix."""
+    paths = [os.path.dirname(sys.executable), os.path.dirname(os.path.realpath(sys.executable))]
+    for prefix in {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}:
+        paths += [os.path.join(prefix, name) for name in ("bin", "lib", "lib64", "pyvenv.cfg")]
+    return sorted({p for p in paths if os.path.lexists(p)})
+
+
+def _hidden_paths() -> list[str]:
+    """This package (its data holds the benchmarks' tests), should it sit in site-packages."""
+    return [str(_HERE.resolve())]
 
 
 def _scrubbed_env() -> dict[str, str]:
@@ -146,17 +169,9 @@ def _read_capped(path: Path, limit: int) -> str:
     return data.decode("utf-8", errors="replace")
 
 
-def _read_tail(path: Path, nbytes: int) -> bytes:
-    with open(path, "rb") as f:
-        f.seek(0, os.SEEK_END)
-        f.seek(max(0, f.tell() - nbytes))
-        return f.read()
-
-
 def _kill(pgid: int, pid: int | None) -> None:
-    for fn, target in ((os.killpg, pgid), (os.kill, pid)):
-        if target is None:
-            continue
+    targets = [(os.killpg, pgid)] + ([] if pid is None else [(os.killpg, pid), (os.kill, pid)])
+    for fn, target in targets:
         try:
             fn(target, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
@@ -164,70 +179,72 @@ def _kill(pgid: int, pid: int | None) -> None:
 
 
 def _read_report(fd: int) -> dict[str, object]:
+    """Merge the JSON lines the supervisor and its child wrote (whatever arrived)."""
     os.set_blocking(fd, False)
+    chunks = []
     try:
-        raw = os.read(fd, 65536)
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
     except BlockingIOError:
-        raw = b""
+        pass
     finally:
         os.close(fd)
-    try:
-        report = json.loads(raw.decode().splitlines()[0]) if raw else {}
-    except (ValueError, IndexError):
-        report = {}
-    return report if isinstance(report, dict) else {}
+    report: dict[str, object] = {}
+    for line in b"".join(chunks).decode(errors="replace").splitlines():
+        try:
+            item = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(item, dict):
+            report.update(item)
+    return report
 
 
-def execute_code(
-    source: str,
-    *,
-    timeout_s: float = 5.0,
-    memory_mb: int = 1024,
-    stdin: str | None = None,
-    limits: SandboxLimits | None = None,
-    completion_token: bool = False,
-) -> ExecutionResult:
-    """Run a Python program in the sandbox and report how it ended.
+def _isolation_mode(lim: SandboxLimits) -> str:
+    mode = lim.isolation or os.environ.get(_ISOLATION_ENV) or "required"
+    if mode not in _ISOLATION_MODES:
+        raise ValueError(f"{_ISOLATION_ENV}={mode!r} is not one of {_ISOLATION_MODES}")
+    return mode
 
-    Args:
-        source: the program text (written to ``solution.py`` in a private working directory).
-        timeout_s: wall-clock limit (ignored when ``limits`` is given).
-        memory_mb: address-space limit (ignored when ``limits`` is given).
-        stdin: text fed to the program's standard input; empty when None.
-        limits: full limit set; overrides ``timeout_s`` and ``memory_mb``.
-        completion_token: pass only if the program runs to its end (see module docstring).
 
-    Returns:
-        An :class:`ExecutionResult`; hostile programs yield ``ok=False``, never an exception.
-    """
-    lim = limits if limits is not None else SandboxLimits(timeout_s=timeout_s, memory_mb=memory_mb)
+def _config(host_dir: Path, mode: str, lim: SandboxLimits, isolation_mode: str,
+            report_fd: int) -> dict[str, object]:
+    """The supervisor's configuration (one JSON argument)."""
+    return {
+        "host_dir": str(host_dir),
+        "mode": mode,
+        "script": "solution.py",
+        "python": sys.executable,
+        "expose": _python_paths(),
+        "hide": _hidden_paths(),
+        "harness": {"serve.py": _SERVE,
+                    "_rpc.py": (_HERE / "_rpc.py").read_text(encoding="utf-8")},
+        "isolation": isolation_mode,
+        "extra_unshare_flags": _EXTRA_UNSHARE_FLAGS,
+        "uid": lim.uid,
+        "gid": lim.gid,
+        "memory_mb": lim.memory_mb,
+        "disk_mb": lim.disk_mb,
+        "cpu_s": math.ceil(lim.timeout_s) + 1,
+        "max_processes": lim.max_processes,
+        "max_open_files": lim.max_open_files,
+        "env": _scrubbed_env(),
+        "report_fd": report_fd,
+    }
+
+
+def _run(files: dict[str, str], mode: str, lim: SandboxLimits) -> ExecutionResult:
+    """Write ``files`` to a host temp dir, run the supervisor on them, collect the outcome."""
+    global _warned_unisolated
+    isolation_mode = _isolation_mode(lim)
     start = time.monotonic()
     host_dir = Path(tempfile.mkdtemp(prefix="dllm-sandbox-"))
     try:
-        (host_dir / "solution.py").write_text(source, encoding="utf-8")
-        token = secrets.token_hex(16).encode() if completion_token else b""
-        if completion_token:
-            (host_dir / _TOKEN_FILE).write_bytes(token)
-            (host_dir / _HARNESS_FILE).write_text(_HARNESS, encoding="utf-8")
-        if stdin is not None:
-            (host_dir / "stdin.txt").write_text(stdin, encoding="utf-8")
+        for name, text in files.items():
+            (host_dir / name).write_text(text, encoding="utf-8")
         out_path, err_path = host_dir / "_stdout", host_dir / "_stderr"
         read_fd, write_fd = os.pipe()
-        cfg = {
-            "host_dir": str(host_dir),
-            "script": _HARNESS_FILE if completion_token else "solution.py",
-            "python": sys.executable,
-            "expose": _python_dirs(),
-            "uid": lim.uid,
-            "gid": lim.gid,
-            "memory_mb": lim.memory_mb,
-            "disk_mb": lim.disk_mb,
-            "cpu_s": math.ceil(lim.timeout_s) + 1,
-            "max_processes": lim.max_processes,
-            "max_open_files": lim.max_open_files,
-            "env": _scrubbed_env(),
-            "report_fd": write_fd,
-        }
+        cfg = _config(host_dir, mode, lim, isolation_mode, write_fd)
         with open(out_path, "wb") as out, open(err_path, "wb") as err:
             proc = subprocess.Popen(
                 [sys.executable, "-I", "-S", _SUPERVISOR, json.dumps(cfg)],
@@ -251,28 +268,99 @@ def execute_code(
         if timed_out:
             proc.wait()
             returncode = -signal.SIGKILL
+        if "error" in report and returncode == _EXIT_NO_ISOLATION:
+            raise SandboxUnavailableError(
+                f"the sandbox cannot isolate programs here ({report['error']}); run as root or "
+                "enable unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1"
+                f" / user.max_user_namespaces > 0), or set {_ISOLATION_ENV}=best-effort (or "
+                "SandboxLimits(isolation='best-effort')) to run untrusted code with rlimits "
+                "and the uid drop only")
         isolation = report.get("isolation", [])
-        stderr = _read_capped(err_path, lim.max_output_bytes)
-        stdout = _read_capped(out_path, lim.max_output_bytes)
-        cpu_killed = returncode == 128 + signal.SIGXCPU
-        completed: bool | None = None
-        if completion_token:
-            suffix = b"\n" + token + b"\n"
-            completed = _read_tail(out_path, len(suffix)) == suffix
-            if completed:
-                stdout = stdout.removesuffix(suffix.decode())
+        tags = tuple(str(x) for x in isolation) if isinstance(isolation, list) else ()
+        if "private-root" not in tags and not _warned_unisolated:
+            _warned_unisolated = True
+            logger.warning("sandbox ran without namespaces (isolation=best-effort): the program "
+                           "can read host files and see host processes; applied: %s", tags)
         return ExecutionResult(
-            ok=returncode == 0 and not timed_out and completed is not False,
-            timed_out=timed_out or cpu_killed,
+            ok=returncode == 0 and not timed_out,
+            timed_out=timed_out or returncode == 128 + signal.SIGXCPU,
             returncode=returncode,
-            stdout=stdout,
-            stderr=stderr,
+            stdout=_read_capped(out_path, lim.max_output_bytes),
+            stderr=_read_capped(err_path, lim.max_output_bytes),
             wall_s=time.monotonic() - start,
-            isolation=tuple(str(x) for x in isolation) if isinstance(isolation, list) else (),
-            completed=completed,
+            isolation=tags,
         )
     finally:
         shutil.rmtree(host_dir, ignore_errors=True)
+
+
+def _limits(limits: SandboxLimits | None, timeout_s: float, memory_mb: int) -> SandboxLimits:
+    return limits if limits is not None else SandboxLimits(timeout_s=timeout_s, memory_mb=memory_mb)
+
+
+def execute_code(
+    source: str,
+    *,
+    timeout_s: float = 5.0,
+    memory_mb: int = 1024,
+    stdin: str | None = None,
+    limits: SandboxLimits | None = None,
+) -> ExecutionResult:
+    """Run a Python program in the sandbox and report how it ended.
+
+    ``ok`` is the program's own exit status, which the program controls: use it when the
+    check happens outside (stdout compared with an expected output the program never sees);
+    use :func:`execute_tests` when tests decide.
+
+    Args:
+        source: the program text (written to ``solution.py`` in a private working directory).
+        timeout_s: wall-clock limit (ignored when ``limits`` is given).
+        memory_mb: address-space limit (ignored when ``limits`` is given).
+        stdin: text fed to the program's standard input; empty when None.
+        limits: full limit set; overrides ``timeout_s`` and ``memory_mb``.
+
+    Returns:
+        An :class:`ExecutionResult`; hostile programs yield ``ok=False``, never an exception.
+
+    Raises:
+        SandboxUnavailableError: namespaces are refused and isolation is required.
+    """
+    files = {"solution.py": source} | ({} if stdin is None else {"stdin.txt": stdin})
+    return _run(files, "program", _limits(limits, timeout_s, memory_mb))
+
+
+def execute_tests(
+    solution: str,
+    tests: str,
+    *,
+    timeout_s: float = 5.0,
+    memory_mb: int = 1024,
+    limits: SandboxLimits | None = None,
+) -> ExecutionResult:
+    """Run ``tests`` against ``solution``; pass iff every test statement ran without error.
+
+    The solution runs as ``__main__`` in the sandbox. The tests run in a separate runner
+    process; a name they use without defining it (the function under test, a helper or a
+    class of the solution) resolves to the solution's global of that name, except the
+    builtins used to normalise comparisons (``sorted``, ``set``, ``isinstance``, ...). Calls
+    cross as plain data: results arrive as exact builtin values (a subclass as its base value)
+    and other objects as handles that cannot be compared. See :mod:`dllm_eval._rpc`.
+
+    Args:
+        solution: the candidate program (its top level runs once, before the tests).
+        tests: trusted test code (assert statements, a ``check`` function and its call).
+        timeout_s / memory_mb / limits: as in :func:`execute_code`; the limits apply to the
+            solution's process and to the runner's each.
+
+    Returns:
+        An :class:`ExecutionResult` whose ``ok`` is the runner's verdict; the solution's
+        stdout, and its stderr followed by the runner's reason for a failure.
+
+    Raises:
+        SandboxUnavailableError: namespaces are refused and isolation is required.
+    """
+    files = {"solution.py": solution, "_tests.py": tests}
+    return _run(files, "tests", _limits(limits, timeout_s, memory_mb))
 
 
 def execute_many(
@@ -282,22 +370,20 @@ def execute_many(
     timeout_s: float = 5.0,
     memory_mb: int = 1024,
     limits: SandboxLimits | None = None,
-    completion_token: bool = False,
 ) -> list[ExecutionResult]:
     """Run many programs concurrently (thread pool of sandbox launches); order is preserved.
 
     Args:
         sources: program texts.
         max_workers: concurrent sandboxes; defaults to the number of CPUs.
-        timeout_s / memory_mb / limits / completion_token: as in :func:`execute_code`.
+        timeout_s / memory_mb / limits: as in :func:`execute_code`.
     """
     if max_workers is not None and max_workers < 1:
         raise ValueError(f"max_workers must be >= 1 or None, got {max_workers!r}")
     workers = max_workers or os.cpu_count() or 1
     with ThreadPoolExecutor(max_workers=workers) as pool:
         futures = [
-            pool.submit(execute_code, s, timeout_s=timeout_s, memory_mb=memory_mb, limits=limits,
-                        completion_token=completion_token)
+            pool.submit(execute_code, s, timeout_s=timeout_s, memory_mb=memory_mb, limits=limits)
             for s in sources
         ]
         return [f.result() for f in futures]

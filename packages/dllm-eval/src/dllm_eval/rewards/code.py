@@ -5,16 +5,18 @@ Extraction (DARE ``code_reward.py``): ``mbpp`` uses OpenCompass-style patterns i
 and escaped underscores, and rejects results shorter than 10 characters. Other sources take the
 fenced code blocks: one -> it; several -> the first containing ``def``, else the last.
 
-Program = stdlib import header + code (``__main__`` blocks removed) + test code; pass iff the
-sandboxed program runs to its end: exit 0 **and** the sandbox's per-run completion token printed
-after the last test (so ``sys.exit(0)``, ``os._exit(0)`` or ``raise SystemExit`` before the tests
-score 0). Timeout = ``per_test_timeout_s`` x number of tests (HumanEval: assert statements;
+Solution = stdlib import header + code (``__main__`` blocks removed); tests = the same header +
+test code. They run apart (:func:`dllm_eval.sandbox.execute_tests`): the tests in a runner the
+solution cannot reach, calling the solution's functions with plain-data arguments and results,
+so pass iff every test statement ran in the runner (exiting early, forging output or returning
+an object that equals everything scores 0). Timeout = ``per_test_timeout_s`` x number of tests (HumanEval: assert statements;
 HumanEval+: entries of ``inputs``; MBPP/KodCode: assert lines), capped by ``max_timeout_s``.
 HumanEval calls ``check(<entry point>)`` once (the reference may append it twice).
 
 Competitive-programming sources (``lcbv5``, ``primeintellect``, ``taco``, ``apps``,
 ``code_contests``, ``codeforces``) run stdin/stdout or call-based cases
-(:mod:`dllm_eval.rewards.stdio`); every case must pass. ``kodcode`` is MBPP-style (a JSON list
+(:mod:`dllm_eval.rewards.stdio`); every case must pass (stdin cases: output compared here;
+call-based cases: one ``execute_tests`` run). ``kodcode`` is MBPP-style (a JSON list
 of assert lines) with fenced-code extraction, as DARE routes it.
 """
 
@@ -27,7 +29,7 @@ from dataclasses import dataclass
 
 from dllm_eval.rewards.result import RewardResult
 from dllm_eval.rewards.stdio import build_functional_program, outputs_match, parse_io_tests
-from dllm_eval.sandbox import execute_code
+from dllm_eval.sandbox import execute_code, execute_tests
 
 __all__ = [
     "ASSERT_SOURCES",
@@ -142,8 +144,9 @@ def _count_tests(data_source: str, tests: str) -> int:
     return max(1, sum(isinstance(node, ast.Assert) for node in ast.walk(tree)))
 
 
-def build_program(data_source: str, code: str, tests: str, entry_point: str | None = None) -> str:
-    """The program run in the sandbox: import header + code + tests (+ ``check`` call).
+def build_program(data_source: str, code: str, tests: str,
+                  entry_point: str | None = None) -> tuple[str, str]:
+    """The solution and the tests run by :func:`dllm_eval.sandbox.execute_tests`.
 
     Args:
         data_source: one of :data:`ASSERT_SOURCES`.
@@ -151,6 +154,10 @@ def build_program(data_source: str, code: str, tests: str, entry_point: str | No
         tests: the ground truth (HumanEval ``check`` source, EvalPlus source, or MBPP/KodCode
             JSON list of assert lines).
         entry_point: HumanEval function under test; defaults to the first ``def`` in ``code``.
+
+    Returns:
+        ``(solution, tests)``: import header + code, and import header + test code (+ the
+        ``check`` call for HumanEval).
     """
     code = _MAIN_BLOCK.sub("", code)
     if data_source in ("mbpp", "kodcode"):
@@ -165,7 +172,7 @@ def build_program(data_source: str, code: str, tests: str, entry_point: str | No
             f"data_source={data_source!r} has no assert-style program builder; use one of "
             f"{ASSERT_SOURCES} (input/output sources {IO_SOURCES} go through code_reward)"
         )
-    return f"{_IMPORT_HEADER}\n{code}\n\n{test_src}\n"
+    return f"{_IMPORT_HEADER}\n{code}\n", f"{_IMPORT_HEADER}\n{test_src}\n"
 
 
 def _timeout(cfg: CodeRewardConfig, n_tests: int) -> float:
@@ -184,9 +191,9 @@ def _io_reward(code: str, tests: str, fn_name: str | None, cfg: CodeRewardConfig
         if fn is None:
             raise ValueError("call-based tests need a function name: set extra_info['fn_name'] "
                              "(or 'fn_name' in the tests dict)")
-        run = execute_code(build_functional_program(program, call_cases, fn),
-                           timeout_s=_timeout(cfg, len(call_cases)), memory_mb=cfg.memory_mb,
-                           completion_token=True)
+        solution, checks = build_functional_program(program, call_cases, fn)
+        run = execute_tests(solution, checks, timeout_s=_timeout(cfg, len(call_cases)),
+                            memory_mb=cfg.memory_mb)
         if not run.ok:
             return False
     for case in stdin_cases:
@@ -226,8 +233,7 @@ def code_reward(
     if data_source in IO_SOURCES:
         ok = _io_reward(code, tests, fn_name, cfg)
         return RewardResult(score=float(ok), acc=float(ok), pred=code)
-    program = build_program(data_source, code, tests, entry_point)
+    solution, checks = build_program(data_source, code, tests, entry_point)
     timeout = _timeout(cfg, _count_tests(data_source, tests))
-    result = execute_code(program, timeout_s=timeout, memory_mb=cfg.memory_mb,
-                          completion_token=True)
+    result = execute_tests(solution, checks, timeout_s=timeout, memory_mb=cfg.memory_mb)
     return RewardResult(score=float(result.ok), acc=float(result.ok), pred=code)

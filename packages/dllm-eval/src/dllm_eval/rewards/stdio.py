@@ -14,10 +14,10 @@ DARE's train parquets for these sources are not in our data, so this is the sche
 Standard-input cases run the program once per case with the input on stdin; it passes if it
 exits 0 and its output matches (LiveCodeBench's rule: whole output stripped, same number of
 lines, each line equal after stripping, or all its whitespace-separated tokens equal as
-decimals). Exiting early cannot fake a match, so no completion token is needed. Functional
-cases call ``Solution().<fn_name>`` (or a top-level ``<fn_name>``) on the JSON-decoded input
-lines and compare with the JSON-decoded output (tuples as lists), all in one program that must
-run to its end (completion token).
+decimals). The expected output never enters the sandbox, so exiting early cannot fake a match.
+Functional cases call ``Solution().<fn_name>`` (or a top-level ``<fn_name>``) on the
+JSON-decoded input lines and compare with the JSON-decoded output (tuples as lists) in the test
+runner of :func:`dllm_eval.sandbox.execute_tests`, outside the solution's process.
 """
 
 from __future__ import annotations
@@ -98,19 +98,26 @@ def outputs_match(actual: str, expected: str) -> bool:
     return True
 
 
-def build_functional_program(code: str, cases: list[IOCase], fn_name: str) -> str:
-    """Program calling ``fn_name`` on each case's JSON input lines and asserting the output."""
+def build_functional_program(code: str, cases: list[IOCase], fn_name: str) -> tuple[str, str]:
+    """``(solution, tests)`` calling ``fn_name`` on each case's JSON input lines.
+
+    The solution gains ``_dllm_target``, which resolves ``Solution().<fn_name>`` or the
+    top-level function; the tests call it and assert the JSON-decoded output.
+    """
+    shim = (
+        "\n\ndef _dllm_target(*args):\n"
+        f"    if 'Solution' in globals() and hasattr(Solution, {fn_name!r}):\n"
+        f"        return getattr(Solution(), {fn_name!r})(*args)\n"
+        f"    return globals()[{fn_name!r}](*args)\n"
+    )
     payload = json.dumps([[c.input, c.output] for c in cases])
-    return (
-        f"{code}\n\n"
+    tests = (
         "import json as _json\n"
-        f"_fn_name = {fn_name!r}\n"
-        "_target = getattr(Solution(), _fn_name) if 'Solution' in globals() "
-        "and hasattr(Solution, _fn_name) else globals()[_fn_name]\n"
         f"for _inp, _out in _json.loads({payload!r}):\n"
         "    _args = [_json.loads(_line) for _line in _inp.split('\\n') if _line.strip()]\n"
-        "    _got = _target(*_args)\n"
+        "    _got = _dllm_target(*_args)\n"
         "    _got = list(_got) if isinstance(_got, tuple) else _got\n"
         "    _want = _json.loads(_out)\n"
         "    assert _got == _want, f'input {_inp!r}: got {_got!r}, want {_want!r}'\n"
     )
+    return f"{code}{shim}", tests
