@@ -94,7 +94,9 @@ def test_ctrl_c_says_how_to_resume(tmp_path: Path, capsys: pytest.CaptureFixture
     monkeypatch.setattr(dare.quickstart, "run_quickstart", interrupted)
     msg = _fails(["train", "trainer.max_steps=3", "--output-dir", str(tmp_path / "qs")], capsys, code=130)
     assert [line for line in msg.splitlines() if "dare:" in line] == [msg.strip().splitlines()[-1]]  # one line
-    assert "resumable" in msg and f"train trainer.max_steps=3 --output-dir {tmp_path / 'qs'}" in msg
+    # nothing was checkpointed before the interrupt: the message says so and gives the rerun command
+    assert "No checkpoint was written" in msg and "resumable" not in msg
+    assert f"train trainer.max_steps=3 --output-dir {tmp_path / 'qs'}" in msg
     msg = _fails(["train", "trainer.max_steps=3"], capsys, code=130)  # a generated folder is named
     assert "--output-dir runs/quickstart-" in msg
 
