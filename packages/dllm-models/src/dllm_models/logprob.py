@@ -4,7 +4,8 @@ The tokens are processed in chunks of `chunk_size`; a custom autograd function k
 float32 log-sum-exp per token and recomputes each chunk's logits in backward, so memory stays
 O(chunk_size x V) instead of O(N x V) (the idea of Liger's fused linear cross-entropy, Hsu et al.,
 arXiv 2410.10989). On CUDA the per-chunk log-sum-exp and gradient are Triton kernels
-(`dllm_models.kernels`); elsewhere plain torch.
+(`dllm_models.kernels`); elsewhere plain torch, whose float32 temporaries are [chunk, V] each: its
+default chunk holds at most `LOGITS_CHUNK_ELEMENTS` logits.
 
 Models give their final hidden states through `final_hidden`: every family's own
 `model.final_hidden(...)` method (so packed rows and the BD3LM layout go through `attention=`),
@@ -20,6 +21,20 @@ import torch
 from torch import nn
 
 _HEAD_PATHS = ("lm_head", "model.transformer.ff_out", "transformer.ff_out", "model.lm_head")
+
+TRITON_CHUNK_TOKENS = 2048
+"""Default tokens per chunk of the Triton head."""
+LOGITS_CHUNK_ELEMENTS = 2**26
+"""Most logits (tokens x vocabulary) a torch (non-Triton) head computes at once by default:
+256 MiB of float32 per temporary."""
+
+
+def default_chunk_tokens(vocab: int, *, triton: bool) -> int:
+    """Tokens per head chunk: `TRITON_CHUNK_TOKENS` for the Triton kernels, else as many as
+    `LOGITS_CHUNK_ELEMENTS` logits allow at vocabulary size `vocab` (at most that too)."""
+    if triton:
+        return TRITON_CHUNK_TOKENS
+    return max(1, min(TRITON_CHUNK_TOKENS, LOGITS_CHUNK_ELEMENTS // max(1, vocab)))
 
 
 def _chunk_lse_target(
@@ -107,7 +122,7 @@ def token_logprobs(
     weight: torch.Tensor,
     targets: torch.Tensor,
     *,
-    chunk_size: int = 2048,
+    chunk_size: int | None = None,
     temperature: float = 1.0,
     backend: str = "auto",
 ) -> torch.Tensor:
@@ -117,7 +132,8 @@ def token_logprobs(
         hidden: [N, H] final hidden states (after the final norm).
         weight: [V, H] output-head weight.
         targets: long [N] target ids; negative ids (e.g. -100) give 0 and no gradient.
-        chunk_size: tokens per chunk; peak extra memory is about chunk_size x V logits.
+        chunk_size: tokens per chunk; peak extra memory is a few chunk_size x V logits (None:
+            `default_chunk_tokens`, 2048 for Triton, at most `LOGITS_CHUNK_ELEMENTS` logits else).
         temperature: logits are divided by it (the sampling temperature of the rollout).
         backend: 'auto' (Triton on CUDA when available, else chunked torch), 'triton',
             'chunked' or 'naive' (the reference, materialises [N, V]).
@@ -131,7 +147,7 @@ def token_logprobs(
         )
     if targets.shape != hidden.shape[:1]:
         raise ValueError(f"targets must be [N] = [{hidden.shape[0]}], got {tuple(targets.shape)}")
-    if chunk_size < 1 or temperature <= 0:
+    if (chunk_size is not None and chunk_size < 1) or temperature <= 0:
         raise ValueError(f"chunk_size must be >= 1 and temperature > 0, got {chunk_size}, {temperature}")
     if backend == "naive":
         return naive_token_logprobs(hidden, weight, targets, temperature=temperature)
@@ -139,9 +155,12 @@ def token_logprobs(
         backend = "triton" if hidden.is_cuda and _has_triton() else "chunked"
     if backend not in ("triton", "chunked"):
         raise ValueError(f"backend must be one of 'auto', 'triton', 'chunked', 'naive'; got {backend!r}")
+    triton = backend == "triton"
+    if chunk_size is None:
+        chunk_size = default_chunk_tokens(weight.shape[0], triton=triton)
     hidden = hidden.contiguous()
     out: torch.Tensor = _ChunkedLogProb.apply(
-        hidden, weight, targets.long(), chunk_size, 1.0 / temperature, backend == "triton"
+        hidden, weight, targets.long(), chunk_size, 1.0 / temperature, triton
     )
     return out
 
@@ -240,7 +259,7 @@ def model_token_logprobs(
     input_ids: torch.Tensor,
     targets: torch.Tensor,
     *,
-    chunk_size: int = 2048,
+    chunk_size: int | None = None,
     temperature: float = 1.0,
     **forward_kwargs: Any,
 ) -> torch.Tensor:
