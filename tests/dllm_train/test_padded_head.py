@@ -90,3 +90,15 @@ def test_the_default_chunk_follows_the_vocabulary() -> None:
     assert Scorer(model)._chunk_tokens() == LOGITS_CHUNK_ELEMENTS // VOCAB
     with pytest.raises(ValueError, match="logits_chunk_tokens"):
         Scorer(model, logits_chunk_tokens=0)
+
+
+@pytest.mark.parametrize(("family", "expected"), [("llada", None), ("Dream", None), ("sdar", "sdpa"),
+                                                  ("llada2_moe", "sdpa")])
+def test_cpu_auto_scores_block_families_on_packed_rows(family: str, expected: str | None) -> None:
+    """On CPU "auto" keeps LLaDA/Dream padded and packs SDAR/LLaDA2: their padded layout runs a
+    full-width row per noised block, which the token budget cannot split."""
+    from dllm_train import TrainerConfig, resolved_attention
+
+    model = _model(family)
+    assert resolved_attention(TrainerConfig(), model) == expected
+    assert resolved_attention(TrainerConfig(train_attention="none"), model) is None
