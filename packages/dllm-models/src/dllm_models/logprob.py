@@ -44,7 +44,7 @@ def _chunk_lse_target(
         from dllm_models.kernels import lse_and_target
 
         return lse_and_target(logits, targets, inv_temp)
-    x = logits.float() * inv_temp
+    x = logits.to(_value_dtype(logits.dtype)) * inv_temp
     return torch.logsumexp(x, -1), x.gather(-1, targets.clamp(min=0)[:, None])[:, 0]
 
 
@@ -57,7 +57,7 @@ def _chunk_grad(
         from dllm_models.kernels import logprob_grad_
 
         return logprob_grad_(logits, targets, lse, g, inv_temp)
-    d = torch.exp(logits.float() * inv_temp - lse[:, None]).neg_()
+    d = torch.exp(logits.to(lse.dtype) * inv_temp - lse[:, None]).neg_()
     d.scatter_add_(-1, targets.clamp(min=0)[:, None], torch.ones_like(d[:, :1]))
     return (d * (g * inv_temp)[:, None]).to(logits.dtype)
 
@@ -69,8 +69,9 @@ class _ChunkedLogProb(torch.autograd.Function):
         chunk: int, inv_temp: float, use_triton: bool,
     ) -> torch.Tensor:
         n = hidden.shape[0]
-        out = torch.empty(n, dtype=torch.float32, device=hidden.device)
-        lse = torch.empty(n, dtype=torch.float32, device=hidden.device)
+        dtype = _value_dtype(hidden.dtype)
+        out = torch.empty(n, dtype=dtype, device=hidden.device)
+        lse = torch.empty(n, dtype=dtype, device=hidden.device)
         for s in range(0, n, chunk):
             logits = hidden[s:s + chunk] @ weight.T
             lse[s:s + chunk], tgt = _chunk_lse_target(logits, targets[s:s + chunk], inv_temp, use_triton)
@@ -85,7 +86,7 @@ class _ChunkedLogProb(torch.autograd.Function):
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         hidden, weight, targets, lse = ctx.saved_tensors
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        g = torch.where(targets >= 0, grad_out.float(), torch.zeros_like(grad_out, dtype=torch.float32))
+        g = torch.where(targets >= 0, grad_out.to(lse.dtype), torch.zeros_like(grad_out, dtype=lse.dtype))
         d_hidden = torch.empty_like(hidden) if need_h else None
         # accumulated in the weight's dtype, one rounding per chunk (as Liger does)
         d_weight = torch.zeros_like(weight) if need_w else None
@@ -102,6 +103,11 @@ class _ChunkedLogProb(torch.autograd.Function):
         return d_hidden, d_weight, None, None, None, None
 
 
+def _value_dtype(dtype: torch.dtype) -> torch.dtype:
+    """float32, or float64 for float64 inputs (the log-softmax never runs below float32)."""
+    return torch.promote_types(dtype, torch.float32)
+
+
 def _has_triton() -> bool:
     from dllm_models.kernels import HAS_TRITON  # imports Triton: only asked for CUDA inputs
 
@@ -111,8 +117,9 @@ def _has_triton() -> bool:
 def naive_token_logprobs(
     hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *, temperature: float = 1.0
 ) -> torch.Tensor:
-    """Reference: log_softmax((hidden @ weight.T).float() / T)[targets] (materialises [N, V])."""
-    logp = torch.log_softmax((hidden @ weight.T).float() / temperature, dim=-1)
+    """Reference: log_softmax((hidden @ weight.T) / T)[targets] in float32 or float64 (materialises [N, V])."""
+    logits = hidden @ weight.T
+    logp = torch.log_softmax(logits.to(_value_dtype(logits.dtype)) / temperature, dim=-1)
     out = logp.gather(-1, targets.clamp(min=0)[:, None])[:, 0]
     return torch.where(targets >= 0, out, torch.zeros_like(out))
 
@@ -139,7 +146,8 @@ def token_logprobs(
             'chunked' or 'naive' (the reference, materialises [N, V]).
 
     Returns:
-        float32 [N] log-probabilities, differentiable w.r.t. hidden and weight.
+        float32 [N] log-probabilities (float64 for float64 inputs), differentiable w.r.t. hidden
+        and weight.
     """
     if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
         raise ValueError(
@@ -275,7 +283,7 @@ def model_token_logprobs(
             for packed rows [1, T] or the BD3LM layout, ...).
 
     Returns:
-        float32 [B, L] log-probabilities (0 where targets < 0).
+        float32 [B, L] log-probabilities (float64 for a float64 model; 0 where targets < 0).
     """
     hidden, weight = lm_head_and_hidden(model, input_ids, **forward_kwargs)
     b, n, h = hidden.shape
@@ -285,5 +293,5 @@ def model_token_logprobs(
         hidden.reshape(b * n, h)[keep], weight, flat_t[keep],
         chunk_size=chunk_size, temperature=temperature,
     )
-    out = torch.zeros(b * n, dtype=torch.float32, device=hidden.device).index_copy(0, keep, lp)
+    out = torch.zeros(b * n, dtype=lp.dtype, device=hidden.device).index_copy(0, keep, lp)
     return out.view(b, n)
