@@ -86,8 +86,10 @@ def fast(algorithm: RLAlgorithm[Any]) -> RLAlgorithm[Any]:
 
 def reproducible(record: dict[str, Any]) -> dict[str, Any]:
     """A step's metrics without what a rerun cannot reproduce: wall-clock timings (`*_s`: rollout_s,
-    old_s, reference_s, update_s) and peak memory (`peak_gib`)."""
-    return {k: v for k, v in record.items() if not (k.endswith("_s") or k == "peak_gib")}
+    old_s, reference_s, update_s) and memory peaks (`peak_gib`, `peak_rss_gib`, per phase too)."""
+    from dllm_train.metrics import is_peak
+
+    return {k: v for k, v in record.items() if not (k.endswith("_s") or is_peak(k))}
 
 
 __all__ = ["FAMILIES", "SAMPLING", "TOK", "addition_prompts", "fast", "local_rl", "partial_reward", "reproducible", "special_ids", "text_reward",

@@ -4,7 +4,8 @@ The tokens are processed in chunks of `chunk_size`; a custom autograd function k
 float32 log-sum-exp per token and recomputes each chunk's logits in backward, so memory stays
 O(chunk_size x V) instead of O(N x V) (the idea of Liger's fused linear cross-entropy, Hsu et al.,
 arXiv 2410.10989). On CUDA the per-chunk log-sum-exp and gradient are Triton kernels
-(`dllm_models.kernels`); elsewhere plain torch.
+(`dllm_models.kernels`); elsewhere plain torch, whose float32 temporaries are [chunk, V] each: its
+default chunk holds at most `LOGITS_CHUNK_ELEMENTS` logits.
 
 Models give their final hidden states through `final_hidden`: every family's own
 `model.final_hidden(...)` method (so packed rows and the BD3LM layout go through `attention=`),
@@ -21,6 +22,20 @@ from torch import nn
 
 _HEAD_PATHS = ("lm_head", "model.transformer.ff_out", "transformer.ff_out", "model.lm_head")
 
+TRITON_CHUNK_TOKENS = 2048
+"""Default tokens per chunk of the Triton head."""
+LOGITS_CHUNK_ELEMENTS = 2**26
+"""Most logits (tokens x vocabulary) a torch (non-Triton) head computes at once by default:
+256 MiB of float32 per temporary."""
+
+
+def default_chunk_tokens(vocab: int, *, triton: bool) -> int:
+    """Tokens per head chunk: `TRITON_CHUNK_TOKENS` for the Triton kernels, else as many as
+    `LOGITS_CHUNK_ELEMENTS` logits allow at vocabulary size `vocab` (at most that too)."""
+    if triton:
+        return TRITON_CHUNK_TOKENS
+    return max(1, min(TRITON_CHUNK_TOKENS, LOGITS_CHUNK_ELEMENTS // max(1, vocab)))
+
 
 def _chunk_lse_target(
     logits: torch.Tensor, targets: torch.Tensor, inv_temp: float, use_triton: bool
@@ -29,7 +44,7 @@ def _chunk_lse_target(
         from dllm_models.kernels import lse_and_target
 
         return lse_and_target(logits, targets, inv_temp)
-    x = logits.float() * inv_temp
+    x = logits.to(_value_dtype(logits.dtype)) * inv_temp
     return torch.logsumexp(x, -1), x.gather(-1, targets.clamp(min=0)[:, None])[:, 0]
 
 
@@ -42,7 +57,7 @@ def _chunk_grad(
         from dllm_models.kernels import logprob_grad_
 
         return logprob_grad_(logits, targets, lse, g, inv_temp)
-    d = torch.exp(logits.float() * inv_temp - lse[:, None]).neg_()
+    d = torch.exp(logits.to(lse.dtype) * inv_temp - lse[:, None]).neg_()
     d.scatter_add_(-1, targets.clamp(min=0)[:, None], torch.ones_like(d[:, :1]))
     return (d * (g * inv_temp)[:, None]).to(logits.dtype)
 
@@ -54,8 +69,9 @@ class _ChunkedLogProb(torch.autograd.Function):
         chunk: int, inv_temp: float, use_triton: bool,
     ) -> torch.Tensor:
         n = hidden.shape[0]
-        out = torch.empty(n, dtype=torch.float32, device=hidden.device)
-        lse = torch.empty(n, dtype=torch.float32, device=hidden.device)
+        dtype = _value_dtype(hidden.dtype)
+        out = torch.empty(n, dtype=dtype, device=hidden.device)
+        lse = torch.empty(n, dtype=dtype, device=hidden.device)
         for s in range(0, n, chunk):
             logits = hidden[s:s + chunk] @ weight.T
             lse[s:s + chunk], tgt = _chunk_lse_target(logits, targets[s:s + chunk], inv_temp, use_triton)
@@ -70,7 +86,7 @@ class _ChunkedLogProb(torch.autograd.Function):
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         hidden, weight, targets, lse = ctx.saved_tensors
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        g = torch.where(targets >= 0, grad_out.float(), torch.zeros_like(grad_out, dtype=torch.float32))
+        g = torch.where(targets >= 0, grad_out.to(lse.dtype), torch.zeros_like(grad_out, dtype=lse.dtype))
         d_hidden = torch.empty_like(hidden) if need_h else None
         # accumulated in the weight's dtype, one rounding per chunk (as Liger does)
         d_weight = torch.zeros_like(weight) if need_w else None
@@ -87,6 +103,11 @@ class _ChunkedLogProb(torch.autograd.Function):
         return d_hidden, d_weight, None, None, None, None
 
 
+def _value_dtype(dtype: torch.dtype) -> torch.dtype:
+    """float32, or float64 for float64 inputs (the log-softmax never runs below float32)."""
+    return torch.promote_types(dtype, torch.float32)
+
+
 def _has_triton() -> bool:
     from dllm_models.kernels import HAS_TRITON  # imports Triton: only asked for CUDA inputs
 
@@ -96,8 +117,9 @@ def _has_triton() -> bool:
 def naive_token_logprobs(
     hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *, temperature: float = 1.0
 ) -> torch.Tensor:
-    """Reference: log_softmax((hidden @ weight.T).float() / T)[targets] (materialises [N, V])."""
-    logp = torch.log_softmax((hidden @ weight.T).float() / temperature, dim=-1)
+    """Reference: log_softmax((hidden @ weight.T) / T)[targets] in float32 or float64 (materialises [N, V])."""
+    logits = hidden @ weight.T
+    logp = torch.log_softmax(logits.to(_value_dtype(logits.dtype)) / temperature, dim=-1)
     out = logp.gather(-1, targets.clamp(min=0)[:, None])[:, 0]
     return torch.where(targets >= 0, out, torch.zeros_like(out))
 
@@ -107,7 +129,7 @@ def token_logprobs(
     weight: torch.Tensor,
     targets: torch.Tensor,
     *,
-    chunk_size: int = 2048,
+    chunk_size: int | None = None,
     temperature: float = 1.0,
     backend: str = "auto",
 ) -> torch.Tensor:
@@ -117,13 +139,15 @@ def token_logprobs(
         hidden: [N, H] final hidden states (after the final norm).
         weight: [V, H] output-head weight.
         targets: long [N] target ids; negative ids (e.g. -100) give 0 and no gradient.
-        chunk_size: tokens per chunk; peak extra memory is about chunk_size x V logits.
+        chunk_size: tokens per chunk; peak extra memory is a few chunk_size x V logits (None:
+            `default_chunk_tokens`, 2048 for Triton, at most `LOGITS_CHUNK_ELEMENTS` logits else).
         temperature: logits are divided by it (the sampling temperature of the rollout).
         backend: 'auto' (Triton on CUDA when available, else chunked torch), 'triton',
             'chunked' or 'naive' (the reference, materialises [N, V]).
 
     Returns:
-        float32 [N] log-probabilities, differentiable w.r.t. hidden and weight.
+        float32 [N] log-probabilities (float64 for float64 inputs), differentiable w.r.t. hidden
+        and weight.
     """
     if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
         raise ValueError(
@@ -131,7 +155,7 @@ def token_logprobs(
         )
     if targets.shape != hidden.shape[:1]:
         raise ValueError(f"targets must be [N] = [{hidden.shape[0]}], got {tuple(targets.shape)}")
-    if chunk_size < 1 or temperature <= 0:
+    if (chunk_size is not None and chunk_size < 1) or temperature <= 0:
         raise ValueError(f"chunk_size must be >= 1 and temperature > 0, got {chunk_size}, {temperature}")
     if backend == "naive":
         return naive_token_logprobs(hidden, weight, targets, temperature=temperature)
@@ -139,9 +163,12 @@ def token_logprobs(
         backend = "triton" if hidden.is_cuda and _has_triton() else "chunked"
     if backend not in ("triton", "chunked"):
         raise ValueError(f"backend must be one of 'auto', 'triton', 'chunked', 'naive'; got {backend!r}")
+    triton = backend == "triton"
+    if chunk_size is None:
+        chunk_size = default_chunk_tokens(weight.shape[0], triton=triton)
     hidden = hidden.contiguous()
     out: torch.Tensor = _ChunkedLogProb.apply(
-        hidden, weight, targets.long(), chunk_size, 1.0 / temperature, backend == "triton"
+        hidden, weight, targets.long(), chunk_size, 1.0 / temperature, triton
     )
     return out
 
@@ -240,7 +267,7 @@ def model_token_logprobs(
     input_ids: torch.Tensor,
     targets: torch.Tensor,
     *,
-    chunk_size: int = 2048,
+    chunk_size: int | None = None,
     temperature: float = 1.0,
     **forward_kwargs: Any,
 ) -> torch.Tensor:
@@ -256,7 +283,7 @@ def model_token_logprobs(
             for packed rows [1, T] or the BD3LM layout, ...).
 
     Returns:
-        float32 [B, L] log-probabilities (0 where targets < 0).
+        float32 [B, L] log-probabilities (float64 for a float64 model; 0 where targets < 0).
     """
     hidden, weight = lm_head_and_hidden(model, input_ids, **forward_kwargs)
     b, n, h = hidden.shape
@@ -266,5 +293,5 @@ def model_token_logprobs(
         hidden.reshape(b * n, h)[keep], weight, flat_t[keep],
         chunk_size=chunk_size, temperature=temperature,
     )
-    out = torch.zeros(b * n, dtype=torch.float32, device=hidden.device).index_copy(0, keep, lp)
+    out = torch.zeros(b * n, dtype=lp.dtype, device=hidden.device).index_copy(0, keep, lp)
     return out.view(b, n)

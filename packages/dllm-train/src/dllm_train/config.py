@@ -85,9 +85,11 @@ class TrainerConfig:
         train_attention: attention backend of the likelihood passes (old, reference, training,
             SFT, preference) on packed rows with the fused log-prob head: "varlen" / "flash_attn"
             (CUDA; bidirectional families), "flex" (any family; block families' BD3LM layout),
-            "sdpa" (CPU too). "auto": varlen or flex on CUDA (the exact fast path), the padded
-            path on CPU. "none" or empty: the padded batch with full logits. The rollout keeps
-            the model's own backend. See `dllm_train.packed_scoring`.
+            "sdpa" (CPU too). "auto": varlen or flex on CUDA (the exact fast path); on CPU sdpa
+            for block families (their padded layout runs a row per noised block) and the padded
+            path for LLaDA/Dream. "none" or empty: the padded batch (its head in chunks of
+            `dllm_models.logprob.LOGITS_CHUNK_ELEMENTS` logits). The rollout keeps the model's
+            own backend. See `dllm_train.packed_scoring`.
         max_tokens_per_pass: token budget of one forward of every likelihood pass (old,
             reference, training; Monte-Carlo copies, BD3LM rows and replay states included): the
             rows of a pass are split into forwards of at most this many tokens

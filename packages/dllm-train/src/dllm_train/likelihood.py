@@ -5,8 +5,10 @@
 BD3LM [x_t ; x_0] layout (Arriola et al., arXiv 2503.09573): a noisy block sees itself and the
 clean earlier blocks only. Objectives receive a `Scorer` and never branch on the family.
 A scorer built with a packed `attention` backend scores packed rows with the fused log-prob head
-(`dllm_train.packed_scoring`); otherwise the padded batch. How many rows one forward takes is
-decided above it (`dllm_train.passes`): `row_cost` says what each row costs a forward.
+(`dllm_train.packed_scoring`); otherwise the padded batch, whose head runs on chunks of at most
+`dllm_models.logprob.LOGITS_CHUNK_ELEMENTS` logits (recomputed in backward), so no pass holds
+[tokens, vocabulary] logits. How many rows one forward takes is decided above it
+(`dllm_train.passes`): `row_cost` says what each row costs a forward.
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.utils.checkpoint import checkpoint
 
+from dllm_models.logprob import LOGITS_CHUNK_ELEMENTS
 from dllm_objectives import MaskPlan, apply_mask, token_logp_from_logits
 from dllm_train.packed_scoring import PACKED_BACKENDS, packed_token_logp, shares_clean_context
 
@@ -33,6 +37,50 @@ def logp_of_targets(logits: torch.Tensor, targets: torch.Tensor, temperature: fl
     return logp.gather(-1, targets)
 
 
+def chunked_head_logp(model: Any, hidden: torch.Tensor, targets: torch.Tensor, temperature: float,
+                      chunk_tokens: int) -> torch.Tensor:
+    """`logp_of_targets(head(hidden), targets)` over chunks of `chunk_tokens` tokens, never all logits at once.
+
+    Each chunk runs the model's output head (as `forward` does: `logits_fp32` upcasts) and the
+    float32 log-softmax of its tokens only; under grad the chunk is recomputed in backward
+    (`torch.utils.checkpoint`), so forward and backward hold one chunk's logits at a time.
+    Values are those of the unchunked computation, row by row; gradients equal it up to the order
+    in which the chunks' head-weight gradients are summed.
+
+    Args:
+        model: the family module (its `output_head` and `logits_fp32`).
+        hidden: [M, S, H] hidden states, already aligned with the targets (logit shift applied).
+        targets: long [M, S] (or [M, S, C] candidates).
+        temperature: divides the logits.
+        chunk_tokens: tokens per chunk.
+
+    Returns:
+        float32 [M, S] (or [M, S, C]).
+    """
+    from dllm_models.logprob import output_head
+
+    head = output_head(model)
+    upcast = bool(getattr(model, "logits_fp32", False))
+    m, s, h = hidden.shape
+    flat_h = hidden.reshape(m * s, h)
+    flat_t = targets.reshape(m * s, *targets.shape[2:])
+
+    def piece(h_chunk: torch.Tensor, t_chunk: torch.Tensor) -> torch.Tensor:
+        logits: torch.Tensor = head(h_chunk)
+        return logp_of_targets(logits.float() if upcast else logits, t_chunk, temperature)
+
+    outs = []
+    for start in range(0, m * s, chunk_tokens):
+        h_chunk, t_chunk = flat_h[start:start + chunk_tokens], flat_t[start:start + chunk_tokens]
+        if torch.is_grad_enabled():
+            out = checkpoint(piece, h_chunk, t_chunk, use_reentrant=False)
+            assert isinstance(out, torch.Tensor)
+        else:
+            out = piece(h_chunk, t_chunk)
+        outs.append(out)
+    return torch.cat(outs).view(targets.shape)
+
+
 class Scorer:
     """`score(noisy_ids, attention_mask, targets) -> token_logp` for one model.
 
@@ -47,20 +95,26 @@ class Scorer:
             all-gathers its weights); None: no such group (one process). Objectives with a
             data-dependent number of passes pad to the group's count (`dllm_train.lockstep`).
         attention: the packed attention backend of its forwards ('varlen', 'flex', 'sdpa', ...;
-            see `dllm_train.packed_scoring`), or None for the padded batch with full logits.
+            see `dllm_train.packed_scoring`), or None for the padded batch.
         shared_context: block families on packed rows: consecutive rows with the same clean
             sequence (Monte-Carlo copies) share one clean half of the BD3LM layout; False: one
             clean half per row (the doubled layout, for comparison). The same values either way.
+        logits_chunk_tokens: tokens per chunk of the padded path's head (None: as many as
+            `LOGITS_CHUNK_ELEMENTS` logits allow at the model's vocabulary).
     """
 
     def __init__(self, model: Any, *, lockstep_group: dist.ProcessGroup | None = None,
-                 attention: str | None = None, shared_context: bool = True) -> None:
+                 attention: str | None = None, shared_context: bool = True,
+                 logits_chunk_tokens: int | None = None) -> None:
         if attention is not None and attention not in PACKED_BACKENDS:
             raise ValueError(f"training attention {attention!r} is not a packed backend; choose one of {PACKED_BACKENDS}")
+        if logits_chunk_tokens is not None and logits_chunk_tokens < 1:
+            raise ValueError(f"logits_chunk_tokens must be >= 1 (or None), got {logits_chunk_tokens}")
         self.model = model
         self.lockstep_group = lockstep_group
         self.attention = attention
         self.shared_context = shared_context
+        self.logits_chunk_tokens = logits_chunk_tokens
         traits = model.traits
         self.mask_id: int = int(traits.mask_token_id)
         self.eos_id: int = int(traits.eos_token_id)
@@ -80,13 +134,36 @@ class Scorer:
             logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
         return logits
 
+    def _chunk_tokens(self) -> int:
+        if self.logits_chunk_tokens is not None:
+            return self.logits_chunk_tokens
+        from dllm_models.logprob import output_head
+
+        head = output_head(self.model)
+        vocab = getattr(head, "out_features", None)
+        if vocab is None:
+            weight = getattr(head, "weight", None)
+            assert isinstance(weight, torch.Tensor), f"output head {type(head).__name__} has no weight"
+            vocab = weight.shape[0]
+        return max(1, LOGITS_CHUNK_ELEMENTS // int(vocab))
+
     def _token_logp(self, ids: torch.Tensor, attn: torch.Tensor, pos: torch.Tensor, targets: torch.Tensor,
                     temperature: float) -> torch.Tensor:
         """The one forward of a score: float32 log-probs of `targets` [M, S] (or [M, S, C]).
 
+        A forward of more than `_chunk_tokens()` tokens runs the head chunk by chunk
+        (`chunked_head_logp`); a smaller one computes its logits in one piece.
         Subclasses change how the forward runs (e.g. sequence parallelism), not what it computes.
         """
-        return logp_of_targets(self._logits(ids, attn, pos), targets, temperature)
+        chunk = self._chunk_tokens()
+        if ids.numel() <= chunk:
+            return logp_of_targets(self._logits(ids, attn, pos), targets, temperature)
+        from dllm_models import final_hidden
+
+        hidden = final_hidden(self.model, ids, attention_mask=attn, position_ids=pos)
+        if self.logit_shift:
+            hidden = torch.cat([hidden[:, :1], hidden[:, :-1]], dim=1)
+        return chunked_head_logp(self.model, hidden, targets, temperature, chunk)
 
     def idle_pass(self) -> torch.Tensor:
         """One forward of a one-token input (the mask token), returned as a scalar 0 that keeps its graph.

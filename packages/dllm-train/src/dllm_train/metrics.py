@@ -109,18 +109,58 @@ class MetricsWriter:
             self._tb.close()
 
 
-def device_peak() -> dict[str, float]:
-    """`{"peak_gib": ...}`: the CUDA memory peak since the last call (its stats are reset), or {} off CUDA.
+def host_peak_gib() -> float | None:
+    """This process's peak resident memory in GiB since the last call, or None where unknown.
 
-    Every training step reports it, so a run's metrics.jsonl shows whether it fits its GPU.
+    Linux: the kernel's high-water mark `VmHWM` (/proc/self/status), reset after each reading
+    (writing 5 to /proc/self/clear_refs), so each call covers the interval since the previous
+    one; where the reset is refused, the peak since the process started. Other systems: the
+    process's peak so far (`ru_maxrss`).
+    """
+    try:
+        with open("/proc/self/status") as fh:
+            kib = next((int(line.split()[1]) for line in fh if line.startswith("VmHWM:")), None)
+    except OSError:
+        kib = None
+    if kib is None:
+        import resource
+        import sys
+
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+        return rss / 2**30 if sys.platform == "darwin" else rss / 2**20 if rss else None
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+    except OSError:
+        pass
+    return kib / 2**20
+
+
+def device_peak(prefix: str = "") -> dict[str, float]:
+    """Peak memory since the last call: `peak_gib` (CUDA memory allocated; only on CUDA, its stats
+    are reset) and `peak_rss_gib` (this process's resident host memory, `host_peak_gib`).
+
+    Every training step reports them (an RL step per phase too, `rollout_` and `update_`
+    prefixes), so a run's metrics.jsonl shows whether it fits its GPU and its host.
+
+    Args:
+        prefix: put before each key (e.g. "rollout_" -> `rollout_peak_gib`).
     """
     import torch
 
-    if not torch.cuda.is_available():
-        return {}
-    peak = torch.cuda.max_memory_allocated() / 2**30
-    torch.cuda.reset_peak_memory_stats()
-    return {"peak_gib": peak}
+    out: dict[str, float] = {}
+    if torch.cuda.is_available():
+        out[f"{prefix}peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+        torch.cuda.reset_peak_memory_stats()
+    host = host_peak_gib()
+    if host is not None:
+        out[f"{prefix}peak_rss_gib"] = host
+    return out
+
+
+def is_peak(key: str) -> bool:
+    """Whether a metric is a memory peak (`device_peak`): combined over ranks and phases by max."""
+    return key.endswith(("peak_gib", "peak_rss_gib"))
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:

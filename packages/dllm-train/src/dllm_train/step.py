@@ -19,7 +19,7 @@ from typing import Any, Generic, Protocol, TypeVar
 import torch
 
 from dllm_rollout import RolloutBatch, SamplingConfig, consistency_gap
-from dllm_train.metrics import device_peak
+from dllm_train.metrics import device_peak, is_peak
 from dllm_train.algorithm import RLAlgorithm, RLBatch
 from dllm_train.dataflow import PromptBatch
 from dllm_train.seeding import sample_seeds
@@ -99,17 +99,19 @@ class PolicyRank(Generic[D]):
         self.generates = generates
         self.share = share
         self.prepared: Prepared[D] | None = None
-        self.timings: dict[str, float] = {}
+        self.carried: dict[str, float] = {}
 
     def rollout_step(self, step: int, prompts: Sequence[Sequence[int]], answers: Sequence[str],
                      seeds: torch.Tensor, groups: torch.Tensor) -> RankRollout:
         """Generate, score and prepare this rank's rows (old and reference values included).
 
-        Its metrics include the seconds of each part (`rollout_s`, `old_s`, `reference_s`) and,
-        on CUDA, the peak GiB allocated since the step began (`peak_gib`, completed by `update`).
+        Its metrics include the seconds of each part (`rollout_s`, `old_s`, `reference_s`) and
+        the memory peaks of this phase (`rollout_peak_gib` on CUDA, `rollout_peak_rss_gib`),
+        both reported by `update` with its own.
         """
         payload: tuple[RolloutBatch, RLBatch] | None = None
         metrics: dict[str, float] = {}
+        device_peak()  # the peaks below start with the step
         clock = _Clock()
         if self.generates:
             rollout = self.rollout.generate(prompts, seeds)
@@ -135,18 +137,25 @@ class PolicyRank(Generic[D]):
             prepared = replace(prepared, ref=self.reference.values(self.actor.algorithm, prepared))
             metrics["reference_s"] = clock.lap()
         self.prepared = prepared
-        self.timings = {k: v for k, v in metrics.items() if k.endswith("_s")}
+        self.carried = {k: v for k, v in metrics.items() if k.endswith("_s")}
+        self.carried.update(device_peak("rollout_"))
         return RankRollout(scores=batch.scores, lengths=rollout.response_mask.float().sum(-1),
                            metrics={k: v for k, v in metrics.items() if not k.endswith("_s")})
 
     def update(self, advantages: torch.Tensor) -> dict[str, float]:
-        """The actor's update on this rank's prepared rows; its metrics carry this rank's timings."""
+        """The actor's update on this rank's prepared rows; its metrics carry this rank's timings
+        and memory peaks: those of the rollout phase, of the update (`update_peak_gib`,
+        `update_peak_rss_gib`) and of the whole step (`peak_gib`, `peak_rss_gib`)."""
         assert self.prepared is not None, "rollout_step must run before update"
         prepared, self.prepared = self.prepared, None
         clock = _Clock()
         out = self.actor.update(prepared, advantages.to(prepared.batch.rollout.response_mask.device))
-        out.update(self.timings, update_s=clock.lap())
-        out.update(device_peak())
+        out.update(self.carried, update_s=clock.lap())
+        out.update(device_peak("update_"))
+        for key in ("peak_gib", "peak_rss_gib"):
+            phases = [out[k] for k in (f"rollout_{key}", f"update_{key}") if k in out]
+            if phases:
+                out[key] = max(phases)
         return out
 
 
@@ -236,7 +245,7 @@ def rl_step(step: int, *, prompts: PromptSampler, ranks: Ranks, algorithm: RLAlg
     lengths = torch.cat([o.lengths.cpu() for o in firsts])
     advantages = algorithm.advantages(scores, groups)
     per_rank = ranks.update([advantages[s] for s in rows])
-    metrics = {k: (max(m[k] for m in per_rank) if k == "peak_gib" else sum(m[k] for m in per_rank) / len(per_rank))
+    metrics = {k: (max(m[k] for m in per_rank) if is_peak(k) else sum(m[k] for m in per_rank) / len(per_rank))
                for k in per_rank[0]}
     for o in firsts:  # consistency gaps of the groups' rows, averaged
         for k, v in o.metrics.items():

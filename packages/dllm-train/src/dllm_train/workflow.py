@@ -321,16 +321,18 @@ class LocalRL:
 def resolved_attention(trainer: TrainerConfig, model: Any) -> str | None:
     """The packed attention backend of the likelihood passes: `trainer.train_attention`, where
     "auto" picks the exact fast path of the device (CUDA: varlen for bidirectional families,
-    flex for block families; CPU: the padded path), and "none" or "" the padded path."""
+    flex for block families; CPU: sdpa for block families, whose padded layout runs one row per
+    noised block, and the padded path for bidirectional ones), and "none" or "" the padded path."""
     choice = trainer.train_attention
     if choice in ("", "none"):
         return None
     if choice != "auto":
         return choice
+    block = model.traits.block_length is not None
     device = next(model.parameters()).device
     if device.type != "cuda":
-        return None
-    return "flex" if model.traits.block_length is not None else "varlen"
+        return "sdpa" if block else None
+    return "flex" if block else "varlen"
 
 
 def set_activation_checkpointing(model: Any, enabled: bool) -> None:
