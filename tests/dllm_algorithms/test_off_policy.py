@@ -75,7 +75,7 @@ def _two_updates(name: str) -> dict[str, Any]:
         cases.ALGORITHMS[name] = saved
     for group in rl.actor.optimizer.param_groups:
         group["lr"] = 5e-2
-    rl.actor.optim_cfg = dataclasses.replace(rl.actor.optim_cfg, lr=5e-2)
+    rl.actor.optim.cfg = dataclasses.replace(rl.actor.optim.cfg, lr=5e-2)  # the schedule reads this
     metrics = rl.actor.update(prepared, advantages)
     grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     records = alg.records

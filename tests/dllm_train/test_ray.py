@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from dllm_algorithms import BGPO, CJGRPO, D1, DMPO, EBPO, ESPO, MDPO, SPG, CoupledGRPO, DTreeRPO, JustGRPO
+from dllm_algorithms import BGPO, CJGRPO, D1, DMPO, EBPO, ESPO, MDPO, SPG, BridgeRatioGRPO, CoupledGRPO, DTreeRPO, JustGRPO
 from dllm_train import RLAlgorithm
 from tests.tiny_rl import addition_prompts, local_rl, reproducible, tiny_model
 
@@ -134,6 +134,8 @@ RAY_CASES = [
     pytest.param("sdar", EBPO(mc_num=2), {}, id="ebpo-sdar", marks=pytest.mark.slow),
     # block-local replay states; a state whose rows hold no noised block still runs one forward
     pytest.param("sdar", CJGRPO(), {}, id="cj-grpo-sdar", marks=pytest.mark.slow),
+    # Coupled-GRPO's paths with the bridge log ratio and the dual clip
+    pytest.param("llada", BridgeRatioGRPO(), {}, id="bridgeratio-grpo-llada", marks=pytest.mark.slow),
 ]
 COVERED_ELSEWHERE = {(D1, "llada")}
 

@@ -145,6 +145,11 @@ def _load_state(model: nn.Module, root: Path, device: torch.device, dtype: torch
                         f"built from {root / 'config.json'} expects {list(shapes[name])}: config.json and the "
                         "weights come from different models; restore the release's config.json")
                 tensor = f.get_tensor(name).to(dtype)
+                if tensor.device.type == "cpu" and tensor.data_ptr() % 64:
+                    # a tensor read straight from the file's buffer may sit at any byte offset; CPU
+                    # kernels then take unaligned paths (slower, and rounding that differs from the
+                    # saved model's): give it memory of its own
+                    tensor = tensor.clone()
                 if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
                     raise ValueError(
                         f"tensor {name!r} in {path} holds non-finite values (NaN or Inf) as {dtype}: the "
