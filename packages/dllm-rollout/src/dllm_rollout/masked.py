@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from dllm_models.protocol import KVCache
 
-from dllm_rollout.batch import RolloutBatch
+from dllm_rollout.batch import RolloutBatch, decoded_batch
 from dllm_rollout.config import LLADA_REMASKING, SamplingConfig
 from dllm_rollout.fast import GraphedStep, block_forward, graph_pool, head_columns, raw_columns
 from dllm_rollout.noise import RowNoise
@@ -220,27 +220,7 @@ def decode_masked(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
             rec.record(active, start - p, commit, x0, logp, conf, before, ref_logp)
             step += 1
     block_logits.release()
-    return _batch(prompt_ids, prompt_mask, canvas[:, p:].clone(), seeds, cfg, rec, traits)
+    zeros = torch.zeros(b, dtype=torch.long, device=device)
+    return decoded_batch(prompt_ids, prompt_mask, canvas[:, p:], zeros, seeds, cfg, rec,
+                         mask_id=mask_id, eos_id=traits.eos_token_id)
 
-
-def _batch(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, response: torch.Tensor, seeds: torch.Tensor,
-           cfg: SamplingConfig, rec: Recorder, traits: Any) -> RolloutBatch:
-    from dllm_rollout.generate import response_mask
-
-    zeros = torch.zeros(response.shape[0], dtype=torch.long, device=response.device)
-    recs = rec.take(zeros, response.shape[1], traits.mask_token_id)
-    keep = cfg.record_trajectory
-    return RolloutBatch(
-        prompt_ids=prompt_ids,
-        prompt_mask=prompt_mask,
-        response_ids=response,
-        response_mask=response_mask(response, traits.eos_token_id, cfg.eos_handling),
-        seeds=seeds,
-        unmask_step=recs["unmask_step"] if keep else None,
-        step_logp=recs["step_logp"] if keep else None,
-        ref_step_logp=recs.get("ref_step_logp"),
-        step_canvas=recs.get("step_canvas"),
-        step_x0=recs.get("step_x0"),
-        step_confidence=recs.get("step_confidence"),
-        config=cfg,
-    )
