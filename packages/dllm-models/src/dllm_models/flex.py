@@ -17,12 +17,13 @@ import os
 import sys
 import warnings
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
-from dllm_models.attention import AttentionMask
+if TYPE_CHECKING:  # attention.py imports this module when the flex backend is chosen
+    from dllm_models.attention import AttentionMask
 
 TILE = 128
 _I32_MAX = torch.iinfo(torch.int32).max
