@@ -311,9 +311,3 @@ def plan_token_logp(scorer: Scorer, input_ids: torch.Tensor, attention_mask: tor
     lp = scorer(noisy.reshape(b * n, s), attn, clean, temperature=temperature)
     return lp.reshape(b, n, s)
 
-
-def noised_token_logp(
-    model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, plan: MaskPlan
-) -> torch.Tensor:
-    """Log-prob of each clean token given each noised copy ([B, N, L] float32), any family."""
-    return plan_token_logp(Scorer(model), input_ids, attention_mask, plan)
