@@ -267,8 +267,8 @@ class RayRLWorkflow:
         """Every rank writes its shards of the actor's parameters (FSDP2's float32 masters under
         mixed precision) and optimizer state into `folder` (a checkpoint's `shards/`, on a path
         every rank reaches). Nothing travels through the driver: gathering the full AdamW state on
-        rank 0 and shipping it through Ray needed three copies of it in host memory (64 GB each at
-        8B), which is what killed the first 8B run's final save. A checkpoint off the sync period
+        rank 0 and shipping it through Ray would hold up to three copies of it in host memory
+        (docs/benchmarks.md). A checkpoint off the sync period
         (a preemption's) first refreshes the driver's model, which `Run` writes beside the shards."""
         if self.driver_stale and self.driver_model is not None:
             self.pull_weights(self.driver_model)
