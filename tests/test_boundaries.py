@@ -1,5 +1,5 @@
-"""Architecture guards: one-way dependencies, no algorithm names below the app, model constants
-only in dllm_models."""
+"""Architecture guards: one-way dependencies, no import cycles inside a member, no algorithm names
+below the app, model constants only in dllm_models."""
 
 from __future__ import annotations
 
@@ -59,6 +59,85 @@ def test_dependencies_point_one_way(member: str) -> None:
         for p in _sources(member)
     }
     assert {k: v for k, v in bad.items() if v} == {}
+
+
+def _module_names(member: str) -> dict[str, Path]:
+    """Dotted module name -> file, for every module of a member (a package is its `__init__`)."""
+    out = {}
+    for p in _sources(member):
+        parts = list(p.relative_to(MEMBERS[member].parent).with_suffix("").parts)
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = p
+    return out
+
+
+def _internal_imports(name: str, path: Path, modules: dict[str, Path]) -> dict[str, int]:
+    """The member's modules that `name` imports at run time -> line of the first such import.
+
+    Counts module-level and function-local imports (a local import that dodges a cycle is still
+    one); skips `if TYPE_CHECKING:` blocks, which never run. `from pkg import x` names the module
+    `pkg.x` when there is one, else `pkg` itself.
+    """
+    tree = ast.parse(path.read_text())
+    typing_only = {id(n) for node in ast.walk(tree)
+                   if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+                   for n in ast.walk(node)}
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    found: dict[str, int] = {}
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package[:len(package) - node.level + 1] + ([base] if base else []))
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+        else:
+            continue
+        for t in targets:
+            if t in modules and t != name:
+                found.setdefault(t, node.lineno)
+    return found
+
+
+def _import_cycles(member: str) -> list[list[str]]:
+    """Strongly connected groups of more than one module in the member's import graph."""
+    modules = _module_names(member)
+    graph = {m: _internal_imports(m, p, modules) for m, p in modules.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = [stack.pop()]
+            while group[-1] != v:
+                group.append(stack.pop())
+            if len(group) > 1:
+                cycles.append([f"{a} -> {b} (line {graph[a][b]})" for a in sorted(group)
+                               for b in sorted(graph[a]) if b in group])
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return cycles
+
+
+@pytest.mark.parametrize("member", sorted(MEMBERS))
+def test_no_import_cycles_inside_a_member(member: str) -> None:
+    """Modules of a member import each other one way: what one module needs from another that
+    imports it back moves to a third module both import (as `response_mask` moved to batch.py)."""
+    assert _import_cycles(member) == []
 
 
 @pytest.mark.parametrize("member", ["dllm_models", "dllm_rollout", "dllm_train"])

@@ -7,9 +7,11 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
 import torch
+from dllm_models.registry import FAMILY_NAMES, get_family
 
-from dllm_eval import get_benchmark, render_table, rescore, run_benchmark
+from dllm_eval import get_benchmark, infer_family, render_table, rescore, run_benchmark
 
 EOS = 0
 
@@ -157,3 +159,26 @@ def test_rescore_reports_another_reward_mode() -> None:
     assert res.accuracy == 1.0 and dare.accuracy == 0.0
     assert dare.reward_mode == "dare" and dare.manifest["reward_mode"] == "dare"
     assert [s.response for s in dare.samples] == [s.response for s in res.samples]
+
+
+@pytest.mark.parametrize("name", FAMILY_NAMES)
+def test_infer_family_reads_the_registry_name_from_traits(name: str) -> None:
+    from tests.dllm_models.tiny_configs import build_tiny
+
+    # sdar_moe contains "sdar": a substring guess on traits.family said "sdar"
+    assert infer_family(build_tiny(get_family(name).model_types[0])) == name
+
+
+def test_infer_family_falls_back_only_without_traits() -> None:
+    class DreamLookingName:
+        traits = SimpleNamespace(family="llada")
+
+    class LLaDAModelLM:
+        pass
+
+    assert infer_family(DreamLookingName()) == "llada"  # traits win over the class name
+    assert infer_family(SimpleNamespace(config=SimpleNamespace(model_type="llada2_moe"))) == "llada2"
+    assert infer_family(SimpleNamespace(config=SimpleNamespace(model_type="Dream"))) == "dream"
+    assert infer_family(SimpleNamespace(config=SimpleNamespace(model_type="sdar_moe"))) == "sdar_moe"
+    assert infer_family(LLaDAModelLM()) == "llada"
+    assert infer_family(SimpleNamespace(config=SimpleNamespace(model_type="gpt2"))) is None

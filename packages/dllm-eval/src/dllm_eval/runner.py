@@ -95,12 +95,24 @@ def render_table(results: Sequence[BenchmarkResult]) -> str:
 
 
 def infer_family(model: Any) -> str | None:
-    """Model family name (``llada``, ``dream``, ...) from ``model.traits.family``, a config's
-    ``model_type`` or the class name; None when unknown."""
-    traits = getattr(model, "traits", None)
-    for candidate in (getattr(traits, "family", None),
-                      getattr(getattr(model, "config", None), "model_type", None),
-                      type(model).__name__):
+    """Canonical model family name (``dllm_models.registry.FAMILIES``) of ``model``.
+
+    A dllm_models model reports it in ``model.traits.family``. Only a model without traits (a
+    transformers module) falls back to its config's ``model_type`` (the registry's spellings,
+    then a substring of ``llada2``, ``llada``, ``dream``, ``sdar``) and then its class name.
+
+    Returns:
+        The family name, or None when a model without traits matches none.
+    """
+    family = getattr(getattr(model, "traits", None), "family", None)
+    if isinstance(family, str):
+        return family
+    from dllm_models.registry import MODEL_TYPES
+
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    if isinstance(model_type, str) and model_type in MODEL_TYPES:
+        return MODEL_TYPES[model_type]
+    for candidate in (model_type, type(model).__name__):
         if isinstance(candidate, str):
             low = candidate.lower()
             for name in ("llada2", "llada", "dream", "sdar"):

@@ -3,7 +3,7 @@
 from dllm_models.attention import BACKENDS, AttentionMask, attend
 from dllm_models.checkpoint import CheckpointFilesError, NoWeightsError, load_model, read_config, save_model, weight_files
 from dllm_models.families.llada import LLaDAConfig, LLaDAModel
-from dllm_models.protocol import DiffusionLM, DiffusionTraits, KVCache, ModelOutput
+from dllm_models.protocol import DiffusionTraits, KVCache, ModelOutput
 from dllm_models.registry import (
     FAMILIES,
     FAMILY_NAMES,
@@ -27,7 +27,6 @@ __all__ = [
     "AttentionMask",
     "CheckpointFilesError",
     "NoWeightsError",
-    "DiffusionLM",
     "DiffusionTraits",
     "Family",
     "KVCache",

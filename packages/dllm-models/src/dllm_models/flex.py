@@ -17,12 +17,13 @@ import os
 import sys
 import warnings
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
-from dllm_models.attention import AttentionMask
+if TYPE_CHECKING:  # attention.py imports this module when the flex backend is chosen
+    from dllm_models.attention import AttentionMask
 
 TILE = 128
 _I32_MAX = torch.iinfo(torch.int32).max
@@ -231,7 +232,7 @@ def flex_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Attenti
 
 # Tiles that compile where Inductor's default choice has none: on torch 2.11 the backward of
 # short BD3LM rows (e.g. 78 positions, head dim 64) fails with NoValidChoicesError by default and
-# compiles with these (measured on an H200: same speed as the default at SDAR-8B's shape).
+# compiles with these (docs/benchmarks.md: no slower than the default at SDAR-8B's shape).
 FALLBACK_KERNEL_OPTIONS: dict[str, Any] = {"BLOCK_M": 64, "BLOCK_N": 64}
 _needs_fallback: set[tuple[Any, ...]] = set()
 
@@ -258,7 +259,7 @@ def _eager_flex(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_mask: BlockMask | None, gqa: bool
 ) -> torch.Tensor:
     """Unfused flex reference for CPU: forward only (torch has no CPU flex backward), run without
-    the per-shape dynamo trace that eager flex otherwise does (~1 s per new shape on CPU)."""
+    the per-shape dynamo trace that eager flex otherwise does for every new shape."""
     if q.requires_grad or k.requires_grad or v.requires_grad:
         raise ValueError(
             "attention backend 'flex' has no backward on CPU; train on CPU with backend='sdpa'"

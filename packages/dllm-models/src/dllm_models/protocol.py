@@ -1,9 +1,9 @@
-"""The one protocol every diffusion LM family implements, and its output type."""
+"""What every diffusion LM family shares: its traits, its KV cache and its output type."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import torch
 
@@ -125,44 +125,3 @@ class ModelOutput:
 
     logits: torch.Tensor
     past_key_values: Any = None
-
-
-@runtime_checkable
-class DiffusionLM(Protocol):
-    """A diffusion LM: a torch module with `traits`, a forward over padded or packed batches, its
-    final hidden states and its output head.
-
-    `forward(input_ids, attention_mask=None, position_ids=None, *, past_key_values=None,
-    use_cache=False, attention=None)`: `attention` (an `AttentionMask`) replaces the mask built
-    from `attention_mask`, e.g. packed rows `[1, T]` with `cu_seqlens` and per-sequence
-    `position_ids`, or the BD3LM `[x_t ; x_0]` layout. `forward` is `final_hidden` followed by the
-    head `get_output_embeddings()`.
-    """
-
-    traits: DiffusionTraits
-
-    def __call__(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        position_ids: torch.Tensor | None = None,
-        *,
-        past_key_values: Any = None,
-        use_cache: bool = False,
-        attention: Any = None,
-    ) -> ModelOutput: ...
-
-    def final_hidden(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        position_ids: torch.Tensor | None = None,
-        *,
-        attention: Any = None,
-    ) -> torch.Tensor: ...
-
-    def get_output_embeddings(self) -> Any: ...
-
-    def parameters(self, recurse: bool = True) -> Any: ...
-
-    def state_dict(self, *args: Any, **kwargs: Any) -> Any: ...

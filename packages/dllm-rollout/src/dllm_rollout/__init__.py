@@ -1,9 +1,9 @@
 """dllm_rollout: diffusion LM samplers, KV-cached decoding and engine adapters."""
 
-from dllm_rollout.batch import RolloutBatch
+from dllm_rollout.batch import RolloutBatch, response_mask
 from dllm_rollout.config import SamplingConfig
 from dllm_rollout.consistency import consistency_gap
-from dllm_rollout.generate import decode, generate, response_mask
+from dllm_rollout.generate import decode, generate
 from dllm_rollout.masked import transfer_quota
 from dllm_rollout.prompts import left_pad, sample_seeds
 from dllm_rollout.sampling import filter_logits

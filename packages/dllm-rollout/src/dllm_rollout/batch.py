@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, fields
 import torch
 
 from dllm_rollout.config import SamplingConfig
-
+from dllm_rollout.record import Recorder
 
 
 @dataclass
@@ -88,6 +88,64 @@ class RolloutBatch:
             else:
                 kwargs[f.name] = value
         return type(self)(**kwargs)  # type: ignore[arg-type]
+
+
+def response_mask(response: torch.Tensor, eos_id: int, eos_handling: str) -> torch.Tensor:
+    """[B, R] bool: all True ("keep"), or True through the first EOS ("truncate")."""
+    if eos_handling == "keep":
+        return torch.ones_like(response, dtype=torch.bool)
+    is_eos = (response == eos_id).long()
+    before = is_eos.cumsum(-1) - is_eos
+    return before == 0
+
+
+def decoded_batch(
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    region: torch.Tensor,
+    offsets: torch.Tensor,
+    seeds: torch.Tensor,
+    cfg: SamplingConfig,
+    rec: Recorder,
+    *,
+    mask_id: int,
+    eos_id: int,
+    extras: dict[str, torch.Tensor] | None = None,
+) -> RolloutBatch:
+    """The batch a decoder returns: each row's response cut from its decoded region, with records.
+
+    Args:
+        prompt_ids, prompt_mask: [B, P] left-padded prompts; seeds: [B].
+        region: [B, W] the decoded canvas after the prompt columns (W >= `cfg.max_new_tokens`).
+        offsets: [B] long, the column of `region` where row b's response starts.
+        rec: the decoder's trajectory records over `region`.
+        mask_id, eos_id: the model's mask and EOS token ids.
+        extras: further per-sample tensors (`RolloutBatch.extras`).
+
+    Returns:
+        RolloutBatch with `response_ids` [B, R] (R = `cfg.max_new_tokens`); `unmask_step` and
+        `step_logp` only when `cfg.record_trajectory`.
+    """
+    r = cfg.max_new_tokens
+    idx = offsets[:, None] + torch.arange(r, device=region.device)[None]
+    response = region.gather(1, idx)
+    recs = rec.take(offsets, r, mask_id)
+    keep = cfg.record_trajectory
+    return RolloutBatch(
+        prompt_ids=prompt_ids,
+        prompt_mask=prompt_mask,
+        response_ids=response,
+        response_mask=response_mask(response, eos_id, cfg.eos_handling),
+        seeds=seeds,
+        unmask_step=recs["unmask_step"] if keep else None,
+        step_logp=recs["step_logp"] if keep else None,
+        ref_step_logp=recs.get("ref_step_logp"),
+        step_canvas=recs.get("step_canvas"),
+        step_x0=recs.get("step_x0"),
+        step_confidence=recs.get("step_confidence"),
+        config=cfg,
+        extras={} if extras is None else extras,
+    )
 
 
 def _pad_to(t: torch.Tensor, dim: int, size: int, fill: float | int | bool, *, left: bool = False) -> torch.Tensor:

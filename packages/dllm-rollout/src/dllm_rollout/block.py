@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from dllm_rollout.batch import RolloutBatch
+from dllm_rollout.batch import RolloutBatch, decoded_batch
 from dllm_rollout.config import SamplingConfig
 from dllm_rollout.editing import EDITS, rows_to_step, step_edits, still_open
 from dllm_rollout.fast import GraphedStep, StaticBlockCache, block_forward
@@ -166,7 +166,8 @@ def decode_blocks(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
         cached.release()
     region = canvas[:, r0:]
     region = torch.where(region == mask_id, torch.full_like(region, eos_id), region)
-    return _batch(prompt_ids, prompt_mask, region, offsets, seeds, cfg, rec, traits, num_edits)
+    return decoded_batch(prompt_ids, prompt_mask, region, offsets, seeds, cfg, rec, mask_id=mask_id, eos_id=eos_id,
+                         extras=_tail_extras(region, offsets, cfg, rec, mask_id, num_edits))
 
 
 def _recompute_logits(model: Any, canvas: torch.Tensor, attn: torch.Tensor, pos: torch.Tensor, start: int,
@@ -235,38 +236,19 @@ class _CachedBlocks:
             self.static.store(start, kv, self.attn[:, start:end])
 
 
-def _batch(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, region: torch.Tensor, offsets: torch.Tensor,
-           seeds: torch.Tensor, cfg: SamplingConfig, rec: Recorder, traits: Any,
-           num_edits: torch.Tensor) -> RolloutBatch:
-    from dllm_rollout.generate import response_mask
 
+def _tail_extras(region: torch.Tensor, offsets: torch.Tensor, cfg: SamplingConfig, rec: Recorder,
+                 mask_id: int, num_edits: torch.Tensor) -> dict[str, torch.Tensor]:
+    """`num_edits` with editing; with trajectories the terminal block's rest after the response."""
     r = cfg.max_new_tokens
-    idx = offsets[:, None] + torch.arange(r, device=region.device)[None]
-    response = region.gather(1, idx)
-    recs = rec.take(offsets, r, traits.mask_token_id)
     extras: dict[str, torch.Tensor] = {}
     if cfg.editing_threshold is not None:
         extras[EDITS] = num_edits
-    keep = cfg.record_trajectory
-    if keep:
+    if cfg.record_trajectory:
         tail_w = region.shape[1] - r - int(offsets.min().item())
         tcol = torch.arange(tail_w, device=region.device)[None] + offsets[:, None] + r
         inside = tcol < region.shape[1]
         tcol = tcol.clamp(max=region.shape[1] - 1)
-        extras["tail_ids"] = torch.where(inside, region.gather(1, tcol), traits.mask_token_id)
+        extras["tail_ids"] = torch.where(inside, region.gather(1, tcol), mask_id)
         extras["tail_unmask_step"] = torch.where(inside, rec.unmask_step.gather(1, tcol), -1)
-    return RolloutBatch(
-        prompt_ids=prompt_ids,
-        prompt_mask=prompt_mask,
-        response_ids=response,
-        response_mask=response_mask(response, traits.eos_token_id, cfg.eos_handling),
-        seeds=seeds,
-        unmask_step=recs["unmask_step"] if keep else None,
-        step_logp=recs["step_logp"] if keep else None,
-        ref_step_logp=recs.get("ref_step_logp"),
-        step_canvas=recs.get("step_canvas"),
-        step_x0=recs.get("step_x0"),
-        step_confidence=recs.get("step_confidence"),
-        config=cfg,
-        extras=extras,
-    )
+    return extras

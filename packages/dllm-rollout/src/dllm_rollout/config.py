@@ -60,7 +60,7 @@ class SamplingConfig:
         block_diffusion: set by `generate` from `model.traits.block_length`.
         max_rows: decode at most this many rows at a time (0: the whole batch in one call), so
             decoding memory is bounded; exact, since every row has its own seed. The trainer's
-            rollout worker reads it (`dllm_train.RolloutWorker`), and so does `decode_in_chunks`.
+            rollout worker reads it (`dllm_train.RolloutWorker`).
         engine: who decodes the trainer's rollouts: "native" (`generate`) or "lmdeploy" (its
             PyTorch engine, colocated, for block-diffusion models; `dllm_train.EngineRolloutWorker`).
         engine_kv_fraction: the share of free GPU memory the engine may take for its KV cache.

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from dllm_models.layers import positions_from_mask
 
 from dllm_rollout.batch import RolloutBatch
 from dllm_rollout.block import grid_canvas
@@ -88,7 +89,7 @@ def _replay_layout(model: Any, batch: RolloutBatch) -> tuple[Any, ...]:
     if not cfg.block_diffusion:
         canvas = torch.cat([batch.prompt_ids, batch.response_ids], dim=1)
         attn = torch.cat([batch.prompt_mask, torch.ones((b, r), dtype=torch.bool, device=device)], dim=1)
-        pos = (attn.long().cumsum(-1) - 1).clamp(min=0)
+        pos = positions_from_mask(attn)
         scored = torch.ones_like(batch.unmask_step, dtype=torch.bool)
         return canvas, attn, pos, p, batch.response_ids, batch.unmask_step, scored, batch.step_logp
     canvas, attn, pos, lo, offsets = grid_canvas(

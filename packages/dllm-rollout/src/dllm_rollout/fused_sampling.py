@@ -2,8 +2,8 @@
 
 `sampling.propose` followed by `sampling.confidence` makes about a dozen passes over [B, N, V]
 float32 tensors (the tempered copy, a logsumexp, the top-k mask, the softmax, its CDF, a second
-logsumexp for LLaDA's raw confidence): 1.6 ms per step at SDAR-8B's [64, 4, 152k], more than a
-tenth of the cached forward itself. `draw` reads the logits twice in their own dtype instead:
+logsumexp for LLaDA's raw confidence), a sizeable share of a cached decoding step at 8B
+(docs/benchmarks.md). `draw` reads the logits twice in their own dtype instead:
 
 - pass 1, per row: the log-sum-exp of x / T over the whole vocabulary (the policy log-prob's
   normaliser), the log-sum-exp of x (LLaDA's temperature-1 confidence), and the mass Z of the

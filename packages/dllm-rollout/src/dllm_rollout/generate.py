@@ -29,15 +29,6 @@ def decode(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, seed
     return decode_masked(model, prompt_ids, prompt_mask, seeds, cfg, ref_model)
 
 
-def response_mask(response: torch.Tensor, eos_id: int, eos_handling: str) -> torch.Tensor:
-    """[B, R] bool: all True ("keep"), or True through the first EOS ("truncate")."""
-    if eos_handling == "keep":
-        return torch.ones_like(response, dtype=torch.bool)
-    is_eos = (response == eos_id).long()
-    before = is_eos.cumsum(-1) - is_eos
-    return before == 0
-
-
 def generate(
     model: Any,
     prompts: Sequence[Sequence[int]],

@@ -15,9 +15,10 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from dllm_models.layers import positions_from_mask
 from dllm_models.protocol import KVCache
 
-from dllm_rollout.batch import RolloutBatch
+from dllm_rollout.batch import RolloutBatch, decoded_batch
 from dllm_rollout.config import LLADA_REMASKING, SamplingConfig
 from dllm_rollout.fast import GraphedStep, block_forward, graph_pool, head_columns, raw_columns
 from dllm_rollout.noise import RowNoise
@@ -59,8 +60,8 @@ class _BlockLogits:
     block start allocates a new cache, and the dual step and each block's prefix step keep their
     shapes and buffers and replay as CUDA graphs (`GraphedStep`; a no-op off CUDA). Full forwards
     (every no-cache step, every block start) run eagerly: at batch 64 even a 2,048-token dual step
-    is bound by the GPU, not by kernel launches (64.3 ms graphed vs 64.7 ms eager on an H200,
-    docs/benchmarks.md), and a full forward is 16 times larger.
+    is bound by the GPU, not by kernel launches (docs/benchmarks.md), and a full forward is 16
+    times larger.
 
     `release()` drops the cache and the graphs as soon as decoding ends (each graph holds a bound
     method of this object: a reference cycle that would keep the cache alive until the next
@@ -177,7 +178,7 @@ def decode_masked(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
     response0 = torch.full((b, r), mask_id, device=device) if init_response is None else init_response
     canvas = torch.cat([prompt_ids, response0.clone()], dim=1)
     attn = torch.cat([prompt_mask, torch.ones((b, r), dtype=torch.bool, device=device)], dim=1)
-    pos = (attn.long().cumsum(-1) - 1).clamp(min=0)
+    pos = positions_from_mask(attn)
     noise = RowNoise(seeds, device)
     rec = Recorder(b, r, device, steps=cfg.record_steps, ref=ref_model is not None)
     rec.row_step += first_step
@@ -220,27 +221,7 @@ def decode_masked(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
             rec.record(active, start - p, commit, x0, logp, conf, before, ref_logp)
             step += 1
     block_logits.release()
-    return _batch(prompt_ids, prompt_mask, canvas[:, p:].clone(), seeds, cfg, rec, traits)
+    zeros = torch.zeros(b, dtype=torch.long, device=device)
+    return decoded_batch(prompt_ids, prompt_mask, canvas[:, p:], zeros, seeds, cfg, rec,
+                         mask_id=mask_id, eos_id=traits.eos_token_id)
 
-
-def _batch(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, response: torch.Tensor, seeds: torch.Tensor,
-           cfg: SamplingConfig, rec: Recorder, traits: Any) -> RolloutBatch:
-    from dllm_rollout.generate import response_mask
-
-    zeros = torch.zeros(response.shape[0], dtype=torch.long, device=response.device)
-    recs = rec.take(zeros, response.shape[1], traits.mask_token_id)
-    keep = cfg.record_trajectory
-    return RolloutBatch(
-        prompt_ids=prompt_ids,
-        prompt_mask=prompt_mask,
-        response_ids=response,
-        response_mask=response_mask(response, traits.eos_token_id, cfg.eos_handling),
-        seeds=seeds,
-        unmask_step=recs["unmask_step"] if keep else None,
-        step_logp=recs["step_logp"] if keep else None,
-        ref_step_logp=recs.get("ref_step_logp"),
-        step_canvas=recs.get("step_canvas"),
-        step_x0=recs.get("step_x0"),
-        step_confidence=recs.get("step_confidence"),
-        config=cfg,
-    )

@@ -13,8 +13,7 @@ from dllm_train.algorithm import LossInputs, MiniBatchRows, RLAlgorithm, RLBatch
 from dllm_train.config import OptimConfig, RLConfig, SFTConfig, TrainerConfig
 from dllm_train.dataflow import PromptBatch
 from dllm_train.evaluation import benchmark_validator
-from dllm_train.likelihood import Scorer, noised_token_logp, plan_token_logp
-from dllm_train.lockstep import lockstep_passes
+from dllm_train.likelihood import Scorer, plan_token_logp
 from dllm_train.metrics import MetricsWriter, format_line, open_wandb, plot_curves, read_metrics
 from dllm_train.optim import OptimizerStep
 from dllm_train.preemption import Diverged, Interrupted
@@ -92,9 +91,7 @@ __all__ = [
     "latest_checkpoint",
     "list_checkpoints",
     "load_checkpoint",
-    "lockstep_passes",
     "mini_batch_slices",
-    "noised_token_logp",
     "open_wandb",
     "plan_token_logp",
     "plot_curves",

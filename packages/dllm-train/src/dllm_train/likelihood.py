@@ -19,14 +19,10 @@ import torch
 import torch.distributed as dist
 from torch.utils.checkpoint import checkpoint
 
+from dllm_models.layers import positions_from_mask
 from dllm_models.logprob import LOGITS_CHUNK_ELEMENTS
 from dllm_objectives import MaskPlan, apply_mask, token_logp_from_logits
 from dllm_train.packed_scoring import PACKED_BACKENDS, packed_token_logp, shares_clean_context
-
-
-def positions(attention_mask: torch.Tensor) -> torch.Tensor:
-    """[B, S] position ids counted from each row's first real token (0 on left padding)."""
-    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
 def logp_of_targets(logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -208,7 +204,7 @@ class Scorer:
                 temperature=temperature, block_length=self.block_length, backend=backend,
                 shared=self.shared_context,
             )
-        pos = positions(attn)
+        pos = positions_from_mask(attn)
         if self.block_length is None:
             return self._token_logp(noisy_ids, attn, pos, targets, temperature)
         clean = targets if clean_ids is None else clean_ids
@@ -229,7 +225,7 @@ class Scorer:
         width = torch.full((attn.shape[0],), attn.shape[1], dtype=torch.long, device=attn.device)
         if self.block_length is None:
             return width
-        pos = positions(attn)
+        pos = positions_from_mask(attn)
         bid = torch.where(attn, torch.div(pos, self.block_length, rounding_mode="floor"), -1)
         changed = (noisy_ids != (noisy_ids if clean_ids is None else clean_ids)) & attn
         nblocks = int(bid.max().clamp(min=0)) + 1
@@ -311,9 +307,3 @@ def plan_token_logp(scorer: Scorer, input_ids: torch.Tensor, attention_mask: tor
     lp = scorer(noisy.reshape(b * n, s), attn, clean, temperature=temperature)
     return lp.reshape(b, n, s)
 
-
-def noised_token_logp(
-    model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, plan: MaskPlan
-) -> torch.Tensor:
-    """Log-prob of each clean token given each noised copy ([B, N, L] float32), any family."""
-    return plan_token_logp(Scorer(model), input_ids, attention_mask, plan)

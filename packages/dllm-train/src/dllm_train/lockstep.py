@@ -1,15 +1,16 @@
-"""Lockstep passes: ranks whose forward passes are collectives run the same number of them.
+"""Group agreement for ranks whose forward passes are collectives: `group_max` and `group_all`.
 
 Under FSDP2 every forward all-gathers the weights of each sharded block and every backward
 reduce-scatters their gradients, so all ranks of the group must run the same sequence of forward
 and backward passes, or the ones that run more wait forever. An objective whose number of passes
-depends on the data (replayed trajectory states, chunks of positions) asks `lockstep_passes` for
-the group's largest count and runs its missing passes as `Scorer.idle_pass`: one forward of a
-one-token input whose value is exactly 0, so its backward runs the same collectives and adds
-exactly zero to every gradient (the update equals the one without padding).
+depends on the data (replayed trajectory states, chunks of positions) takes the group's largest
+count (`group_max`, in `dllm_train.passes`) and runs its missing passes as `Scorer.idle_pass`:
+one forward of a one-token input whose value is exactly 0, so its backward runs the same
+collectives and adds exactly zero to every gradient (the update equals the one without padding).
 
 A `Scorer` built without a `lockstep_group` (one process, or ranks whose forwards are not
-collectives) never communicates: `lockstep_passes` returns the count unchanged.
+collectives) never communicates: `group_max` returns the count unchanged. The optimizer step uses
+`group_all` so that every rank skips a non-finite step together.
 """
 
 from __future__ import annotations
@@ -36,22 +37,4 @@ def group_all(flag: bool, group: dist.ProcessGroup | None) -> bool:
     return flag if group is None else not group_max(int(not flag), group)
 
 
-def lockstep_passes(scorer: Scorer, num_passes: int) -> int:
-    """How many passes to run when this rank needs `num_passes`: the largest need of the scorer's group.
-
-    Call it before the first of the passes (it is a collective itself, which must not meet
-    another rank's forward). Passes k >= `num_passes` are this rank's padding: run
-    `scorer.idle_pass()` for them (and, in an update, backward its zero value), so every rank
-    runs the same collectives.
-
-    Args:
-        scorer: the scorer running the passes (its `lockstep_group` is the group that must agree).
-        num_passes: passes this rank's rows need.
-
-    Returns:
-        max over the group of `num_passes` (`num_passes` without a group); a collective.
-    """
-    return group_max(num_passes, scorer.lockstep_group)
-
-
-__all__ = ["group_all", "group_max", "lockstep_passes"]
+__all__ = ["group_all", "group_max"]

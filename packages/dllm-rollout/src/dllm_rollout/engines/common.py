@@ -6,9 +6,8 @@ from collections.abc import Sequence
 
 import torch
 
-from dllm_rollout.batch import RolloutBatch
+from dllm_rollout.batch import RolloutBatch, response_mask
 from dllm_rollout.config import SamplingConfig
-from dllm_rollout.generate import response_mask
 from dllm_rollout.prompts import left_pad
 
 

@@ -2,7 +2,6 @@
 
 from dllm_train.distributed.fsdp import (
     broadcast_parameters,
-    full_optimizer_state,
     full_state_dict,
     handoff_state_dict,
     init_process_group,
@@ -25,7 +24,7 @@ from dllm_train.distributed.sequence_parallel import (
     sp_forward,
     ulysses_attention,
 )
-from dllm_train.lockstep import group_all, group_max, lockstep_passes
+from dllm_train.lockstep import group_all, group_max
 
 __all__ = [
     "DistributedConfig",
@@ -37,7 +36,6 @@ __all__ = [
     "RayRanks",
     "SequenceParallelScorer",
     "broadcast_parameters",
-    "full_optimizer_state",
     "full_state_dict",
     "gather_sequence",
     "group_all",
@@ -48,7 +46,6 @@ __all__ = [
     "load_full_state_dict",
     "load_sharded_state",
     "save_sharded_state",
-    "lockstep_passes",
     "map_tensors",
     "select_rows",
     "sequence_parallel",

@@ -154,12 +154,6 @@ def handoff_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     return trainable_state_dict(model)
 
 
-def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """Unsharded optimizer state on rank 0, CPU (other ranks get {})."""
-    return get_optimizer_state_dict(model, optimizer,
-                                    options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-
-
 def save_sharded_state(model: nn.Module, optimizer: torch.optim.Optimizer, folder: str) -> None:
     """Write this rank's shards of the parameters (FSDP2's own, e.g. float32 masters) and of the
     optimizer state to `folder` (`torch.distributed.checkpoint`); a collective.
@@ -193,7 +187,6 @@ def load_full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer
 __all__ = [
     "broadcast_parameters",
     "free_port",
-    "full_optimizer_state",
     "full_state_dict",
     "handoff_state_dict",
     "init_process_group",

@@ -3,8 +3,9 @@
 The driver (`RayRLWorkflow`) owns the loop and the data split; actors own the models:
 
 1. the driver expands the step's prompts and per-sample seeds, gives rank r rows
-   [r B/N, (r+1) B/N), and each rank generates (unsharded replica), scores, samples its mask plan
-   and computes old/reference log-probs;
+   [r B/N, (r+1) B/N), and each rank generates (unsharded replica), scores and prepares them
+   (`PolicyRank.rollout_step`: the algorithm's per-batch data, drawn from the rank's own
+   generator, then the old and reference values);
 2. the driver gathers the scores, computes group-relative advantages on the full batch (groups
    may straddle ranks) and sends each rank its rows;
 3. each rank runs `ActorWorker.update` on its FSDP2-sharded policy (gradients are averaged by the
@@ -266,8 +267,8 @@ class RayRLWorkflow:
         """Every rank writes its shards of the actor's parameters (FSDP2's float32 masters under
         mixed precision) and optimizer state into `folder` (a checkpoint's `shards/`, on a path
         every rank reaches). Nothing travels through the driver: gathering the full AdamW state on
-        rank 0 and shipping it through Ray needed three copies of it in host memory (64 GB each at
-        8B), which is what killed the first 8B run's final save. A checkpoint off the sync period
+        rank 0 and shipping it through Ray would hold up to three copies of it in host memory
+        (docs/benchmarks.md). A checkpoint off the sync period
         (a preemption's) first refreshes the driver's model, which `Run` writes beside the shards."""
         if self.driver_stale and self.driver_model is not None:
             self.pull_weights(self.driver_model)

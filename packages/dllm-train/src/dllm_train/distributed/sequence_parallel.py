@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from dllm_models.attention import BACKENDS, AttentionMask
+from dllm_models.layers import positions_from_mask
 from dllm_train.likelihood import Scorer, logp_of_targets
 
 _counter = itertools.count()
@@ -212,7 +213,7 @@ def sp_forward(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor
     b, length = input_ids.shape
     mask = attention_mask.bool() if attention_mask is not None else torch.ones_like(input_ids, dtype=torch.bool)
     if position_ids is None:
-        position_ids = (mask.long().cumsum(-1) - 1).clamp(min=0)
+        position_ids = positions_from_mask(mask)
     pad = (-length) % n
     if pad:
         ids = torch.cat([input_ids, input_ids.new_zeros(b, pad)], dim=1)
