@@ -113,8 +113,8 @@ class RunConfig:
 
     @property
     def family(self) -> str:
-        """The model family the run trains (the quick start's tiny model is LLaDA)."""
-        return "llada"
+        """The model family the run trains (each kind says which)."""
+        raise NotImplementedError
 
     def __post_init__(self) -> None:
         if self.KIND not in SECTIONS:
@@ -132,6 +132,7 @@ class RunConfig:
                              f"not family {self.family!r}")
 
     def _example_family(self) -> str | None:
+        """The family of the example recipe in a wrong-kind error (None: no example)."""
         return None
 
 
@@ -202,6 +203,11 @@ class QuickstartConfig(RLPhaseRun, SFTPhaseRun):
     task: AdditionConfig = field(default_factory=AdditionConfig)
     model: TinyModelConfig = field(default_factory=TinyModelConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+
+    @property
+    def family(self) -> str:
+        """'llada': the tiny model is LLaDA-architecture."""
+        return "llada"
 
 
 @dataclass(frozen=True, kw_only=True)
