@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from dare.config import SECTIONS, CheckpointModelConfig, RunConfig, apply_overrides, registry_entry
+from dare.config import KINDS, SECTIONS, CheckpointModelConfig, RLRecipeConfig, apply_overrides, registry_entry
 from dare.recipes import RECIPE_DOCS, RECIPES, get_recipe
 from dllm_models import FAMILY_NAMES
 
@@ -16,8 +16,9 @@ from dllm_models import FAMILY_NAMES
 def test_recipe_builds_with_its_kind_sections_and_algorithm_entry(name: str) -> None:
     cfg = get_recipe(name)
     assert cfg.recipe == name
-    present = {n for names in SECTIONS.values() for n in names if getattr(cfg, n) is not None}
+    present = {n for names in SECTIONS.values() for n in names if getattr(cfg, n, None) is not None}
     assert present == set(SECTIONS[cfg.kind])  # no quick-start task/model in a recipe, and so on
+    assert type(cfg) is KINDS[cfg.kind]  # each kind of run is its own class
     assert type(cfg.algorithm) is type(registry_entry(cfg.algorithm_name))
 
 
@@ -31,7 +32,7 @@ def test_llada2_sft_uses_reference_t_range() -> None:
 
 def test_undefined_pair_and_bad_args_raise() -> None:
     with pytest.raises(ValueError, match="defined for"):
-        RunConfig(recipe="x", algorithm_name="ebpo", checkpoint=CheckpointModelConfig(family="llada"))
+        RLRecipeConfig(recipe="x", algorithm_name="ebpo", checkpoint=CheckpointModelConfig(family="llada"))
     with pytest.raises(ValueError, match=r"unknown config key 'algorithm.nope': algorithm 'bgpo' has \['clip_high'"):
         apply_overrides(get_recipe("llada-bgpo"), ["algorithm.nope=1"])
 

@@ -15,7 +15,7 @@ from tqdm import tqdm
 
 from dare.algorithms import describe
 from dare.compare import add_compare_parser
-from dare.config import RunConfig, load_config
+from dare.config import PreferenceRecipeConfig, QuickstartConfig, RLRecipeConfig, RunConfig, SFTRecipeConfig, load_config
 from dare.evaluate import add_eval_parser
 from dare.inputs import check_eval_inputs
 from dare.recipes import RECIPE_DOCS, RECIPES, get_recipe, resolve
@@ -40,14 +40,15 @@ def _setup_logging(verbose: bool) -> None:
 
 def _run_recipe(cfg: RunConfig, out: Path, *, progress: bool) -> dict[str, Any]:
     """Run a checkpoint recipe through the pipeline of its kind (RL, SFT, preference)."""
-    if cfg.kind == "rl":
+    if isinstance(cfg, RLRecipeConfig):
         from dare.pipeline import run_rl_recipe
 
         return run_rl_recipe(cfg, out, progress=progress)
     from dare.offline_pipeline import run_preference_recipe, run_sft_recipe
 
-    if cfg.kind == "sft":
+    if isinstance(cfg, SFTRecipeConfig):
         return run_sft_recipe(cfg, out, progress=progress)
+    assert isinstance(cfg, PreferenceRecipeConfig), type(cfg)  # the last of `dare.config.KINDS`
     return run_preference_recipe(cfg, out, progress=progress)
 
 
@@ -66,7 +67,7 @@ def _train(args: argparse.Namespace) -> int:
         check_run_folder(cfg, out)  # a different run in the folder is refused before any work
         args.resolved_output_dir = str(out)  # for the resume hint of an interrupted run
         logging.getLogger(__name__).info("output folder: %s", out)
-        if cfg.kind != "quickstart":
+        if not isinstance(cfg, QuickstartConfig):
             summary = _run_recipe(cfg, out, progress=not args.no_progress)
             print(f"finished {summary['steps']} steps; outputs in {out}")
             return 0

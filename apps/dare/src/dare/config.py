@@ -1,11 +1,13 @@
-"""The run config: one frozen dataclass of sections, dotted overrides, and a JSON form for --config.
+"""The run config: one frozen dataclass per kind of run, dotted overrides, and a JSON form for --config.
 
-A run has the sections its kind uses (`SECTIONS`): the quick start its addition task, tiny model
-and both phases; a checkpoint recipe its `checkpoint` folder, its `data` and the sections of its
-training phase (`rl`/`rl_optim`, `sft`/`sft_optim` or `preference`/`preference_optim`). The others
-are None and absent from config.json. The `algorithm` section is the algorithm's own frozen
-dataclass (from `dllm_algorithms`, the registry entry of `algorithm_name`), so `algorithm.mc_num=4`
-is an ordinary, validated dotted override.
+Each kind of run is its own class with the sections it requires (`KINDS`, `SECTIONS`): the quick
+start (`QuickstartConfig`) its addition task, tiny model and both phases; a checkpoint recipe its
+`checkpoint` folder, its `data` and the sections of its training phase (`RLRecipeConfig`:
+`rl`/`rl_optim`, `SFTRecipeConfig`: `sft`/`sft_optim`, `PreferenceRecipeConfig`:
+`preference`/`preference_optim`). The classes share their sections through small bases
+(`RunConfig`, `CheckpointRun`, `RLPhaseRun`, `SFTPhaseRun`), and no section is ever None. The
+`algorithm` section is the algorithm's own frozen dataclass (from `dllm_algorithms`, the registry
+entry of `algorithm_name`), so `algorithm.mc_num=4` is an ordinary, validated dotted override.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ import json
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from collections.abc import Sequence
+from typing import Any, ClassVar, TypeVar
 
 from dare.algorithms import ALGORITHMS, PREFERENCE_ALGORITHMS, SFT_ALGORITHMS
 from dare.config_sections import (
@@ -32,15 +35,13 @@ from dllm_algorithms import SFT
 from dllm_rollout import SamplingConfig
 from dllm_train import OptimConfig, RLConfig, SFTConfig, TrainerConfig
 
-T = TypeVar("T")
-
 SECTIONS: dict[str, tuple[str, ...]] = {
     "quickstart": ("task", "model", "sft", "sft_optim", "rl", "rl_optim", "eval"),
     "rl": ("checkpoint", "data", "rl", "rl_optim"),
     "sft": ("checkpoint", "data", "sft", "sft_optim"),
     "preference": ("checkpoint", "data", "preference", "preference_optim"),
 }
-"""Run kind -> its optional sections (`algorithm`, `rollout` and `trainer` belong to every run)."""
+"""Run kind -> the sections its class requires (`algorithm`, `rollout` and `trainer` belong to every run)."""
 
 KIND_NAMES = {"quickstart": "the quick start", "rl": "an RL recipe", "sft": "an SFT recipe",
               "preference": "a preference recipe"}
@@ -75,19 +76,16 @@ def algorithm_fields(entry: Any) -> list[dataclasses.Field[Any]]:
     return [f for f in dataclasses.fields(entry) if f.name not in elsewhere]
 
 
-def need(value: T | None, name: str) -> T:
-    """`value` of a section the run's kind has (raises if the config lacks it)."""
-    if value is None:
-        raise ValueError(f"the run config has no {name!r} section")
-    return value
+FIELD_ORDER = ("recipe", "algorithm_name", "algorithm", "checkpoint", "data", "task", "model", "sft", "sft_optim",
+               "rl", "rl_optim", "preference", "preference_optim", "rollout", "eval", "trainer")
+"""Every field a run config of some kind has, in the order of config errors and `dare show`."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class RunConfig:
-    """Everything a `dare train` run needs; written resolved to `config.json` in the output folder.
-
-    Sections the run's kind does not use (`SECTIONS`) are None; those it uses and that are not
-    given get their defaults.
+    """What every `dare train` run has; each kind of run is a subclass with its own required sections
+    (`QuickstartConfig`, `RLRecipeConfig`, `SFTRecipeConfig`, `PreferenceRecipeConfig`), written
+    resolved to `config.json` in the output folder.
 
     Attributes:
         recipe: the recipe's name ("quickstart" or `<family>-<algorithm>`, see `dare recipes`).
@@ -95,75 +93,188 @@ class RunConfig:
             for `algorithm_name=NAME` and resets the `algorithm` section to NAME's defaults.
         algorithm: the algorithm's hyper-parameters: its `dllm_algorithms` dataclass (clip
             constants, Monte-Carlo budget, iterations, ...); SFT's loss settings are `sft.*`.
-        checkpoint: the released model folder (checkpoint recipes).
-        data: training and validation data (checkpoint recipes).
-        task: the addition task (quick start).
-        model: the tiny model built from scratch (quick start).
-        sft: the SFT phase: steps, batch size and loss settings (quick start warm start, SFT recipes).
-        sft_optim: the SFT phase's optimizer.
-        rl: batch shape of an RL step (quick start, RL recipes).
-        rl_optim: the RL phase's optimizer.
-        preference: batch shape of a preference step (preference recipes; steps: trainer.max_steps).
-        preference_optim: the preference phase's optimizer.
         rollout: decoding of RL rollouts and of validation (lengths).
-        eval: held-out evaluation of the quick start.
         trainer: the outer loop: steps, seed, periods, backend, memory levers, metric sinks.
     """
 
-    recipe: str = "quickstart"
-    algorithm_name: str = "d1"
-    algorithm: Any = None
-    checkpoint: CheckpointModelConfig | None = None
-    data: DataConfig | None = None
-    task: AdditionConfig | None = None
-    model: TinyModelConfig | None = None
-    sft: SFTConfig | None = None
-    sft_optim: OptimConfig | None = None
-    rl: RLConfig | None = None
-    rl_optim: OptimConfig | None = None
-    preference: PreferenceConfig | None = None
-    preference_optim: OptimConfig | None = None
+    KIND: ClassVar[str] = ""
+    recipe: str
+    algorithm_name: str
+    algorithm: Any = None  # None: the registry's entry of `algorithm_name`, set in __post_init__
     rollout: SamplingConfig = field(
         default_factory=lambda: SamplingConfig(max_new_tokens=4, steps=4, block_length=4, temperature=1.0)
     )
-    eval: EvalConfig | None = None
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
 
     @property
     def kind(self) -> str:
         """'quickstart', 'rl', 'sft' or 'preference' (a recipe's kind is its algorithm's)."""
-        return "quickstart" if self.recipe == "quickstart" else algorithm_kind(self.algorithm_name)
+        return self.KIND
+
+    @property
+    def family(self) -> str:
+        """The model family the run trains (each kind says which)."""
+        raise NotImplementedError
 
     def __post_init__(self) -> None:
-        entry, kind = registry_entry(self.algorithm_name), self.kind
-        if kind == "quickstart" and self.algorithm_name not in ALGORITHMS:
-            raise ValueError(f"algorithm {self.algorithm_name!r} is not an RL algorithm; the quick start's second "
-                             f"phase is RL: choose one of {sorted(ALGORITHMS)}, or a checkpoint recipe (`dare recipes`)")
-        hints = typing.get_type_hints(RunConfig)
-        extra = [n for n in _OPTIONAL if n not in SECTIONS[kind] and getattr(self, n) is not None]
-        if extra:
-            example = f" such as {self.checkpoint.family}-{self.algorithm_name}" if self.checkpoint is not None else ""
-            raise ValueError(
-                f"recipe {self.recipe!r} with algorithm {self.algorithm_name!r} is {KIND_NAMES[kind]}, which has the "
-                f"sections {', '.join(SECTIONS[kind])} (and algorithm, rollout, trainer), not {', '.join(extra)}. "
-                f"algorithm=NAME does not switch the kind of a recipe: start from a {kind} recipe{example} "
-                "(`dare recipes` lists them)")
-        for name in SECTIONS[kind]:
-            if getattr(self, name) is None:
-                object.__setattr__(self, name, need(section_type(hints[name]), name)())
+        if self.KIND not in SECTIONS:
+            raise TypeError(f"{type(self).__name__} is no kind of run; build one of {[c.__name__ for c in KINDS.values()]}")
+        entry = registry_entry(self.algorithm_name)
+        kind = check_kind(self.recipe, self.algorithm_name, SECTIONS[self.KIND], self._example_family())
+        assert kind == self.KIND, (kind, self.KIND)  # check_kind raised otherwise: the sections differ
         if self.algorithm is None:
             object.__setattr__(self, "algorithm", entry)
         elif type(self.algorithm) is not type(entry):
             raise ValueError(f"the algorithm section is a {type(self.algorithm).__name__}, but algorithm_name="
                              f"{self.algorithm_name!r} is a {type(entry).__name__}")
-        family = self.checkpoint.family if self.checkpoint is not None else "llada"  # the quick start's tiny model
-        if family not in entry.families:
+        if self.family not in entry.families:
             raise ValueError(f"algorithm {self.algorithm_name!r} is defined for {list(entry.families)}, "
-                             f"not family {family!r}")
-        if kind == "sft":
-            object.__setattr__(self, "algorithm", _sft_entry(self, entry))
-        if kind in ("rl", "quickstart"):
-            check_policy_gradient(self.algorithm, self.rollout, self.algorithm_name)
+                             f"not family {self.family!r}")
+
+    def _example_family(self) -> str | None:
+        """The family of the example recipe in a wrong-kind error (None: no example)."""
+        return None
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckpointRun(RunConfig):
+    """A run on a released checkpoint (every recipe but the quick start).
+
+    Attributes:
+        checkpoint: the released model folder (checkpoint recipes).
+        data: training and validation data (checkpoint recipes).
+    """
+
+    checkpoint: CheckpointModelConfig = field(default_factory=CheckpointModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+
+    @property
+    def family(self) -> str:
+        """The checkpoint's model family."""
+        return self.checkpoint.family
+
+    def _example_family(self) -> str | None:
+        return self.checkpoint.family
+
+
+@dataclass(frozen=True, kw_only=True)
+class RLPhaseRun(RunConfig):
+    """A run with an RL phase (the quick start's second phase, RL recipes).
+
+    Attributes:
+        rl: batch shape of an RL step (quick start, RL recipes).
+        rl_optim: the RL phase's optimizer.
+    """
+
+    rl: RLConfig = field(default_factory=RLConfig)
+    rl_optim: OptimConfig = field(default_factory=OptimConfig)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_policy_gradient(self.algorithm, self.rollout, self.algorithm_name)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SFTPhaseRun(RunConfig):
+    """A run with an SFT phase (the quick start's warm start, SFT recipes).
+
+    Attributes:
+        sft: the SFT phase: steps, batch size and loss settings (quick start warm start, SFT recipes).
+        sft_optim: the SFT phase's optimizer.
+    """
+
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    sft_optim: OptimConfig = field(default_factory=OptimConfig)
+
+
+@dataclass(frozen=True, kw_only=True)
+class QuickstartConfig(RLPhaseRun, SFTPhaseRun):
+    """The quick start: a tiny model built from scratch on the addition task, SFT warm start, then RL.
+
+    Attributes:
+        task: the addition task (quick start).
+        model: the tiny model built from scratch (quick start).
+        eval: held-out evaluation of the quick start.
+    """
+
+    KIND: ClassVar[str] = "quickstart"
+    recipe: str = "quickstart"
+    algorithm_name: str = "d1"
+    task: AdditionConfig = field(default_factory=AdditionConfig)
+    model: TinyModelConfig = field(default_factory=TinyModelConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+    @property
+    def family(self) -> str:
+        """'llada': the tiny model is LLaDA-architecture."""
+        return "llada"
+
+
+@dataclass(frozen=True, kw_only=True)
+class RLRecipeConfig(CheckpointRun, RLPhaseRun):
+    """An RL recipe: RL algorithm `algorithm_name` on a released checkpoint and RL parquet prompts."""
+
+    KIND: ClassVar[str] = "rl"
+
+
+@dataclass(frozen=True, kw_only=True)
+class SFTRecipeConfig(CheckpointRun, SFTPhaseRun):
+    """An SFT recipe: diffusion SFT of a released checkpoint on prompt/response pairs."""
+
+    KIND: ClassVar[str] = "sft"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        object.__setattr__(self, "algorithm", _sft_entry(self, registry_entry(self.algorithm_name)))
+
+
+@dataclass(frozen=True, kw_only=True)
+class PreferenceRecipeConfig(CheckpointRun):
+    """A preference recipe: DPO-style training of a released checkpoint on chosen/rejected pairs.
+
+    Attributes:
+        preference: batch shape of a preference step (preference recipes; steps: trainer.max_steps).
+        preference_optim: the preference phase's optimizer.
+    """
+
+    KIND: ClassVar[str] = "preference"
+    preference: PreferenceConfig = field(default_factory=PreferenceConfig)
+    preference_optim: OptimConfig = field(default_factory=OptimConfig)
+
+
+KINDS: dict[str, type[RunConfig]] = {"quickstart": QuickstartConfig, "rl": RLRecipeConfig, "sft": SFTRecipeConfig,
+                                     "preference": PreferenceRecipeConfig}
+"""Run kind -> its config class (`SECTIONS`: the sections of each)."""
+
+RLRun = QuickstartConfig | RLRecipeConfig
+"""A run whose RL phase `dare.rl_backend` builds."""
+
+
+def run_kind(recipe: str, algorithm_name: str) -> str:
+    """The kind of a run: 'quickstart' for the quick start, else its algorithm's (`algorithm_kind`)."""
+    return "quickstart" if recipe == "quickstart" else algorithm_kind(algorithm_name)
+
+
+def check_kind(recipe: str, name: str, present: Sequence[str], family: str | None) -> str:
+    """The kind of a run of `recipe` with algorithm `name`; raises if it is not the kind of the
+    sections `present` (an `algorithm=NAME` of another kind, a quick start with a non-RL algorithm).
+
+    Args:
+        family: the checkpoint's family, for the example recipe of the error (None: none).
+    """
+    kind = run_kind(recipe, name)
+    if kind == "quickstart" and name not in ALGORITHMS:
+        raise ValueError(f"algorithm {name!r} is not an RL algorithm; the quick start's second "
+                         f"phase is RL: choose one of {sorted(ALGORITHMS)}, or a checkpoint recipe (`dare recipes`)")
+    extra = [n for n in _OPTIONAL if n not in SECTIONS[kind] and n in present]
+    if extra:
+        example = f" such as {family}-{name}" if family is not None else ""
+        raise ValueError(
+            f"recipe {recipe!r} with algorithm {name!r} is {KIND_NAMES[kind]}, which has the "
+            f"sections {', '.join(SECTIONS[kind])} (and algorithm, rollout, trainer), not {', '.join(extra)}. "
+            f"algorithm=NAME does not switch the kind of a recipe: start from a {kind} recipe{example} "
+            "(`dare recipes` lists them)")
+    return kind
 
 
 def check_policy_gradient(algorithm: Any, rollout: SamplingConfig, name: str) -> None:
@@ -187,17 +298,30 @@ def check_policy_gradient(algorithm: Any, rollout: SamplingConfig, name: str) ->
 _OPTIONAL = tuple(dict.fromkeys(n for names in SECTIONS.values() for n in names))
 
 
+def ordered_fields(cfg: RunConfig) -> list[dataclasses.Field[Any]]:
+    """The dataclass fields of `cfg` in `FIELD_ORDER`."""
+    return sorted(dataclasses.fields(cfg), key=lambda f: FIELD_ORDER.index(f.name))
+
+
 def sections(cfg: RunConfig) -> list[str]:
     """The names of the sections (dataclass fields) the run has."""
-    return [f.name for f in dataclasses.fields(cfg)
+    return [f.name for f in ordered_fields(cfg)
             if dataclasses.is_dataclass(getattr(cfg, f.name)) and f.name not in ("recipe", "algorithm_name")]
 
 
-def _sft_entry(cfg: RunConfig, entry: Any) -> Any:
+def _all_hints() -> dict[str, Any]:
+    """Field name -> type hint over every kind, in `FIELD_ORDER`."""
+    hints: dict[str, Any] = {}
+    for cls in KINDS.values():
+        hints.update(typing.get_type_hints(cls))
+    return {name: hints[name] for name in FIELD_ORDER}
+
+
+def _sft_entry(cfg: SFTRecipeConfig, entry: Any) -> Any:
     """The SFT entry with its loss settings from `sft.*` and its adapters from `checkpoint.lora_*`."""
     from dare.algorithms import LoRA
 
-    ckpt, sft = need(cfg.checkpoint, "checkpoint"), need(cfg.sft, "sft")
+    ckpt, sft = cfg.checkpoint, cfg.sft
     if entry.lora is not None and ckpt.lora_rank < 1:
         raise ValueError(f"algorithm {cfg.algorithm_name!r} trains LoRA adapters but checkpoint.lora_rank="
                          f"{ckpt.lora_rank}; set checkpoint.lora_rank=16 (or another rank >= 1), "
@@ -210,25 +334,25 @@ def _sft_entry(cfg: RunConfig, entry: Any) -> Any:
 
 
 def to_dict(cfg: Any) -> Any:
-    """A JSON-ready dict of a config: a RunConfig without its None sections, its algorithm section
+    """A JSON-ready dict of a config: a RunConfig with the sections of its kind, its algorithm section
     without the fields that live elsewhere (`ELSEWHERE`)."""
     if not isinstance(cfg, RunConfig):
         return _tree_to_dict(cfg)
-    out = {f.name: _tree_to_dict(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)
-           if getattr(cfg, f.name) is not None}
+    out = {f.name: _tree_to_dict(getattr(cfg, f.name)) for f in ordered_fields(cfg)}
     out["algorithm"] = _tree_to_dict(cfg.algorithm, algorithm_fields(cfg.algorithm))
     return out
 
 
 def run_config_from_dict(data: dict[str, Any]) -> RunConfig:
-    """Rebuild a RunConfig from `to_dict` output (validation runs again; absent sections: defaults)."""
+    """Rebuild a run config from `to_dict` output: the class of its kind (`KINDS`, read from its
+    recipe and algorithm names), validated again; absent sections get their defaults."""
     data = dict(data)
     if isinstance(data.get("algorithm"), str) and "algorithm_name" not in data:  # config.json of dare <= 0.2
         data["algorithm_name"] = data.pop("algorithm")
-    name = str(data.get("algorithm_name", RunConfig.algorithm_name))
+    name = str(data.get("algorithm_name", QuickstartConfig.algorithm_name))
     entry = registry_entry(name)
-    hints = typing.get_type_hints(RunConfig)
-    names = [f.name for f in dataclasses.fields(RunConfig)]
+    hints = _all_hints()
+    names = list(FIELD_ORDER)
     unknown = sorted(set(data) - set(names))
     if unknown:
         raise ValueError(f"unknown config keys {unknown}{did_you_mean_key(unknown[0], names)}: the run config "
@@ -243,7 +367,12 @@ def run_config_from_dict(data: dict[str, Any]) -> RunConfig:
             kwargs[key] = from_dict(cls, value, prefix=f"{key}.")
         else:
             kwargs[key] = coerce(value, hints[key], key)
-    return RunConfig(**kwargs)
+    kwargs.setdefault("recipe", QuickstartConfig.recipe)
+    kwargs.setdefault("algorithm_name", name)
+    recipe = str(kwargs["recipe"])
+    ckpt = kwargs.get("checkpoint")
+    kind = check_kind(recipe, name, list(kwargs), ckpt.family if isinstance(ckpt, CheckpointModelConfig) else None)
+    return KINDS[kind](**kwargs)
 
 
 def _check_elsewhere(entry: Any, keys: Any) -> None:
@@ -253,8 +382,11 @@ def _check_elsewhere(entry: Any, keys: Any) -> None:
             raise ValueError(f"config key 'algorithm.{key}': a run takes {key} from {home}; set {home} instead")
 
 
-def apply_overrides(cfg: RunConfig, overrides: list[str]) -> RunConfig:
-    """Apply `a.b.c=value` overrides to a run config.
+C = TypeVar("C", bound=RunConfig)
+
+
+def apply_overrides(cfg: C, overrides: list[str]) -> C:
+    """Apply `a.b.c=value` overrides to a run config (of any kind; the result is of the same kind).
 
     Overrides of the same component are applied together, so fields validated against each
     other (e.g. `rollout.max_new_tokens` and `rollout.block_length`) can change in one command.
@@ -277,12 +409,13 @@ def apply_overrides(cfg: RunConfig, overrides: list[str]) -> RunConfig:
         _check_elsewhere(entry, tree["algorithm"])
         changes["algorithm"] = apply_tree(entry, tree.pop("algorithm"), "algorithm.", label=f"algorithm {name!r}",
                                           fields=algorithm_fields(entry))
-    hints = typing.get_type_hints(RunConfig)
+    hints = _all_hints()
     for key, sub in tree.items():
         if key not in hints:
             raise ValueError(f"unknown config key {key!r}{did_you_mean_key(key, hints)}: the run config has "
                              f"{sorted(hints)}")
-        current, cls = getattr(cfg, key), section_type(hints[key])
+        current: Any = getattr(cfg, key, None)  # None: a section of another kind
+        cls = section_type(hints[key])
         if cls is not None and current is None:
             full = f"{key}.{next(iter(sub))}" if isinstance(sub, dict) else key
             raise ValueError(f"config key {full!r}: recipe "
@@ -310,7 +443,9 @@ def load_config(path: Path) -> RunConfig:
 
 
 __all__ = [
-    "ELSEWHERE", "SECTIONS", "CheckpointModelConfig", "DataConfig", "EvalConfig", "PreferenceConfig", "RunConfig",
-    "TinyModelConfig", "algorithm_fields", "algorithm_kind", "apply_overrides", "load_config", "need",
-    "registry_entry", "run_config_from_dict", "save_config", "sections", "to_dict",
+    "ELSEWHERE", "FIELD_ORDER", "KINDS", "SECTIONS", "CheckpointModelConfig", "CheckpointRun", "DataConfig", "EvalConfig",
+    "PreferenceConfig", "PreferenceRecipeConfig", "QuickstartConfig", "RLPhaseRun", "RLRecipeConfig", "RLRun",
+    "RunConfig", "SFTPhaseRun", "SFTRecipeConfig", "TinyModelConfig", "algorithm_fields", "algorithm_kind",
+    "apply_overrides", "check_kind", "load_config", "ordered_fields", "registry_entry", "run_config_from_dict",
+    "run_kind", "save_config", "sections", "to_dict",
 ]

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from dare.algorithms import PREFERENCE_ALGORITHMS, SFT_ALGORITHMS, LoRA
-from dare.config import RunConfig, need
+from dare.config import CheckpointRun, PreferenceRecipeConfig, SFTRecipeConfig
 from dare.datasets import (
     encode_preference,
     encode_sft,
@@ -45,7 +45,7 @@ def _pad_id(tokenizer: Any) -> int:
     return int(pad)
 
 
-def _check(cfg: RunConfig, entry: Any, steps: int, steps_field: str) -> None:
+def _check(cfg: CheckpointRun, entry: Any, steps: int, steps_field: str) -> None:
     """Raise before any work on a config that cannot run (field, value and fix in the message)."""
     check_inputs(cfg, entry)
     if steps < 1:
@@ -56,28 +56,28 @@ def _check(cfg: RunConfig, entry: Any, steps: int, steps_field: str) -> None:
                          "process; set trainer.backend=local")
 
 
-def _positions(cfg: RunConfig) -> int | None:
+def _positions(cfg: CheckpointRun) -> int | None:
     """The checkpoint's positions, from its config.json (no weights load)."""
-    return config_positions(read_config(need(cfg.checkpoint, "checkpoint").checkpoint))
+    return config_positions(read_config(cfg.checkpoint.checkpoint))
 
 
-def _open(cfg: RunConfig, output_dir: Path) -> Any:
+def _open(cfg: CheckpointRun, output_dir: Path) -> Any:
     """The run folder with its config.json; returns the W&B run (or None)."""
     set_num_threads(cfg)
     open_run_folder(cfg, output_dir)
     return open_wandb_run(cfg, output_dir)
 
 
-def run_sft_recipe(cfg: RunConfig, output_dir: Path, *, progress: bool = True) -> dict[str, Any]:
+def run_sft_recipe(cfg: SFTRecipeConfig, output_dir: Path, *, progress: bool = True) -> dict[str, Any]:
     """Run (or resume) an SFT or LoRA-SFT recipe for `sft.steps` steps; returns its summary."""
     if cfg.algorithm_name not in SFT_ALGORITHMS:
         raise ValueError(f"algorithm {cfg.algorithm_name!r} is not an SFT algorithm ({sorted(SFT_ALGORITHMS)})")
     t0 = time.perf_counter()
-    entry = cfg.algorithm  # the loss settings of `sft.*`, the adapters of `checkpoint.lora_*` (RunConfig)
-    sft, data, optim = need(cfg.sft, "sft"), need(cfg.data, "data"), need(cfg.sft_optim, "sft_optim")
+    entry = cfg.algorithm  # the loss settings of `sft.*`, the adapters of `checkpoint.lora_*` (SFTRecipeConfig)
+    sft, data, optim = cfg.sft, cfg.data, cfg.sft_optim
     _check(cfg, entry, sft.steps, "sft.steps")
     rows = read_sft_rows(data.train_files)
-    tokenizer = load_tokenizer(need(cfg.checkpoint, "checkpoint").checkpoint)
+    tokenizer = load_tokenizer(cfg.checkpoint.checkpoint)
     examples = encode_sft(rows, tokenizer, max_prompt_length=data.max_prompt_length,
                           max_response_length=data.max_response_length, positions=_positions(cfg))
     wandb_run = _open(cfg, output_dir)  # after every data check: nothing is written before
@@ -106,7 +106,7 @@ def run_sft_recipe(cfg: RunConfig, output_dir: Path, *, progress: bool = True) -
     return finish(cfg, output_dir, run, model, tokenizer, steps=sft.steps, curves=("loss", "grad_norm"), t0=t0)
 
 
-def run_preference_recipe(cfg: RunConfig, output_dir: Path, *, progress: bool = True) -> dict[str, Any]:
+def run_preference_recipe(cfg: PreferenceRecipeConfig, output_dir: Path, *, progress: bool = True) -> dict[str, Any]:
     """Run (or resume) a preference recipe (DPO-style on ELBOs) for `trainer.max_steps` steps.
 
     The reference is a frozen copy of the checkpoint taken before `Run` loads a resume
@@ -117,7 +117,7 @@ def run_preference_recipe(cfg: RunConfig, output_dir: Path, *, progress: bool = 
                          f"({sorted(PREFERENCE_ALGORITHMS)})")
     t0 = time.perf_counter()
     entry = cfg.algorithm
-    data, ckpt = need(cfg.data, "data"), need(cfg.checkpoint, "checkpoint")
+    data, ckpt = cfg.data, cfg.checkpoint
     _check(cfg, entry, cfg.trainer.max_steps, "trainer.max_steps")
     rows = read_preference_rows(data.train_files)
     tokenizer = load_tokenizer(ckpt.checkpoint)
@@ -130,14 +130,14 @@ def run_preference_recipe(cfg: RunConfig, output_dir: Path, *, progress: bool = 
     if ckpt.lora_rank:
         LoRA(rank=ckpt.lora_rank, alpha=ckpt.lora_alpha).apply(model, seed=cfg.trainer.seed)
     device, pad, seed = next(model.parameters()).device, _pad_id(tokenizer), cfg.trainer.seed
-    size = need(cfg.preference, "preference").pairs_per_step
+    size = cfg.preference.pairs_per_step
 
     def batches(step: int) -> PreferenceBatch:
         pick = step_indices(len(examples), size, step, seed=seed, purpose="preference-data")
         b = preference_batch([examples[i] for i in pick], pad)
         return PreferenceBatch(*(getattr(b, f.name).to(device) for f in dataclasses.fields(b)))
 
-    optim = need(cfg.preference_optim, "preference_optim")
+    optim = cfg.preference_optim
     worker = PreferenceWorker(model, reference, batches, entry.build(), optim, seed=seed,
                               steps=cfg.trainer.max_steps, attention=resolved_attention(cfg.trainer, model),
                               max_tokens_per_pass=cfg.trainer.max_tokens_per_pass)

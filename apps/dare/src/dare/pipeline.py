@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from dare.algorithms import LoRA, check_family, family_key
-from dare.config import RunConfig, need
+from dare.config import CheckpointRun, RLRecipeConfig, RunConfig
 from dare.inputs import check_checkpoint, check_family_name, check_rl_data, train_file_entries
 from dare.rl_data import rl_prompts
 from dare.rl_backend import rl_backend
@@ -45,13 +45,13 @@ from dllm_train import (
 logger = logging.getLogger(__name__)
 
 
-def check_inputs(cfg: RunConfig, entry: Any) -> None:
+def check_inputs(cfg: CheckpointRun, entry: Any) -> None:
     """Raise before any work if the checkpoint folder is incomplete (config.json, weights, tokenizer)
     or of another family than `checkpoint.family`, the training data are not set or missing, or the
     checkpoint's family (read from config.json, no weights) is not one the algorithm supports."""
-    ckpt = need(cfg.checkpoint, "checkpoint")
+    ckpt = cfg.checkpoint
     family = check_checkpoint(ckpt.checkpoint)
-    train_file_entries(need(cfg.data, "data").train_files, names=DATASETS)
+    train_file_entries(cfg.data.train_files, names=DATASETS)
     check_family(cfg.algorithm_name, entry, family_key(load_model(ckpt.checkpoint, device="meta")))
     check_family_name(ckpt.family, family, ckpt.checkpoint)
 
@@ -62,16 +62,16 @@ def set_num_threads(cfg: RunConfig) -> None:
         torch.set_num_threads(cfg.trainer.num_threads)
 
 
-def load_policy(cfg: RunConfig, device: str | None = None) -> Any:
+def load_policy(cfg: CheckpointRun, device: str | None = None) -> Any:
     """The checkpoint's model on `device` (default: the GPU when there is one)."""
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    ckpt = need(cfg.checkpoint, "checkpoint")
+    ckpt = cfg.checkpoint
     return load_model(ckpt.checkpoint, dtype=ckpt.dtype, device=device)
 
 
-def validator(cfg: RunConfig, model: Any, tokenizer: Any) -> Callable[[], dict[str, float]] | None:
+def validator(cfg: CheckpointRun, model: Any, tokenizer: Any) -> Callable[[], dict[str, float]] | None:
     """Held-out validation on `data.eval_files` with the recipe's decoding lengths (None: no eval files)."""
-    data = need(cfg.data, "data")
+    data = cfg.data
     evals = [e.strip() for e in data.eval_files.split(",") if e.strip()]
     if not evals:
         return None
@@ -80,13 +80,13 @@ def validator(cfg: RunConfig, model: Any, tokenizer: Any) -> Callable[[], dict[s
         "max_new_tokens": r.max_new_tokens, "steps": r.steps, "block_length": r.block_length})
 
 
-def finish(cfg: RunConfig, output_dir: Path, run: Run, model: Any, tokenizer: Any, *, steps: int,
+def finish(cfg: CheckpointRun, output_dir: Path, run: Run, model: Any, tokenizer: Any, *, steps: int,
            curves: Sequence[str], t0: float) -> dict[str, Any]:
     """Export `model/` (LoRA adapters merged into a copy, and alone in PEFT's format under
     `adapter/`), plot the curves, write summary.json."""
     run.close()
     export = model
-    ckpt = need(cfg.checkpoint, "checkpoint")
+    ckpt = cfg.checkpoint
     if ckpt.lora_rank:
         from dllm_models.lora import merge_lora, save_peft_adapter
 
@@ -118,47 +118,44 @@ def detokenizer(tokenizer: Any) -> Callable[[list[int]], str]:
     return lambda ids: str(tokenizer.decode(ids, skip_special_tokens=True))
 
 
-def policy_with_adapters(cfg: RunConfig, device: str | None = None) -> Any:
+def policy_with_adapters(cfg: CheckpointRun, device: str | None = None) -> Any:
     """`load_policy` plus the LoRA adapters of `checkpoint.lora_rank` (drawn from the trainer seed)."""
     model = load_policy(cfg, device)
-    ckpt = need(cfg.checkpoint, "checkpoint")
+    ckpt = cfg.checkpoint
     if ckpt.lora_rank:
         LoRA(rank=ckpt.lora_rank, alpha=ckpt.lora_alpha).apply(model, seed=cfg.trainer.seed)
     return model
 
 
-def driver_device(cfg: RunConfig) -> str | None:
+def driver_device(cfg: CheckpointRun) -> str | None:
     """Where the driver keeps its copy of the policy (None: the GPU when there is one).
 
     On the Ray backend the ranks train and decode; the driver's copy only receives their weights
     for checkpoints, the export and validation. Without validation (`data.eval_files` empty) it
     stays on the CPU, so it takes no GPU memory beside rank 0 (a 30B MoE is 57 GiB in bf16).
     """
-    data = cfg.data
-    if cfg.trainer.backend == "ray" and not (data is not None and data.eval_files.strip()):
+    if cfg.trainer.backend == "ray" and not cfg.data.eval_files.strip():
         return "cpu"
     return None
 
 
-def rank_setup(cfg: RunConfig, reward: RowReward) -> Any:
+def rank_setup(cfg: RLRecipeConfig, reward: RowReward) -> Any:
     """One Ray rank of an RL recipe (module-level, so Ray pickles it by reference): the initial
     policy read from the checkpoint folder on the rank (a resumed run's weights come later, from
     `RayRLWorkflow.load_state`), so no weights travel from the driver."""
     from dllm_train.distributed import RankSetup
 
     return RankSetup(model=policy_with_adapters(cfg, "cpu"), sampling=cfg.rollout, reward_fn=reward,
-                     detokenize=detokenizer(load_tokenizer(need(cfg.checkpoint, "checkpoint").checkpoint)),
-                     algorithm=cfg.algorithm, optim=need(cfg.rl_optim, "rl_optim"), trainer=cfg.trainer,
-                     engine_folder=need(cfg.checkpoint, "checkpoint").checkpoint)
+                     detokenize=detokenizer(load_tokenizer(cfg.checkpoint.checkpoint)),
+                     algorithm=cfg.algorithm, optim=cfg.rl_optim, trainer=cfg.trainer,
+                     engine_folder=cfg.checkpoint.checkpoint)
 
 
-def run_rl_recipe(cfg: RunConfig, output_dir: Path, *, progress: bool = True) -> dict[str, Any]:
+def run_rl_recipe(cfg: RLRecipeConfig, output_dir: Path, *, progress: bool = True) -> dict[str, Any]:
     """Run (or resume) an RL recipe on `trainer.backend` (local, or Ray ranks); returns the summary it writes."""
     check_inputs(cfg, cfg.algorithm)
-    data_cfg = need(cfg.data, "data")
-    need(cfg.rl, "rl")
-    check_rl_data(data_cfg.train_files, names=DATASETS)
-    tokenizer = load_tokenizer(need(cfg.checkpoint, "checkpoint").checkpoint)
+    check_rl_data(cfg.data.train_files, names=DATASETS)
+    tokenizer = load_tokenizer(cfg.checkpoint.checkpoint)
     data = rl_prompts(cfg, tokenizer)  # every cell checked before anything is written or the model loads
     t0 = time.perf_counter()
     set_num_threads(cfg)
@@ -169,9 +166,9 @@ def run_rl_recipe(cfg: RunConfig, output_dir: Path, *, progress: bool = True) ->
         release_run_folder(output_dir)
 
 
-def _train_rl(cfg: RunConfig, output_dir: Path, data: list[tuple[list[int], Row]], tokenizer: Any, *, t0: float,
+def _train_rl(cfg: RLRecipeConfig, output_dir: Path, data: list[tuple[list[int], Row]], tokenizer: Any, *, t0: float,
               progress: bool) -> dict[str, Any]:
-    rl = need(cfg.rl, "rl")
+    rl = cfg.rl
     wandb_run = open_wandb_run(cfg, output_dir)
     model = policy_with_adapters(cfg, driver_device(cfg))
     reward = RowReward({str(i): row for i, (_, row) in enumerate(data)})

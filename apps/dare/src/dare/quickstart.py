@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from dare.config import RunConfig, need
+from dare.config import QuickstartConfig
 from dare.rl_backend import rl_backend
 from dare.run_folder import open_run_folder, release_run_folder
 from dare.sinks import curves_title, open_wandb_run
@@ -32,7 +32,7 @@ from dllm_train import (
 logger = logging.getLogger(__name__)
 
 
-def rank_setup(cfg: RunConfig, weights: dict[str, torch.Tensor]) -> Any:
+def rank_setup(cfg: QuickstartConfig, weights: dict[str, torch.Tensor]) -> Any:
     """One Ray rank's workers (module-level, so Ray pickles it by reference)."""
     from dllm_train.distributed import RankSetup
 
@@ -40,12 +40,12 @@ def rank_setup(cfg: RunConfig, weights: dict[str, torch.Tensor]) -> Any:
     model = build_tiny_model(cfg, tok)
     model.load_state_dict(weights)
     return RankSetup(model=model, sampling=cfg.rollout, reward_fn=exact_match_reward, detokenize=tok.decode,
-                     algorithm=cfg.algorithm, optim=need(cfg.rl_optim, "rl_optim"), trainer=cfg.trainer)
+                     algorithm=cfg.algorithm, optim=cfg.rl_optim, trainer=cfg.trainer)
 
 
-def build_tiny_model(cfg: RunConfig, tokenizer: Any) -> Any:
+def build_tiny_model(cfg: QuickstartConfig, tokenizer: Any) -> Any:
     """A LLaDA-architecture model sized by `cfg.model`, with the tokenizer's special ids."""
-    m = need(cfg.model, "model")
+    m = cfg.model
     raw = {
         "model_type": "llada", "architectures": ["LLaDAModelLM"], "d_model": m.d_model,
         "n_layers": m.n_layers, "n_heads": m.n_heads, "n_kv_heads": m.n_heads,
@@ -60,7 +60,7 @@ def build_tiny_model(cfg: RunConfig, tokenizer: Any) -> Any:
     return model
 
 
-def evaluate_accuracy(model: Any, task: AdditionTask, cfg: RunConfig) -> float:
+def evaluate_accuracy(model: Any, task: AdditionTask, cfg: QuickstartConfig) -> float:
     """Greedy-decoding exact-match accuracy on the held-out pairs."""
     # a block-diffusion model is decoded block by block (its own block size), whatever the rollout says
     block = model.traits.block_length
@@ -71,7 +71,7 @@ def evaluate_accuracy(model: Any, task: AdditionTask, cfg: RunConfig) -> float:
     model.eval()
     correct = 0
     pairs = task.eval_pairs
-    size = need(cfg.eval, "eval").batch_size
+    size = cfg.eval.batch_size
     for i in range(0, len(pairs), size):
         chunk = pairs[i: i + size]
         ids, mask = left_pad([task.encode(task.prompt(a, b)) for a, b in chunk], model.traits.pad_token_id)
@@ -82,7 +82,7 @@ def evaluate_accuracy(model: Any, task: AdditionTask, cfg: RunConfig) -> float:
     return correct / len(pairs)
 
 
-def run_quickstart(cfg: RunConfig, output_dir: Path, *, progress: bool = True) -> dict[str, Any]:
+def run_quickstart(cfg: QuickstartConfig, output_dir: Path, *, progress: bool = True) -> dict[str, Any]:
     """Run (or resume) the quick start in `output_dir`; returns the summary it writes."""
     t0 = time.perf_counter()
     if cfg.trainer.num_threads:
@@ -94,12 +94,12 @@ def run_quickstart(cfg: RunConfig, output_dir: Path, *, progress: bool = True) -
         release_run_folder(output_dir)
 
 
-def _train(cfg: RunConfig, output_dir: Path, *, t0: float, progress: bool) -> dict[str, Any]:
+def _train(cfg: QuickstartConfig, output_dir: Path, *, t0: float, progress: bool) -> dict[str, Any]:
     algorithm = cfg.algorithm
-    sft_cfg, rl = need(cfg.sft, "sft"), need(cfg.rl, "rl")
+    sft_cfg, rl = cfg.sft, cfg.rl
     wandb_run = open_wandb_run(cfg, output_dir)
     tokenizer = build_tokenizer()
-    task = AdditionTask(need(cfg.task, "task"), tokenizer)
+    task = AdditionTask(cfg.task, tokenizer)
     model = build_tiny_model(cfg, tokenizer)
     seed = cfg.trainer.seed
     run = Run.from_trainer(output_dir, model, cfg.trainer, tokenizer=tokenizer, progress=progress,
@@ -109,7 +109,7 @@ def _train(cfg: RunConfig, output_dir: Path, *, t0: float, progress: bool) -> di
         return {"eval_accuracy": evaluate_accuracy(model, task, cfg)}
 
     sft = SFTWorker(model, lambda step: task.sft_batch(sft_cfg.batch_size, derive_seed(seed, "sft-data", step)),
-                    sft_cfg, need(cfg.sft_optim, "sft_optim"), seed=seed)
+                    sft_cfg, cfg.sft_optim, seed=seed)
     run.run_phase(PhaseSpec(
         order=0, name="sft", steps=sft_cfg.steps, step_fn=sft.step, owner=sft,
         on_end=lambda: {"eval_accuracy_before_rl": evaluate()["eval_accuracy"]},

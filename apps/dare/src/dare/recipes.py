@@ -1,4 +1,4 @@
-"""Recipes: plain functions returning a RunConfig, listed in one dict.
+"""Recipes: plain functions returning the run config of their kind, listed in one dict.
 
 `quickstart` trains a tiny model on CPU. The `<family>-<algorithm>` recipes reproduce the
 reference defaults (docs/algorithms.md#defaults) on released checkpoints: set `checkpoint.checkpoint` and
@@ -15,7 +15,18 @@ from collections.abc import Callable
 from functools import partial
 
 from dare.algorithms import ALGORITHMS, PREFERENCE_ALGORITHMS, SFT_ALGORITHMS
-from dare.config import CheckpointModelConfig, DataConfig, EvalConfig, PreferenceConfig, RunConfig, TinyModelConfig
+from dare.config import (
+    CheckpointModelConfig,
+    DataConfig,
+    EvalConfig,
+    PreferenceConfig,
+    PreferenceRecipeConfig,
+    QuickstartConfig,
+    RLRecipeConfig,
+    RunConfig,
+    SFTRecipeConfig,
+    TinyModelConfig,
+)
 from dare.config_tree import did_you_mean
 from dare.tasks.addition import AdditionConfig
 from dllm_models import FAMILY_NAMES, family_kind
@@ -23,9 +34,9 @@ from dllm_rollout import SamplingConfig
 from dllm_train import OptimConfig, RLConfig, SFTConfig, TrainerConfig
 
 
-def quickstart() -> RunConfig:
+def quickstart() -> QuickstartConfig:
     """Tiny LLaDA-architecture model on 3-digit addition: SFT warm start, then d1 RL (CPU, minutes)."""
-    return RunConfig(
+    return QuickstartConfig(
         recipe="quickstart",
         algorithm_name="d1",
         task=AdditionConfig(digits=3, num_eval=500, seed=1234),
@@ -83,10 +94,10 @@ def _rollout(family: str, algorithm: str) -> SamplingConfig:
     return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
 
 
-def rl_recipe(family: str, algorithm: str) -> RunConfig:
+def rl_recipe(family: str, algorithm: str) -> RLRecipeConfig:
     """`family` policy trained with RL algorithm `algorithm`, reference defaults (docs/algorithms.md#defaults)."""
     rank, alpha = _LORA.get(algorithm, (0, 64.0))
-    return RunConfig(
+    return RLRecipeConfig(
         recipe=f"{family}-{algorithm}",
         algorithm_name=algorithm,
         checkpoint=CheckpointModelConfig(family=family, lora_rank=rank, lora_alpha=alpha),
@@ -99,9 +110,9 @@ def rl_recipe(family: str, algorithm: str) -> RunConfig:
     )
 
 
-def preference_recipe(family: str, algorithm: str) -> RunConfig:
+def preference_recipe(family: str, algorithm: str) -> PreferenceRecipeConfig:
     """DPO / VRPO on chosen/rejected pairs: 64 pairs per step, lr 5e-7, lengths 512/512 (docs/algorithms.md#vrpo)."""
-    return RunConfig(
+    return PreferenceRecipeConfig(
         recipe=f"{family}-{algorithm}", algorithm_name=algorithm,
         checkpoint=CheckpointModelConfig(family=family),
         data=DataConfig(max_prompt_length=512, max_response_length=512),
@@ -120,12 +131,12 @@ _SFT_SETTINGS = {
 }
 
 
-def sft_recipe(family: str, algorithm: str) -> RunConfig:
+def sft_recipe(family: str, algorithm: str) -> SFTRecipeConfig:
     """Diffusion SFT of `family` (docs/algorithms.md#sft): AdamW (0.9, 0.95), wd 0.01, 10% warm-up, cosine, clip 1."""
     sft, lr = _SFT_SETTINGS[family]
     rank, alpha = _LORA.get(algorithm, (0, 64.0))
     entry = SFT_ALGORITHMS[algorithm]
-    return RunConfig(
+    return SFTRecipeConfig(
         recipe=f"{family}-{algorithm}", algorithm_name=algorithm,
         algorithm=dataclasses.replace(entry, t_range=(0.3, 0.8)) if family == "llada2" else entry,
         checkpoint=CheckpointModelConfig(family=family, lora_rank=rank, lora_alpha=alpha),
@@ -230,7 +241,7 @@ def with_task(cfg: RunConfig, task: str) -> RunConfig:
     Raises:
         ValueError: the recipe is not an RL recipe on a released checkpoint, or `task` is unknown.
     """
-    if cfg.kind != "rl" or cfg.checkpoint is None:
+    if not isinstance(cfg, RLRecipeConfig):
         raise ValueError(f"task={task}: recipe {cfg.recipe!r} has no per-task settings; they exist for the "
                          f"<family>-<algorithm> RL recipes (e.g. llada-espo task={TASKS[2]})")
     from dare.config import apply_overrides

@@ -14,13 +14,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from dare.config import RunConfig, need
+from dare.config import RLRecipeConfig, RLRun
 from dllm_train import LocalRL, RLAlgorithm
 
 StepFn = Callable[[int], dict[str, float]]
 
 
-def rl_backend(cfg: RunConfig, model: Any, *, prompts: Any, algorithm: RLAlgorithm[Any],
+def rl_backend(cfg: RLRun, model: Any, *, prompts: Any, algorithm: RLAlgorithm[Any],
                reward_fn: Callable[[str, str], float], detokenize: Callable[[list[int]], str],
                rank_setup: Callable[[], Any]) -> tuple[StepFn, Any, Callable[[], None]]:
     """(step_fn, checkpointed owner, shutdown) of the RL phase on `cfg.trainer.backend`.
@@ -30,7 +30,8 @@ def rl_backend(cfg: RunConfig, model: Any, *, prompts: Any, algorithm: RLAlgorit
     initial policy, made here (local) or on the ranks from `rank_setup` (Ray).
 
     Args:
-        cfg: the run config (trainer, rl, rollout and rl_optim are read).
+        cfg: the quick start or an RL recipe (trainer, rl, rollout and rl_optim are read; an RL
+            recipe's checkpoint folder is the engine's).
         model: the driver's policy; local: trained in place; Ray: refreshed with the ranks'
             weights at every eval and save step and at the end (`RayRLWorkflow.driver_model`).
         prompts: step -> PromptBatch.
@@ -40,7 +41,7 @@ def rl_backend(cfg: RunConfig, model: Any, *, prompts: Any, algorithm: RLAlgorit
         rank_setup: picklable `() -> dllm_train.distributed.RankSetup` with the initial policy,
             run on every rank.
     """
-    t, rl, optim = cfg.trainer, need(cfg.rl, "rl"), need(cfg.rl_optim, "rl_optim")
+    t, rl, optim = cfg.trainer, cfg.rl, cfg.rl_optim
     if t.backend == "ray":
         from dllm_train.distributed import DistributedConfig, RayRLWorkflow
 
@@ -53,7 +54,7 @@ def rl_backend(cfg: RunConfig, model: Any, *, prompts: Any, algorithm: RLAlgorit
         return ray_wf.step, ray_wf, ray_wf.shutdown
     local = LocalRL(model, prompts=prompts, sampling=cfg.rollout, reward_fn=reward_fn, detokenize=detokenize,
                     algorithm=algorithm, optim=optim, trainer=t,
-                    engine_folder=cfg.checkpoint.checkpoint if cfg.checkpoint is not None else None)
+                    engine_folder=cfg.checkpoint.checkpoint if isinstance(cfg, RLRecipeConfig) else None)
     return local.step, local, lambda: None
 
 

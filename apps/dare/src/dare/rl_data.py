@@ -24,7 +24,7 @@ from typing import Any
 
 import pyarrow.parquet as pq  # type: ignore[import-untyped,unused-ignore]
 
-from dare.config import RunConfig, need
+from dare.config import RLRecipeConfig
 from dare.datasets import cell_prompt, cell_text, chat_prompt_ids, check_kept
 from dare.config_tree import did_you_mean
 from dare.inputs import check_rl_columns, config_positions, train_file_entries
@@ -144,10 +144,10 @@ def encode_prompts(rows: list[Row], tokenizer: Any, max_prompt_length: int, *, p
     return kept
 
 
-def rl_prompts(cfg: RunConfig, tokenizer: Any) -> list[tuple[list[int], Row]]:
+def rl_prompts(cfg: RLRecipeConfig, tokenizer: Any) -> list[tuple[list[int], Row]]:
     """The RL run's prompts: `data.train_files` read and checked, encoded within `data.max_prompt_length`
     and the checkpoint's positions (read from its config.json: no weights load)."""
-    data, ckpt = need(cfg.data, "data"), need(cfg.checkpoint, "checkpoint")
+    data, ckpt = cfg.data, cfg.checkpoint
     return encode_prompts(read_rl_rows(data.train_files), tokenizer, data.max_prompt_length,
                           positions=config_positions(read_config(ckpt.checkpoint)),
                           max_new_tokens=cfg.rollout.max_new_tokens)

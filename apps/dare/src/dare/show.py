@@ -10,7 +10,7 @@ import json
 import re
 from typing import Any
 
-from dare.config import ELSEWHERE, KIND_NAMES, RunConfig, algorithm_fields, to_dict
+from dare.config import ELSEWHERE, KIND_NAMES, RunConfig, algorithm_fields, ordered_fields, to_dict
 
 _HEADER = re.compile(r"^(Attributes|Flags)\b.*:$")
 _ENTRY = re.compile(r"^([A-Za-z_][\w, ]*):\s*(.*)$")
@@ -85,13 +85,11 @@ def _lines(obj: Any, prefix: str, fields: list[dataclasses.Field[Any]], width: i
 def describe_config(cfg: RunConfig, summary: str = "") -> str:
     """Every field of `cfg` (`key = value  doc`), section by section, for `dare show`."""
     width = 44
-    docs = field_docs(RunConfig)
+    docs = field_docs(type(cfg))
     out = [f"recipe {cfg.recipe!r} ({KIND_NAMES[cfg.kind]}){': ' + summary if summary else ''}",
            "Every field with its value in this recipe; change one with KEY=VALUE (e.g. trainer.max_steps=10).", ""]
-    for f in dataclasses.fields(cfg):
+    for f in ordered_fields(cfg):
         value = getattr(cfg, f.name)
-        if value is None:
-            continue
         if not dataclasses.is_dataclass(value):
             out.append(f"{f'{f.name} = {_value(value)}':{width + 2}s}  {docs.get(f.name, '')}".rstrip())
             continue
