@@ -108,7 +108,7 @@ def model_shape(model: Any, raw: dict[str, Any]) -> Shape:
     out = model.get_output_embeddings().weight
     params = sum(p.numel() for p in model.parameters())
     for m in model.modules():  # an input table is a gather, not a matmul read (unless tied to the head)
-        if isinstance(m, torch.nn.Embedding) and m.weight.data_ptr() != out.data_ptr():
+        if isinstance(m, torch.nn.Embedding) and m.weight is not out:
             params -= m.weight.numel()
     elem = out.element_size()
     layers = int(raw.get("num_hidden_layers", raw.get("n_layers", 0)))
@@ -353,7 +353,7 @@ def run_recipe(recipe: str, args: argparse.Namespace, hw: Hardware, device: str)
                                           detokenize=detokenizer(tokenizer), rank_setup=lambda: None)
     try:
         for w in range(args.warmup):  # flex compilation, autotune, optimizer state, decode graphs
-            step_fn(-1 - w)
+            step_fn(w)
         rollout = local.rank.rollout
         counter = ForwardCounter(model, args.max_forwards)
         if device == "cuda":
@@ -386,7 +386,7 @@ def run_recipe(recipe: str, args: argparse.Namespace, hw: Hardware, device: str)
 
         if device == "cuda":
             torch.cuda.reset_peak_memory_stats()
-        metrics = step_fn(0)
+        metrics = step_fn(args.warmup)
         scale = full_rows / args.update_rows
         alg = cfg.algorithm
         fwd, fwd_bwd = update_flops(alg, rollout.sampling, [len(p) for p in prompts_full], shape)
@@ -428,8 +428,9 @@ def table(rows: list[dict[str, Any]]) -> str:
             fwd += " (extrapolated)"
         rows_n = r["rows"] if r["phase"].startswith("rollout") else f"{r['rows']} (x{r['rows'] / r['update_rows']:g} of {r['update_rows']})"
         peak = f"{r['peak_gib']:.1f}" if r.get("peak_gib") is not None else ""
+        ratio = f"{r['floor_over_measured']:.3g}" if r["floor_s"] > 0 else "- (no required work)"
         out.append(f"| {r['recipe']} | {r['phase']} | {rows_n} | {r['max_new_tokens']} | {r['seconds']:.2f} | "
-                   f"{r['floor_s']:.3g} | {r['floor_over_measured']:.3f} | {passes} | {fwd} | {peak} |")
+                   f"{r['floor_s']:.3g} | {ratio} | {passes} | {fwd} | {peak} |")
     return "\n".join(out)
 
 
