@@ -19,6 +19,11 @@ For each recipe (`sdar-bgpo` on SDAR-8B-Chat, `llada-d1` and `llada-cj-grpo` on 
    `EngineRolloutWorker` (what `rollout.engine=lmdeploy` runs) on the same folder; its decode
    seconds exclude the weight hand-off.
 
+`--max-forwards K` time-boxes the native rollout (the LLaDA/Dream recipes decode without a cache:
+256 full forwards of 128 rows, minutes): it stops after K forwards and extrapolates the seconds
+along the floor, seconds x floor(all forwards) / floor(first K). A recipe that runs out of GPU
+memory gets an "out of memory" row (its own batch not fitting is a result) and the next one runs.
+
 Floors (constants are flags; defaults: H200, 790 TFLOP/s bf16 dense matmul as measured in
 docs/benchmarks.md, 4.8 TB/s HBM3e datasheet):
 
@@ -45,7 +50,9 @@ docs/benchmarks.md, 4.8 TB/s HBM3e datasheet):
 
     python3 benchmarks/e2e_gpu.py --prepare-devshare --models SDAR-8B-Chat,LLaDA-8B-Instruct,Dream-v0-Instruct-7B
     python3 benchmarks/recipe_scale.py --recipes sdar-bgpo --lmdeploy --json $OUT/recipe_scale_sdar.json  # H200
-    python3 benchmarks/recipe_scale.py --recipes llada-d1,llada-cj-grpo,dream-d1 --json $OUT/recipe_scale_mdm.json
+    python3 benchmarks/recipe_scale.py --recipes llada-d1 --max-forwards 64 --json $OUT/recipe_scale_llada_d1.json
+    python3 benchmarks/recipe_scale.py --recipes llada-cj-grpo --json $OUT/recipe_scale_llada_cj.json
+    python3 benchmarks/recipe_scale.py --recipes dream-d1 --max-forwards 64 --json $OUT/recipe_scale_dream.json
     uv run python benchmarks/recipe_scale.py --tiny                                        # CPU smoke run
 """
 
@@ -175,11 +182,11 @@ def decode_floor(cfg: Any, prompt_lens: Sequence[int], shape: Shape, hw: Hardwar
         blocks = math.ceil(n / bl)
         per_block = max(1, steps // blocks)
         lens = [p + n for p in prompt_lens]
-        full = (sum(lens), sum(x * x for x in lens))
+        whole = (sum(lens), sum(x * x for x in lens))  # a full forward: tokens, pairs
         for b in range(blocks):
             for s in range(per_block):
                 if cfg.cache is None or s == 0:
-                    forward(*full, 0)
+                    forward(whole[0], whole[1], 0)
                 elif cfg.cache == "prefix":
                     q = rows * (n - b * bl)
                     forward(q, sum((n - b * bl) * x for x in lens), sum(p + b * bl for p in prompt_lens))
@@ -264,7 +271,7 @@ class ForwardCounter:
             finally:
                 counter.inside = False
 
-        GraphedStep.__call__ = call  # type: ignore[method-assign]
+        GraphedStep.__call__ = call  # type: ignore[method-assign,assignment]
 
     def _count(self, ids: Any) -> None:
         if self.limit and self.calls == self.limit:
@@ -289,7 +296,8 @@ def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
     return time.perf_counter() - t0, out
 
 
-def run_recipe(recipe: str, args: argparse.Namespace, hw: Hardware, device: str) -> list[dict[str, Any]]:
+def run_recipe(recipe: str, args: argparse.Namespace, hw: Hardware, device: str, rows: list[dict[str, Any]]) -> None:
+    """Append the rows of `recipe` (rollout [lmdeploy], old, reference, update) to `rows` as they come."""
     from dare.pipeline import detokenizer, policy_with_adapters
     from dare.recipes import get_recipe, resolve
     from dare.rl_backend import rl_backend
@@ -323,7 +331,6 @@ def run_recipe(recipe: str, args: argparse.Namespace, hw: Hardware, device: str)
     model = policy_with_adapters(cfg, device)
     raw = json.loads((folder / "config.json").read_text())
     shape = model_shape(model, raw)
-    rows: list[dict[str, Any]] = []
     head = {"recipe": recipe, "model": RECIPE_MODELS[recipe], "rows": full_rows, "update_rows": args.update_rows,
             "max_new_tokens": sampling.max_new_tokens, "prompt_len_mean": sum(map(len, prompts_full)) / full_rows}
     seeds = torch.arange(full_rows)
@@ -407,13 +414,10 @@ def run_recipe(recipe: str, args: argparse.Namespace, hw: Hardware, device: str)
             rows.append(row)
     finally:
         shutdown()
-    for r in rows:
-        r["floor_over_measured"] = r["floor_s"] / r["seconds"] if r["seconds"] > 0 else float("nan")
     del local, model
     gc.collect()
     if device == "cuda":
         torch.cuda.empty_cache()
-    return rows
 
 
 def table(rows: list[dict[str, Any]]) -> str:
@@ -421,6 +425,9 @@ def table(rows: list[dict[str, Any]]) -> str:
     out = ["| recipe | phase | rows | new | seconds | floor s | floor / measured | passes | forwards (formula / counted) | peak GiB |",
            "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in rows:
+        if "error" in r:
+            out.append(f"| {r['recipe']} | {r['phase']}: {r['error']} | | | | | | | | {r.get('peak_gib', 0):.1f} |")
+            continue
         passes = f"{r['update_passes']:.0f} ({r['measured_passes']:.0f} on {r['update_rows']} rows)" \
             if "update_passes" in r else ""
         fwd = f"{r['forwards_formula']} / {r.get('forwards_counted', '-')}" if "forwards_formula" in r else ""
@@ -463,10 +470,21 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     try:
         for recipe in args.recipes.split(","):
-            new = run_recipe(recipe, args, hw, device)
-            for r in new:
+            start = len(rows)
+            try:
+                run_recipe(recipe, args, hw, device, rows)
+            except torch.cuda.OutOfMemoryError as err:  # the recipe's own batch may not fit: that is a result
+                phase = "after " + rows[-1]["phase"] if len(rows) > start else "before the rollout"
+                rows.append({"recipe": recipe, "phase": phase, "error": "out of memory",
+                             "detail": str(err).splitlines()[0][:200],
+                             "peak_gib": torch.cuda.max_memory_allocated() / 2**30})
+            gc.collect()  # after the handler: the traceback held the recipe's model
+            if device == "cuda":
+                torch.cuda.empty_cache()
+            for r in rows[start:]:
+                if "error" not in r:
+                    r["floor_over_measured"] = r["floor_s"] / r["seconds"] if r["seconds"] > 0 else float("nan")
                 print(json.dumps(r), flush=True)
-            rows += new
     finally:
         if tmp is not None:
             tmp.cleanup()
