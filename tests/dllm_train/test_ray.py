@@ -111,8 +111,9 @@ RAY_CASES = [
     # replays the recorded trajectory, one backward per state; a token budget of 2 rows per
     # forward (ranks whose pass counts differ pad to the group's max: lockstep)
     pytest.param("llada", CJGRPO(), {"max_tokens_per_pass": 24}, id="cj-grpo-llada"),
-    # an FSDP2 reference worker (k2 KL) and two off-policy updates per batch
-    pytest.param("llada", ESPO(mc_num=2, num_iterations=2), {}, id="espo-llada"),
+    # an FSDP2 reference worker (k2 KL), kept on the CPU between its passes (trainer.reference_offload:
+    # FSDP2's CPUOffloadPolicy on the reference), and two off-policy updates per batch
+    pytest.param("llada", ESPO(mc_num=2, num_iterations=2), {"reference_offload": True}, id="espo-llada"),
     # the rollout scores its canvases with an unsharded frozen copy of the initial policy
     pytest.param("llada", DMPO(num_replicates=2, num_iterations=1), {}, id="dmpo-llada", marks=pytest.mark.slow),
     # block diffusion: BD3LM rows under FSDP2

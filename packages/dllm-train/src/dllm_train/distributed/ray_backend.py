@@ -3,8 +3,8 @@
 The driver (`RayRLWorkflow`) owns the loop and the data split; actors own the models:
 
 1. the driver expands the step's prompts and per-sample seeds, gives rank r rows
-   [r B/N, (r+1) B/N), and each rank generates (unsharded replica), scores, samples its mask plan
-   and computes old/reference log-probs;
+   [r B/N, (r+1) B/N), and each rank generates (unsharded replica), scores and prepares them
+   (the algorithm's noise, old and reference values);
 2. the driver gathers the scores, computes group-relative advantages on the full batch (groups
    may straddle ranks) and sends each rank its rows;
 3. each rank runs `ActorWorker.update` on its FSDP2-sharded policy (gradients are averaged by the
