@@ -91,9 +91,10 @@ def test_fsdp2_grad_norm_is_global(results: list[dict[str, Any]], case: str) -> 
 
 
 def test_uneven_split_is_rejected_before_any_actor_starts() -> None:
-    from dllm_train.distributed import DistributedConfig, shard_rows
+    from dllm_train import TrainerConfig
+    from dllm_train.distributed import shard_rows
 
     with pytest.raises(ValueError, match="divisible by the number of data-parallel groups 4"):
         shard_rows(6, 4, 0)
-    with pytest.raises(ValueError, match="num_workers"):
-        DistributedConfig(num_workers=0)
+    with pytest.raises(ValueError, match="trainer.num_workers"):
+        TrainerConfig(backend="ray", num_workers=0)

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from dllm_train import RLConfig, TrainerConfig
-from dllm_train.distributed import DistributedConfig, ParallelDims, RayRLWorkflow
+from dllm_train.distributed import DistributedConfig, ParallelDims, RayRLWorkflow, rank_dims
 
 
 def test_ranks_are_laid_out_sequence_parallel_fastest() -> None:
@@ -25,8 +25,6 @@ def test_sequence_parallel_size_must_divide_the_ranks(size: int) -> None:
         ParallelDims(world_size=4, sequence_parallel=size)
     with pytest.raises(ValueError, match=rf"trainer.sequence_parallel={size} .*trainer.num_workers=4"):
         TrainerConfig(backend="ray", num_workers=4, sequence_parallel=size)
-    with pytest.raises(ValueError, match=rf"distributed.sequence_parallel={size}"):
-        DistributedConfig(num_workers=4, sequence_parallel=size)
 
 
 def test_sequence_parallel_needs_the_ray_backend() -> None:
@@ -41,13 +39,13 @@ def test_batch_must_split_over_data_parallel_groups_before_any_actor_starts() ->
     none: Any = None
     with pytest.raises(ValueError, match="number of data-parallel groups 4"):
         RayRLWorkflow(setup_fn=none, prompts=none, algorithm=none,
-                      trainer=TrainerConfig(backend="ray", num_workers=8, sequence_parallel=2), rl=rl,
-                      dist=DistributedConfig(num_workers=8, sequence_parallel=2))
+                      trainer=TrainerConfig(backend="ray", num_workers=8, sequence_parallel=2), rl=rl)
 
 
-def test_trainer_and_distributed_configs_must_agree_on_sequence_parallelism() -> None:
-    none: Any = None
-    with pytest.raises(ValueError, match="distributed.sequence_parallel=1"):
-        RayRLWorkflow(setup_fn=none, prompts=none, algorithm=none,
-                      trainer=TrainerConfig(backend="ray", num_workers=2, sequence_parallel=2),
-                      rl=RLConfig(prompts_per_step=2, group_size=2), dist=DistributedConfig(num_workers=2))
+def test_the_rank_grid_is_the_trainers() -> None:
+    # one source of truth: the Ray backend's ranks and their sequence-parallel groups come from the trainer
+    dims = rank_dims(TrainerConfig(backend="ray", num_workers=6, sequence_parallel=3))
+    assert (dims.world_size, dims.sequence_parallel, dims.data_parallel) == (6, 3, 2)
+    assert not {"num_workers", "sequence_parallel", "gpus_per_worker"} & set(DistributedConfig.__dataclass_fields__)
+    with pytest.raises(ValueError, match="distributed.placement_strategy 'NEAR' unknown"):
+        DistributedConfig(placement_strategy="NEAR")

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.ray
 
 def test_ray_workflow_runs_rl_steps_and_reports_the_local_metrics(ray_cluster: Any, tmp_path: Path) -> None:
     from dllm_train import TrainerConfig
-    from dllm_train.distributed import DistributedConfig, RayRLWorkflow
+    from dllm_train.distributed import RayRLWorkflow
     from tests.dllm_train.distributed_helpers import TINY_RL, tiny_rank_setup
 
     local = local_rl(tiny_model("llada"), D1())
@@ -27,8 +27,7 @@ def test_ray_workflow_runs_rl_steps_and_reports_the_local_metrics(ray_cluster: A
     before = {k: v.clone() for k, v in driver_model.state_dict().items()}
     trainer = TrainerConfig(max_steps=2, seed=0, backend="ray", num_workers=2)
     wf = RayRLWorkflow(setup_fn=tiny_rank_setup, prompts=addition_prompts(TINY_RL.prompts_per_step, TINY_RL.group_size),
-                       algorithm=D1(), trainer=trainer, rl=TINY_RL, dist=DistributedConfig(num_workers=2),
-                       driver_model=driver_model)
+                       algorithm=D1(), trainer=trainer, rl=TINY_RL, driver_model=driver_model)
     try:
         expected = set(local.step(0))
         for step in range(2):
@@ -72,15 +71,14 @@ def _ray_run(family: str, algorithm: RLAlgorithm[Any], *, steps: int = 2, lora_r
     import functools
 
     from dllm_train import TrainerConfig
-    from dllm_train.distributed import DistributedConfig, RayRLWorkflow
+    from dllm_train.distributed import RayRLWorkflow
     from tests.dllm_train.distributed_helpers import TINY_RL, algorithm_rank_setup
 
     trainer = TrainerConfig(max_steps=steps, seed=0, backend="ray", num_workers=2,
                             sequence_parallel=sequence_parallel, **trainer_fields)
     wf = RayRLWorkflow(setup_fn=functools.partial(algorithm_rank_setup, family, algorithm, lora_rank, **trainer_fields),
                        prompts=addition_prompts(TINY_RL.prompts_per_step, TINY_RL.group_size), algorithm=algorithm,
-                       trainer=trainer, rl=TINY_RL,
-                       dist=DistributedConfig(num_workers=2, sequence_parallel=sequence_parallel))
+                       trainer=trainer, rl=TINY_RL)
     try:
         metrics = [wf.step(step) for step in range(steps)]
         reports = wf.group.call("handoff_report")
@@ -113,8 +111,9 @@ RAY_CASES = [
     # replays the recorded trajectory, one backward per state; a token budget of 2 rows per
     # forward (ranks whose pass counts differ pad to the group's max: lockstep)
     pytest.param("llada", CJGRPO(), {"max_tokens_per_pass": 24}, id="cj-grpo-llada"),
-    # an FSDP2 reference worker (k2 KL) and two off-policy updates per batch
-    pytest.param("llada", ESPO(mc_num=2, num_iterations=2), {}, id="espo-llada"),
+    # an FSDP2 reference worker (k2 KL), kept on the CPU between its passes (trainer.reference_offload:
+    # FSDP2's CPUOffloadPolicy on the reference), and two off-policy updates per batch
+    pytest.param("llada", ESPO(mc_num=2, num_iterations=2), {"reference_offload": True}, id="espo-llada"),
     # the rollout scores its canvases with an unsharded frozen copy of the initial policy
     pytest.param("llada", DMPO(num_replicates=2, num_iterations=1), {}, id="dmpo-llada", marks=pytest.mark.slow),
     # block diffusion: BD3LM rows under FSDP2
@@ -221,7 +220,7 @@ def test_a_ray_run_stopped_by_sigterm_checkpoints_its_shards_and_resumes_exactly
     import signal
 
     from dllm_train import PhaseSpec, Run, TrainerConfig, read_metrics
-    from dllm_train.distributed import DistributedConfig, RayRLWorkflow
+    from dllm_train.distributed import RayRLWorkflow
     from dllm_train.preemption import Interrupted
     from tests.dllm_train.distributed_helpers import TINY_RL, tiny_rank_setup
 
@@ -231,7 +230,7 @@ def test_a_ray_run_stopped_by_sigterm_checkpoints_its_shards_and_resumes_exactly
         model = tiny_model("llada")
         wf = RayRLWorkflow(setup_fn=tiny_rank_setup, prompts=addition_prompts(TINY_RL.prompts_per_step,
                            TINY_RL.group_size), algorithm=D1(), trainer=trainer, rl=TINY_RL,
-                           dist=DistributedConfig(num_workers=2), driver_model=model)
+                           driver_model=model)
 
         def step(i: int) -> dict[str, float]:
             out_ = wf.step(i)

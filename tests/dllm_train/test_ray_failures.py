@@ -25,14 +25,14 @@ def test_a_failing_rank_is_an_error_not_a_hang(ray_cluster: Any) -> None:
     from ray._raylet import PlacementGroupID
     from ray.util.placement_group import PlacementGroup, placement_group_table, remove_placement_group
 
-    from dllm_train.distributed import DistributedConfig
+    from dllm_train import TrainerConfig
     from dllm_train.distributed.ray_backend import RayActorGroup
 
     before = set(placement_group_table())
     t0 = time.monotonic()
     try:
         with pytest.raises(Exception, match="rank 1 fails on purpose"):
-            RayActorGroup(failing_rank_setup, DistributedConfig(num_workers=2))
+            RayActorGroup(failing_rank_setup, TrainerConfig(backend="ray", num_workers=2))
         assert time.monotonic() - t0 < 120  # surfaced, not left waiting for the lost rank
         leaked = [pg for pg, info in placement_group_table().items()
                   if pg not in before and info.get("state") != "REMOVED"]

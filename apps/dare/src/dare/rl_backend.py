@@ -47,9 +47,7 @@ def rl_backend(cfg: RLRun, model: Any, *, prompts: Any, algorithm: RLAlgorithm[A
 
         ray_wf = RayRLWorkflow(
             setup_fn=rank_setup, prompts=prompts, algorithm=algorithm, trainer=t, rl=rl, driver_model=model,
-            dist=DistributedConfig(num_workers=t.num_workers, gpus_per_worker=t.gpus_per_worker,
-                                   sequence_parallel=t.sequence_parallel,
-                                   bf16=t.gpus_per_worker > 0 and _is_bf16(model)),
+            dist=DistributedConfig(bf16=t.gpus_per_worker > 0 and _is_bf16(model)),
         )
         return ray_wf.step, ray_wf, ray_wf.shutdown
     local = LocalRL(model, prompts=prompts, sampling=cfg.rollout, reward_fn=reward_fn, detokenize=detokenize,

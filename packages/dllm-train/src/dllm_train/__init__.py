@@ -32,16 +32,9 @@ from dllm_train.workers import (
     sequence_inputs,
     special_tokens,
 )
-from dllm_train.workflow import (
-    BaseWeightsScorer,
-    LocalRL,
-    OffloadedScorer,
-    PhaseSpec,
-    Run,
-    ShardedStateful,
-    resolved_attention,
-    set_activation_checkpointing,
-)
+from dllm_train.model_setup import BaseWeightsScorer, OffloadedScorer, resolved_attention, set_activation_checkpointing
+from dllm_train.assembly import RankParts, assemble_rank
+from dllm_train.workflow import LocalRL, PhaseSpec, Run, ShardedStateful
 
 __all__ = [
     "ActorWorker",
@@ -64,6 +57,7 @@ __all__ = [
     "PreferenceWorker",
     "Prepared",
     "PromptBatch",
+    "RankParts",
     "RLAlgorithm",
     "RLBatch",
     "RLConfig",
@@ -82,6 +76,7 @@ __all__ = [
     "TrainerConfig",
     "Update",
     "accumulate",
+    "assemble_rank",
     "benchmark_validator",
     "check_settings",
     "derive_seed",

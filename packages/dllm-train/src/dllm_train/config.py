@@ -12,6 +12,21 @@ SCHEDULES = ("constant", "cosine")
 BD3LM_LAYOUTS = ("shared", "doubled")
 
 
+def check_sequence_parallel(sequence_parallel: int, ranks: int, *,
+                            names: tuple[str, str] = ("sequence_parallel", "world_size")) -> None:
+    """Raise unless `sequence_parallel` (>= 1) divides the `ranks` (the rule of every rank grid).
+
+    Args:
+        sequence_parallel: ranks that split every sequence.
+        ranks: number of ranks (>= 1).
+        names: the two fields as the message names them.
+    """
+    if sequence_parallel < 1 or ranks % sequence_parallel:
+        sizes = [d for d in range(1, ranks + 1) if ranks % d == 0]
+        raise ValueError(f"{names[0]}={sequence_parallel} must be >= 1 and divide {names[1]}={ranks}; "
+                         f"choose one of {sizes}")
+
+
 @dataclass(frozen=True, kw_only=True)
 class OptimConfig:
     """AdamW settings.
@@ -172,10 +187,8 @@ class TrainerConfig:
             raise ValueError(f"trainer.backend {self.backend!r} unknown; choose one of {BACKENDS}")
         if self.num_workers < 1:
             raise ValueError(f"trainer.num_workers must be >= 1, got {self.num_workers}")
-        if self.sequence_parallel < 1 or self.num_workers % self.sequence_parallel:
-            sizes = [d for d in range(1, self.num_workers + 1) if self.num_workers % d == 0]
-            raise ValueError(f"trainer.sequence_parallel={self.sequence_parallel} must be >= 1 and divide "
-                             f"trainer.num_workers={self.num_workers}; choose one of {sizes}")
+        check_sequence_parallel(self.sequence_parallel, self.num_workers,
+                                names=("trainer.sequence_parallel", "trainer.num_workers"))
         if self.sequence_parallel > 1 and self.backend != "ray":
             raise ValueError(f"trainer.sequence_parallel={self.sequence_parallel} splits sequences over Ray "
                              f"ranks; set trainer.backend=ray (got {self.backend!r}) or trainer.sequence_parallel=1")

@@ -7,7 +7,6 @@ run resumed from its latest checkpoint continues exactly as the uninterrupted ru
 
 from __future__ import annotations
 
-import copy
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -17,9 +16,9 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 from tqdm import tqdm
 
-from dllm_models import BaseWeightsView, has_adapters
 from dllm_rollout import SamplingConfig
 from dllm_train.algorithm import RLAlgorithm
+from dllm_train.assembly import assemble_rank
 from dllm_train.checkpointing import (
     SHARDS,
     checkpoint_path,
@@ -30,13 +29,11 @@ from dllm_train.checkpointing import (
     write_checkpoint_files,
 )
 from dllm_train.config import OptimConfig, TrainerConfig
-from dllm_train.engine_rollout import build_rollout_worker
-from dllm_train.likelihood import Scorer
 from dllm_train.metrics import MetricsWriter, format_line, read_metrics
 from dllm_train.preemption import Diverged, Interrupted, StopRequest
 from dllm_train.seeding import generator
-from dllm_train.step import LocalRanks, PolicyRank, PromptSampler, check_settings, rl_step
-from dllm_train.workers import ActorWorker, ReferenceWorker, RewardWorker, RolloutWorker
+from dllm_train.step import LocalRanks, PromptSampler, check_settings, rl_step
+from dllm_train.workers import ActorWorker, RewardWorker
 
 logger = logging.getLogger(__name__)
 
@@ -252,10 +249,9 @@ class Run:
 class LocalRL:
     """The RL phase in one process: one `PolicyRank` whose rollout and actor share `model`.
 
-    A frozen copy of the initial policy is made only when the algorithm needs one, for the
-    reference pass and/or for reference log-probs recorded during the rollout; with
-    `trainer.reference_offload` it waits on the CPU between its passes. Under LoRA neither copies:
-    the reference is the policy's base weights with its adapters off. `step` is the same
+    Its workers come from `dllm_train.assemble_rank`, the rule the Ray ranks use too: a frozen
+    copy of the initial policy only when the algorithm needs one (kept on the CPU between its
+    passes with `trainer.reference_offload`), none under LoRA. `step` is the same
     `dllm_train.rl_step` the Ray backend runs.
 
     Args:
@@ -276,36 +272,12 @@ class LocalRL:
         self.prompts = prompts
         self.algorithm = algorithm
         self.seed = trainer.seed
-        attention = resolved_attention(trainer, model)
-        shared = trainer.bd3lm_layout == "shared"
-        set_activation_checkpointing(model, trainer.activation_checkpointing)
-        budget = trainer.max_tokens_per_pass
-        lora = has_adapters(model)
-        base_reference = algorithm.needs_reference and lora
-        frozen = None
-        if (algorithm.needs_reference and not base_reference) or (algorithm.needs_rollout_reference and not lora):
-            frozen = copy.deepcopy(model).eval()
-        # LoRA: the rollout's reference is the policy's own base weights, adapters off; no copy
-        rollout_reference = (BaseWeightsView(model) if lora else frozen) if algorithm.needs_rollout_reference else None
-        reference = None
-        if base_reference:  # LoRA: the reference is the frozen base weights, adapters off; no copy
-            reference = ReferenceWorker(model, scorer=BaseWeightsScorer(model, attention=attention, shared_context=shared),
-                                        max_tokens_per_pass=budget, freeze=False)
-        elif algorithm.needs_reference and frozen is not None:
-            reference = ReferenceWorker(frozen, scorer=OffloadedScorer(frozen, attention=attention, shared_context=shared)
-                                        if trainer.reference_offload
-                                        else Scorer(frozen, attention=attention, shared_context=shared),
-                                        max_tokens_per_pass=budget)
-        self.actor: ActorWorker[Any] = ActorWorker(model, algorithm, optim,
-                                                   scorer=Scorer(model, attention=attention, shared_context=shared),
-                                                   max_tokens_per_pass=budget)
-        self.rank = PolicyRank(
-            rollout=build_rollout_worker(model, sampling, algorithm=algorithm, ref_model=rollout_reference,
-                                         engine_folder=engine_folder),
-            reward=RewardWorker(reward_fn, detokenize), actor=self.actor, reference=reference,
-            plan_generator=lambda step: generator(self.seed, "plan", step),
-            consistency_every=trainer.consistency_every,
-        )
+        parts = assemble_rank(model, sampling=sampling, algorithm=algorithm, optim=optim, trainer=trainer,
+                              engine_folder=engine_folder)
+        self.actor: ActorWorker[Any] = parts.actor
+        self.rank = parts.rank(RewardWorker(reward_fn, detokenize),
+                               plan_generator=lambda step: generator(self.seed, "plan", step),
+                               consistency_every=trainer.consistency_every)
         self.ranks = LocalRanks(self.rank)
 
     def step(self, step: int) -> dict[str, float]:
@@ -316,68 +288,3 @@ class LocalRL:
 
     def load_state(self, state: dict[str, Any]) -> None:
         self.actor.load_state(state)
-
-
-def resolved_attention(trainer: TrainerConfig, model: Any) -> str | None:
-    """The packed attention backend of the likelihood passes: `trainer.train_attention`, where
-    "auto" picks the exact fast path of the device (CUDA: varlen for bidirectional families,
-    flex for block families; CPU: sdpa for block families, whose padded layout runs one row per
-    noised block, and the padded path for bidirectional ones), and "none" or "" the padded path."""
-    choice = trainer.train_attention
-    if choice in ("", "none"):
-        return None
-    if choice != "auto":
-        return choice
-    block = model.traits.block_length is not None
-    device = next(model.parameters()).device
-    if device.type != "cuda":
-        return "sdpa" if block else None
-    return "flex" if block else "varlen"
-
-
-def set_activation_checkpointing(model: Any, enabled: bool) -> None:
-    """Recompute each decoder layer's activations in backward (the families' own switch)."""
-    if not hasattr(model, "gradient_checkpointing"):
-        if enabled:
-            raise ValueError(f"{type(model).__name__} has no activation checkpointing; "
-                             "set trainer.activation_checkpointing=false")
-        return
-    model.gradient_checkpointing = bool(enabled)
-
-
-class BaseWeightsScorer(Scorer):
-    """A `Scorer` of a LoRA model's base weights: every adapter off during its calls.
-
-    Under LoRA the reference policy is the frozen base model, which the policy already holds:
-    scoring it this way costs no second copy of the weights.
-    """
-
-    def __call__(self, noisy_ids: torch.Tensor, attention_mask: torch.Tensor, targets: torch.Tensor, *,
-                 clean_ids: torch.Tensor | None = None, temperature: float = 1.0) -> torch.Tensor:
-        from dllm_models import adapters_disabled
-
-        with adapters_disabled(self.model):
-            return super().__call__(noisy_ids, attention_mask, targets, clean_ids=clean_ids, temperature=temperature)
-
-
-class OffloadedScorer(Scorer):
-    """A `Scorer` of a frozen model kept on the CPU, moved to the accelerator for each call.
-
-    The memory lever for a reference model that would otherwise cost a second full copy on the
-    GPU: between its passes it holds no device memory (the moves cost a transfer per call).
-    """
-
-    def __init__(self, model: Any, *, attention: str | None = None, device: str | None = None,
-                 shared_context: bool = True) -> None:
-        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        super().__init__(model.to("cpu"), attention=attention, shared_context=shared_context)
-
-    def __call__(self, noisy_ids: torch.Tensor, attention_mask: torch.Tensor, targets: torch.Tensor, *,
-                 clean_ids: torch.Tensor | None = None, temperature: float = 1.0) -> torch.Tensor:
-        self.model.to(self.device)
-        try:
-            return super().__call__(noisy_ids.to(self.device), attention_mask.to(self.device), targets.to(self.device),
-                                    clean_ids=None if clean_ids is None else clean_ids.to(self.device),
-                                    temperature=temperature)
-        finally:
-            self.model.to("cpu")

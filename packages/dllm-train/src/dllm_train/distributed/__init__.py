@@ -15,7 +15,7 @@ from dllm_train.distributed.fsdp import (
 from dllm_train.distributed.parallel_dims import ParallelDims, sequence_parallel_group
 from dllm_train.distributed.rank import RankSetup, RankWorker, map_tensors, select_rows
 from dllm_train.step import shard_rows
-from dllm_train.distributed.ray_backend import DistributedConfig, RayActorGroup, RayRanks, RayRLWorkflow
+from dllm_train.distributed.ray_backend import DistributedConfig, RayActorGroup, RayRanks, RayRLWorkflow, rank_dims
 from dllm_train.distributed.sequence_parallel import (
     SequenceParallelScorer,
     gather_sequence,
@@ -51,6 +51,7 @@ __all__ = [
     "sequence_parallel",
     "sequence_parallel_group",
     "shard_model",
+    "rank_dims",
     "shard_rows",
     "shard_sequence",
     "sp_forward",

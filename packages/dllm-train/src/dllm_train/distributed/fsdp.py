@@ -93,7 +93,7 @@ def shard_model(model: nn.Module, *, param_dtype: torch.dtype | None = None,
     if cpu_offload:
         from torch.distributed.fsdp import CPUOffloadPolicy
 
-        extra["offload_policy"] = CPUOffloadPolicy()
+        extra["offload_policy"] = CPUOffloadPolicy(pin_memory=torch.cuda.is_available())  # pinning needs CUDA
     for block in transformer_blocks(model):
         fully_shard(block, mp_policy=mp, reshard_after_forward=reshard_after_forward, **extra)
     # the root (embeddings, final norm, head) stays gathered: backward starts with the head

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch.distributed as dist
 
+from dllm_train.config import check_sequence_parallel
+
 
 @dataclass(frozen=True, kw_only=True)
 class ParallelDims:
@@ -28,11 +30,7 @@ class ParallelDims:
     def __post_init__(self) -> None:
         if self.world_size < 1:
             raise ValueError(f"world_size must be >= 1, got {self.world_size}")
-        if self.sequence_parallel < 1 or self.world_size % self.sequence_parallel:
-            raise ValueError(
-                f"sequence_parallel={self.sequence_parallel} must be >= 1 and divide the number of ranks "
-                f"{self.world_size}; choose one of {[d for d in range(1, self.world_size + 1) if self.world_size % d == 0]}"
-            )
+        check_sequence_parallel(self.sequence_parallel, self.world_size)
 
     @property
     def data_parallel(self) -> int:

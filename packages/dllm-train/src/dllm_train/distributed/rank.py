@@ -23,7 +23,6 @@ The same object runs inside a Ray actor (`ray_backend`) or a torchrun process.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -31,11 +30,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from dllm_models import BaseWeightsView, has_adapters
 from dllm_rollout import SamplingConfig
 from dllm_train.algorithm import RLAlgorithm
+from dllm_train.assembly import assemble_rank
 from dllm_train.config import OptimConfig, TrainerConfig
-from dllm_train.engine_rollout import build_rollout_worker
 from dllm_train.distributed.fsdp import (
     broadcast_parameters,
     full_state_dict,
@@ -51,8 +49,7 @@ from dllm_train.distributed.sequence_parallel import SequenceParallelScorer
 from dllm_train.likelihood import Scorer
 from dllm_train.seeding import generator
 from dllm_train.step import PolicyRank, RankRollout, shard_rows
-from dllm_train.workers import ActorWorker, ReferenceWorker, RewardWorker, RolloutWorker
-from dllm_train.workflow import BaseWeightsScorer, resolved_attention, set_activation_checkpointing
+from dllm_train.workers import ActorWorker, RewardWorker
 
 
 @dataclasses.dataclass
@@ -103,68 +100,54 @@ def select_rows(value: Any, rows: torch.Tensor, batch: int) -> Any:
 class RankWorker:
     """The workers of one rank; call its methods on every rank in the same order.
 
+    Its workers come from `dllm_train.assemble_rank`, the rule of the local backend too, with
+    FSDP2 sharding and lockstep (or sequence-parallel) scorers as its hooks.
+
     Args:
         setup: what the workers are built from.
         device: this rank's device.
         param_dtype: FSDP2 compute dtype (None: the stored dtype).
-        sequence_parallel: ranks that split every sequence (must divide the world size).
+        sequence_parallel: ranks that split every sequence (must divide the world size; the Ray
+            driver passes its `trainer.sequence_parallel`).
     """
 
     def __init__(self, setup: RankSetup, *, device: torch.device | str = "cpu",
                  param_dtype: torch.dtype | None = None, sequence_parallel: int = 1) -> None:
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
+        trainer = setup.trainer
         self.dims = ParallelDims(world_size=self.world_size, sequence_parallel=sequence_parallel)
         self.sp_group = sequence_parallel_group(self.dims, self.rank)
-        trainer = setup.trainer
         self.seed = trainer.seed
-        alg = self.algorithm = setup.algorithm
+        self.algorithm = setup.algorithm
+        self.param_dtype = param_dtype
         model = setup.model.to(device)
         broadcast_parameters(model)
         self.device = torch.device(device)
-        # Each copy is made from the full model, and a copy that is trained or scored sharded is
-        # sharded at once: the reference first, then the rollout's full replicas, then the policy.
-        # At most two full copies sit on the device at any moment (three with a rollout
-        # reference), where copying everything before sharding held three (a 30B MoE: 57 GiB each).
-        base_reference = alg.needs_reference and has_adapters(model)
-        reference = None
-        if alg.needs_reference and not base_reference:
-            reference = shard_model(copy.deepcopy(model), param_dtype=param_dtype,
-                                    cpu_offload=trainer.fsdp_cpu_offload)
-        replica = copy.deepcopy(model)
-        frozen: Any = None
-        if alg.needs_rollout_reference:  # LoRA: the replica's base weights (adapters off) are the initial policy
-            frozen = BaseWeightsView(replica) if has_adapters(model) else _frozen_copy(model)
-        attention = resolved_attention(trainer, replica) if sequence_parallel == 1 else None
-        self.shared_context = trainer.bd3lm_layout == "shared"
-        set_activation_checkpointing(model, trainer.activation_checkpointing)
-        self.model = shard_model(model, param_dtype=param_dtype, cpu_offload=trainer.fsdp_cpu_offload)
-        budget = trainer.max_tokens_per_pass
-        self.actor: ActorWorker[Any] = ActorWorker(self.model, alg, setup.optim,
-                                                   scorer=self._scorer(self.model, attention), max_tokens_per_pass=budget)
-        self.rollout = build_rollout_worker(replica, setup.sampling, algorithm=alg, ref_model=frozen,
-                                            engine_folder=setup.engine_folder)
-        ref_worker = None
-        if base_reference:  # LoRA: the sharded policy's base weights, adapters off; no copy
-            ref_worker = ReferenceWorker(self.model, scorer=BaseWeightsScorer(
-                self.model, lockstep_group=dist.group.WORLD, attention=attention, shared_context=self.shared_context),
-                max_tokens_per_pass=budget,
-                freeze=False)
-        elif reference is not None:
-            ref_worker = ReferenceWorker(reference, scorer=self._scorer(reference, attention), max_tokens_per_pass=budget)
-        self.policy: PolicyRank[Any] = PolicyRank(
-            rollout=self.rollout, reward=RewardWorker(setup.reward_fn, setup.detokenize), actor=self.actor,
-            reference=ref_worker, plan_generator=self._plan_generator, consistency_every=trainer.consistency_every,
-            generates=self.dims.sp_rank(self.rank) == 0, share=self._from_leader if self.sp_group is not None else None,
-        )
+        parts = assemble_rank(model, sampling=setup.sampling, algorithm=setup.algorithm, optim=setup.optim,
+                              trainer=trainer, engine_folder=setup.engine_folder, shard=self._shard,
+                              scorer=self._scorer)
+        self.model = parts.policy
+        self.actor: ActorWorker[Any] = parts.actor
+        self.rollout = parts.rollout
+        self.policy: PolicyRank[Any] = parts.rank(
+            RewardWorker(setup.reward_fn, setup.detokenize), plan_generator=self._plan_generator,
+            consistency_every=trainer.consistency_every, generates=self.dims.sp_rank(self.rank) == 0,
+            share=self._from_leader if self.sp_group is not None else None)
         self.handoff_keys: list[str] = []
 
-    def _scorer(self, model: Any, attention: str | None) -> Scorer:
+    def _shard(self, model: Any, *, offload: bool) -> Any:
+        return shard_model(model, param_dtype=self.param_dtype, cpu_offload=offload)
+
+    def _scorer(self, model: Any, *, kind: type[Scorer], attention: str | None, shared_context: bool) -> Scorer:
         # every forward of the sharded model is a collective over the world: ranks run passes in lockstep
         world = dist.group.WORLD
         if self.dims.sequence_parallel == 1:
-            return Scorer(model, lockstep_group=world, attention=attention, shared_context=self.shared_context)
-        return SequenceParallelScorer(model, self.sp_group, lockstep_group=world)
+            return kind(model, lockstep_group=world, attention=attention, shared_context=shared_context)
+        if kind is Scorer:
+            return SequenceParallelScorer(model, self.sp_group, lockstep_group=world)
+        # the Ulysses split runs on the padded batch: so does a scorer that does not split (LoRA's base weights)
+        return kind(model, lockstep_group=world, attention=None, shared_context=shared_context)
 
     def _plan_generator(self, step: int) -> torch.Generator:
         if self.dims.data_parallel == 1:  # one data-parallel group draws exactly what one process draws
@@ -233,13 +216,6 @@ class RankWorker:
         """Inverse of `save_shards`, then the rollout replica takes the loaded weights; a collective."""
         load_sharded_state(self.model, self.actor.optimizer, folder)
         self.rollout.load_weights(full_state_dict(self.model))
-
-
-def _frozen_copy(model: Any) -> Any:
-    frozen = copy.deepcopy(model).eval()
-    for p in frozen.parameters():
-        p.requires_grad_(False)
-    return frozen
 
 
 __all__ = ["RankSetup", "RankWorker", "map_tensors", "select_rows", "shard_rows"]

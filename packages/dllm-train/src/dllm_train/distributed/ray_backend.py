@@ -44,48 +44,31 @@ SetupFn = Callable[[], RankSetup]
 
 @dataclass(frozen=True, kw_only=True)
 class DistributedConfig:
-    """The actor group.
+    """How the trainer's ranks are placed on Ray.
+
+    The rank grid itself is the trainer's (`TrainerConfig.num_workers`, `gpus_per_worker`,
+    `sequence_parallel`): this holds only what Ray adds to it.
 
     Attributes:
-        num_workers: ranks (each data-parallel group holds B / (num_workers / sequence_parallel)
-            samples of a step).
-        sequence_parallel: ranks that split every sequence of one data-parallel group (Ulysses;
-            1: none). Must divide num_workers and the attention head count.
-        gpus_per_worker: 0 (CPU, gloo) or 1 (one GPU per rank, nccl).
         cpus_per_worker: CPUs reserved per rank.
         placement_strategy: Ray placement-group strategy: "PACK", "SPREAD", "STRICT_PACK",
             "STRICT_SPREAD" (multi-node: "SPREAD" or "PACK").
         bf16: compute in bfloat16 (FSDP2 MixedPrecisionPolicy; fp32 master weights and reduce).
     """
 
-    num_workers: int = 2
-    sequence_parallel: int = 1
-    gpus_per_worker: int = 0
     cpus_per_worker: float = 1.0
     placement_strategy: str = "PACK"
     bf16: bool = False
 
     def __post_init__(self) -> None:
-        if self.num_workers < 1:
-            raise ValueError(f"distributed.num_workers must be >= 1, got {self.num_workers}")
-        if self.sequence_parallel < 1 or self.num_workers % self.sequence_parallel:
-            raise ValueError(
-                f"distributed.sequence_parallel={self.sequence_parallel} must be >= 1 and divide "
-                f"distributed.num_workers={self.num_workers}"
-            )
-        if self.gpus_per_worker not in (0, 1):
-            raise ValueError(f"distributed.gpus_per_worker must be 0 or 1, got {self.gpus_per_worker}")
         strategies = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
         if self.placement_strategy not in strategies:
             raise ValueError(f"distributed.placement_strategy {self.placement_strategy!r} unknown; choose one of {strategies}")
 
-    @property
-    def pg_backend(self) -> str:
-        return "nccl" if self.gpus_per_worker else "gloo"
 
-    @property
-    def dims(self) -> ParallelDims:
-        return ParallelDims(world_size=self.num_workers, sequence_parallel=self.sequence_parallel)
+def rank_dims(trainer: TrainerConfig) -> ParallelDims:
+    """The rank grid of the trainer's Ray backend (`trainer.num_workers` x `trainer.sequence_parallel`)."""
+    return ParallelDims(world_size=trainer.num_workers, sequence_parallel=trainer.sequence_parallel)
 
 
 class RankActor:
@@ -102,17 +85,18 @@ class RankActor:
         ip: str = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
         return ip, free_port()
 
-    def start(self, setup_fn: SetupFn, rank: int, world_size: int, addr: str, port: int,
+    def start(self, setup_fn: SetupFn, rank: int, addr: str, port: int, trainer: TrainerConfig,
               cfg: DistributedConfig) -> None:
         from dllm_train.distributed.fsdp import init_process_group
 
-        if not cfg.gpus_per_worker:
+        gpu = trainer.gpus_per_worker > 0
+        if not gpu:
             torch.set_num_threads(max(1, int(cfg.cpus_per_worker)))
-        init_process_group(rank=rank, world_size=world_size, master_addr=addr, master_port=port,
-                           backend=cfg.pg_backend)
-        device = "cuda" if cfg.gpus_per_worker else "cpu"
-        self.worker = RankWorker(setup_fn(), device=device, param_dtype=torch.bfloat16 if cfg.bf16 else None,
-                                 sequence_parallel=cfg.sequence_parallel)
+        init_process_group(rank=rank, world_size=trainer.num_workers, master_addr=addr, master_port=port,
+                           backend="nccl" if gpu else "gloo")
+        self.worker = RankWorker(setup_fn(), device="cuda" if gpu else "cpu",
+                                 param_dtype=torch.bfloat16 if cfg.bf16 else None,
+                                 sequence_parallel=trainer.sequence_parallel)
 
     def call(self, method: str, *args: Any) -> Any:
         assert self.worker is not None, "start() first"
@@ -126,9 +110,15 @@ class RankActor:
 
 
 class RayActorGroup:
-    """N `RankActor`s in one placement group; `call` runs a method on every rank and gathers."""
+    """`trainer.num_workers` `RankActor`s in one placement group; `call` runs a method on every rank and gathers.
 
-    def __init__(self, setup_fn: SetupFn, cfg: DistributedConfig) -> None:
+    Args:
+        setup_fn: builds each rank's `RankSetup` (importable on the workers).
+        trainer: the rank grid (`num_workers`, `gpus_per_worker`, `sequence_parallel`).
+        cfg: the Ray placement.
+    """
+
+    def __init__(self, setup_fn: SetupFn, trainer: TrainerConfig, cfg: DistributedConfig = DistributedConfig()) -> None:
         import ray
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -136,22 +126,22 @@ class RayActorGroup:
         if not ray.is_initialized():
             ray.init()
         bundle: dict[str, float] = {"CPU": cfg.cpus_per_worker}
-        if cfg.gpus_per_worker:
-            bundle["GPU"] = float(cfg.gpus_per_worker)
-        self.pg = placement_group([dict(bundle) for _ in range(cfg.num_workers)], strategy=cfg.placement_strategy)
+        if trainer.gpus_per_worker:
+            bundle["GPU"] = float(trainer.gpus_per_worker)
+        self.pg = placement_group([dict(bundle) for _ in range(trainer.num_workers)], strategy=cfg.placement_strategy)
         ray.get(self.pg.ready())
         cls: Any = ray.remote(RankActor)
         self.actors: list[Any] = [
             cls.options(
-                num_cpus=cfg.cpus_per_worker, num_gpus=cfg.gpus_per_worker,
+                num_cpus=cfg.cpus_per_worker, num_gpus=trainer.gpus_per_worker,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     placement_group=self.pg, placement_group_bundle_index=i),
             ).remote()
-            for i in range(cfg.num_workers)
+            for i in range(trainer.num_workers)
         ]
         try:
             addr, port = ray.get(self.actors[0].address.remote())
-            ray.get([a.start.remote(setup_fn, r, cfg.num_workers, addr, port, cfg) for r, a in enumerate(self.actors)])
+            ray.get([a.start.remote(setup_fn, r, addr, port, trainer, cfg) for r, a in enumerate(self.actors)])
         except BaseException:  # a rank failed to start: free the group's resources, then report it
             self._release()
             raise
@@ -191,14 +181,14 @@ class RayActorGroup:
 class RayRanks:
     """The `dllm_train.step.Ranks` of a Ray actor group (rank r's data-parallel group: r // sp)."""
 
-    def __init__(self, group: RayActorGroup, cfg: DistributedConfig) -> None:
+    def __init__(self, group: RayActorGroup, dims: ParallelDims) -> None:
         self.group = group
-        self.cfg = cfg
-        self.size = cfg.num_workers
-        self.data_parallel = cfg.dims.data_parallel
+        self.dims = dims
+        self.size = dims.world_size
+        self.data_parallel = dims.data_parallel
 
     def group_of(self, rank: int) -> int:
-        return self.cfg.dims.dp_rank(rank)
+        return self.dims.dp_rank(rank)
 
     def rollout(self, args: list[tuple[Any, ...]]) -> list[RankRollout]:
         return self.group.call("rollout_step", args)
@@ -214,29 +204,27 @@ class RayRLWorkflow:
         setup_fn: builds each rank's `RankSetup` (importable on the workers).
         prompts: step -> PromptBatch, evaluated on the driver.
         algorithm: the same algorithm the ranks build (the driver uses its advantage estimator).
-        trainer, rl: trainer and batch-shape configs.
-        dist: the actor group.
+        trainer, rl: trainer and batch-shape configs (the rank grid is the trainer's:
+            `num_workers`, `gpus_per_worker`, `sequence_parallel`).
+        dist: the Ray placement of the ranks.
         driver_model: if given, the driver's copy of the policy is refreshed with the trained
             weights at every eval/save step and at the end (so `Run` checkpoints and evaluation
             see them), and `load_state` hands its weights to the ranks (resume).
     """
 
     def __init__(self, *, setup_fn: SetupFn, prompts: PromptSampler, algorithm: RLAlgorithm[Any],
-                 trainer: TrainerConfig, rl: RLConfig, dist: DistributedConfig,
+                 trainer: TrainerConfig, rl: RLConfig, dist: DistributedConfig = DistributedConfig(),
                  driver_model: Any = None) -> None:
-        if trainer.sequence_parallel != dist.sequence_parallel:
-            raise ValueError(f"trainer.sequence_parallel={trainer.sequence_parallel} but distributed.sequence_parallel="
-                             f"{dist.sequence_parallel}; build DistributedConfig(sequence_parallel="
-                             "trainer.sequence_parallel)")
-        shard_rows(rl.prompts_per_step * rl.group_size, dist.dims.data_parallel, 0)  # validate the split
+        dims = rank_dims(trainer)
+        shard_rows(rl.prompts_per_step * rl.group_size, dims.data_parallel, 0)  # validate the split
         self.prompts = prompts
         self.algorithm = algorithm
         self.trainer = trainer
         self.rl = rl
         self.dist = dist
         self.driver_model = driver_model
-        self.group = RayActorGroup(setup_fn, dist)
-        self.ranks = RayRanks(self.group, dist)
+        self.group = RayActorGroup(setup_fn, trainer, dist)
+        self.ranks = RayRanks(self.group, dims)
         self.driver_stale = False  # the ranks trained since the driver's model last took their weights
 
     def step(self, step: int) -> dict[str, float]:
@@ -273,19 +261,19 @@ class RayRLWorkflow:
         if self.driver_stale and self.driver_model is not None:
             self.pull_weights(self.driver_model)
             self.driver_stale = False
-        self.group.call("save_shards", [(str(folder),) for _ in range(self.dist.num_workers)])
+        self.group.call("save_shards", [(str(folder),) for _ in range(self.trainer.num_workers)])
 
     def load_shards(self, folder: Path) -> None:
         """Inverse of `save_shards`: the ranks' actors, optimizers and rollout replicas resume exactly
         (the references stay the initial policy)."""
-        self.group.call("load_shards", [(str(folder),) for _ in range(self.dist.num_workers)])
+        self.group.call("load_shards", [(str(folder),) for _ in range(self.trainer.num_workers)])
 
     def load_state(self, state: dict[str, Any]) -> None:
         """Inverse of `state`; `Run` then calls `load_shards`. A state holding "optimizer" comes from a
         checkpoint without shards (written before them): with a driver model, the ranks' actors and
         rollout replicas first take its weights (a resuming `Run` has loaded the checkpoint's weights
         into it), then rank 0's full optimizer state is broadcast."""
-        n = self.dist.num_workers
+        n = self.trainer.num_workers
         if "optimizer" in state and self.driver_model is not None:
             weights = {k: v.detach().cpu() for k, v in self.driver_model.state_dict().items()}
             self.group.call("load_weights", [(weights if r == 0 else {},) for r in range(n)])
@@ -295,4 +283,4 @@ class RayRLWorkflow:
         self.group.shutdown()
 
 
-__all__ = ["DistributedConfig", "RankActor", "RayActorGroup", "RayRLWorkflow", "RayRanks", "SetupFn"]
+__all__ = ["DistributedConfig", "RankActor", "RayActorGroup", "RayRLWorkflow", "RayRanks", "SetupFn", "rank_dims"]
