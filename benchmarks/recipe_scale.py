@@ -453,7 +453,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="a dotted override applied after the recipe's (as on `dare train`), repeatable")
     ap.add_argument("--tflops", type=float, default=790.0, help="bf16 dense matmul rate, TFLOP/s (docs/benchmarks.md: ~790 measured)")
     ap.add_argument("--hbm-tbs", type=float, default=4.8, help="HBM bandwidth, TB/s (H200 datasheet 4.8)")
-    ap.add_argument("--checkpoints", type=Path, default=None, help="release configs/tokenizers (default ../shared or .devshare)")
+    ap.add_argument("--checkpoints", type=Path, default=None, help="release configs/tokenizers (default: the shared checkpoints beside the repository, else .devshare)")
     ap.add_argument("--workdir", type=Path, default=None, help="model folders (default /dev/shm/recipe_scale; tiny: a temp dir)")
     ap.add_argument("--tiny", action="store_true", help="2-layer models, short responses, CPU")
     ap.add_argument("--json", type=Path, default=None)
