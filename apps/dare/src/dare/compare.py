@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 from typing import Any, Sequence
 
+from dare.run_folder import flatten
 from dare.runs import RunInfo, accuracy_of, last_value, read_jsonl, read_run
 
 PANELS: tuple[tuple[str, str], ...] = (
@@ -22,19 +23,10 @@ PANELS: tuple[tuple[str, str], ...] = (
 _ABSENT = "<absent>"
 
 
-def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
-    if not isinstance(tree, dict):
-        return {prefix: tree}
-    out: dict[str, Any] = {}
-    for key, value in tree.items():
-        out.update(_flatten(value, f"{prefix}{key}." if isinstance(value, dict) else f"{prefix}{key}"))
-    return out
-
-
 def config_differences(configs: Sequence[dict[str, Any]]) -> dict[str, list[Any]]:
     """Dotted key -> its value in each config, for the keys whose values are not all equal (a key
     one config lacks reads as `<absent>`)."""
-    flat = [_flatten(c) for c in configs]
+    flat = [flatten(c) for c in configs]
     keys = sorted(set().union(*flat)) if flat else []
     out = {}
     for key in keys:
