@@ -274,3 +274,18 @@ def test_best_effort_runs_degraded_with_a_warning(
     assert not execute_tests(liar, "assert f(2) == 4").ok  # the verdict is still the runner's
     with pytest.raises(ValueError, match="isolation"):
         SandboxLimits(isolation="off")
+
+
+def test_the_interpreters_own_directories_stay_importable_under_tmp(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A checkout (and its virtual environment) under /tmp: the runner keeps the interpreter's
+    site-packages on sys.path (the tests import numpy), and drops the work dir and the rest of /tmp."""
+    import sys
+
+    from dllm_eval import _supervisor
+
+    monkeypatch.setattr(sys, "prefix", "/tmp/checkout/.venv")
+    assert _supervisor._importable("/tmp/checkout/.venv/lib/python3.11/site-packages", "/tmp")
+    assert not _supervisor._importable("/tmp", "/tmp")
+    assert not _supervisor._importable("/tmp/solution_dir", "/tmp")
+    assert not _supervisor._importable("/tmp/checkout/packages/dllm-eval/src", "/tmp")
+    assert not _supervisor._importable("", "/tmp")

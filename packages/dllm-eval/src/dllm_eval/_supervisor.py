@@ -127,12 +127,31 @@ def _bind_ro(src: str, dst: str) -> None:
     _mount(None, dst, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | keep, None)
 
 
+def _importable(path: str, work: str) -> bool:
+    """Whether `path` stays on the runner's sys.path: the interpreter's own directories do (also when
+    they live under /tmp, e.g. a virtual environment in a checkout there); the work dir, /tmp and
+    anything under them do not, so no file the program writes is importable by the tests."""
+    if not path:
+        return False
+    real = os.path.realpath(path)
+    own = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
+    if any(real == p or real.startswith(p.rstrip("/") + "/") for p in own):
+        return True
+    return not any(real == d or real.startswith(d.rstrip("/") + "/") for d in ("/tmp", os.path.realpath(work)))
+
+
 def _covered(path: str, done: list[str]) -> bool:
     return any(path == d or path.startswith(d.rstrip("/") + "/") for d in done)
 
 
 def _build_root(root: str, cfg: dict[str, Any], uid: int, gid: int) -> None:
     """Populate the tmpfs mounted at ``root`` (see the module docstring, step 2)."""
+    for d in ("/proc", "/tmp", "/etc", "/.dllm"):
+        os.makedirs(root + d, 0o755, exist_ok=True)
+    # the private /tmp first: an interpreter exposed from under the host's /tmp (a virtual
+    # environment in a checkout there) is bound on top of it, not hidden by it
+    _mount("tmpfs", root + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV,
+           f"size={int(cfg['disk_mb'])}m,mode=0700,uid={uid},gid={gid}")
     done: list[str] = []
     for d in SYSTEM_DIRS:
         if os.path.islink(d):
@@ -167,10 +186,6 @@ def _build_root(root: str, cfg: dict[str, Any], uid: int, gid: int) -> None:
     os.makedirs(dev + "/shm", 0o755)
     _mount("tmpfs", dev + "/shm", "tmpfs", MS_NOSUID | MS_NODEV,
            f"size=1m,mode=0700,uid={uid},gid={gid}")
-    for d in ("/proc", "/tmp", "/etc", "/.dllm"):
-        os.makedirs(root + d, 0o755, exist_ok=True)
-    _mount("tmpfs", root + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV,
-           f"size={int(cfg['disk_mb'])}m,mode=0700,uid={uid},gid={gid}")
 
 
 def _pivot(root: str) -> None:
@@ -292,7 +307,7 @@ def _run_tests(cfg: dict[str, Any], tests: str, work: str, harness_dir: str, iso
 
         sys.dont_write_bytecode = True
         site.main()  # the tests may import installed packages (numpy for HumanEval+)
-        sys.path[:] = [p for p in sys.path if p and not p.startswith(("/tmp", work))]
+        sys.path[:] = [p for p in sys.path if _importable(p, work)]
         req_r, req_w = os.pipe()
         resp_r, resp_w = os.pipe()
         if isolated:
