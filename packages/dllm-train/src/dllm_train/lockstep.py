@@ -18,7 +18,6 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from dllm_train.likelihood import Scorer
 
 
 def group_max(value: int, group: dist.ProcessGroup | None) -> int:

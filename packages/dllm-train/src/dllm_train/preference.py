@@ -95,7 +95,6 @@ class PreferenceWorker:
             p.requires_grad_(False)
         self.batches = batches
         self.objective = objective
-        self.optim_cfg = optim
         self.optim = OptimizerStep(model, optim, horizon=steps)
         self.optimizer = self.optim.optimizer
         self.scorer = Scorer(model, attention=attention)

@@ -50,7 +50,6 @@ class SFTWorker:
         self.model = model
         self.batches = batches
         self.sft = sft
-        self.optim_cfg = optim
         self.optim = OptimizerStep(model, optim, horizon=sft.steps)
         self.optimizer = self.optim.optimizer
         self.scorer = scorer if scorer is not None else Scorer(model)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass
@@ -259,13 +258,17 @@ class ActorWorker(Generic[D]):
             raise ValueError(f"max_tokens_per_pass must be >= 0 (0: no limit), got {max_tokens_per_pass}")
         self.model = model
         self.algorithm = algorithm
-        self.optim_cfg = optim
         self.scorer = scorer if scorer is not None else Scorer(model)
         # ranks in lockstep skip together: the gradient clipping is a collective on them
         self.optim = OptimizerStep(model, optim, group=self.scorer.lockstep_group)
         self.optimizer = self.optim.optimizer
         self.max_tokens = max_tokens_per_pass
         self.reuse_old = reuse_old
+
+    @property
+    def optim_cfg(self) -> OptimConfig:
+        """The optimizer settings (those of `optim`, the one copy the schedule reads)."""
+        return self.optim.cfg
 
     @property
     def updates(self) -> int:

@@ -21,7 +21,6 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
-    get_optimizer_state_dict,
     get_state_dict,
     set_model_state_dict,
     set_optimizer_state_dict,
