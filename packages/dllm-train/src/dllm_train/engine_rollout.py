@@ -10,7 +10,6 @@ the engine cannot provide is refused before any work (`check_engine_support`).
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -21,6 +20,7 @@ import torch
 from dllm_models import merged_adapters
 from dllm_rollout import RolloutBatch, SamplingConfig
 from dllm_train.algorithm import RLAlgorithm
+from dllm_train.dataflow import map_tensors
 from dllm_train.workers import Rollout, RolloutWorker, load_rollout_weights, sampling_for
 
 ENGINE_FAMILIES = ("sdar", "sdar_moe")
@@ -70,12 +70,6 @@ def lmdeploy_factory(folder: Path, sampling: SamplingConfig, eos_id: int, pad_id
 
     return LMDeployEngine(folder, sampling, eos_id=eos_id, pad_id=pad_id,
                           engine_options={"cache_max_entry_count": sampling.engine_kv_fraction})
-
-
-def _to(batch: RolloutBatch, device: torch.device) -> RolloutBatch:
-    moved = {f.name: getattr(batch, f.name).to(device) for f in dataclasses.fields(batch)
-             if isinstance(getattr(batch, f.name), torch.Tensor)}
-    return dataclasses.replace(batch, **moved)
 
 
 class EngineRolloutWorker:
@@ -134,7 +128,8 @@ class EngineRolloutWorker:
         self.engine.sleep()
         self.last_metrics = {"engine_handoff_s": handoff_s, "engine_decode_s": decode_s,
                              "engine_weights_exact": 1.0, "engine_tensors_checked": float(check.compared)}
-        return _to(batch, device)
+        moved: RolloutBatch = map_tensors(batch, lambda t: t.to(device))
+        return moved
 
     def load_weights(self, state: dict[str, torch.Tensor]) -> None:
         """Weight hand-off into the policy copy (Ray replicas); the engine reads it at the next rollout."""

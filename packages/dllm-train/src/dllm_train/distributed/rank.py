@@ -34,6 +34,7 @@ from dllm_rollout import SamplingConfig
 from dllm_train.algorithm import RLAlgorithm
 from dllm_train.assembly import assemble_rank
 from dllm_train.config import OptimConfig, TrainerConfig
+from dllm_train.dataflow import map_tensors
 from dllm_train.distributed.fsdp import (
     broadcast_parameters,
     full_state_dict,
@@ -74,21 +75,6 @@ class RankSetup:
     optim: OptimConfig
     trainer: TrainerConfig
     engine_folder: str | None = None
-
-
-def map_tensors(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
-    """`value` with `fn` applied to every tensor: dataclasses (MaskPlan, RolloutBatch), lists,
-    tuples and dicts are walked; anything else is kept."""
-    if isinstance(value, torch.Tensor):
-        return fn(value)
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        changes = {f.name: map_tensors(getattr(value, f.name), fn) for f in dataclasses.fields(value) if f.init}
-        return dataclasses.replace(value, **changes)
-    if isinstance(value, (list, tuple)):
-        return type(value)(map_tensors(v, fn) for v in value)
-    if isinstance(value, dict):
-        return {k: map_tensors(v, fn) for k, v in value.items()}
-    return value
 
 
 def select_rows(value: Any, rows: torch.Tensor, batch: int) -> Any:
