@@ -28,7 +28,7 @@ from dare.config_sections import (
     PreferenceConfig,
     TinyModelConfig,
 )
-from dare.config_tree import apply_tree, coerce, did_you_mean, did_you_mean_key, from_dict, parse_overrides, section_type
+from dare.config_tree import apply_tree, coerce, did_you_mean, from_dict, parse_overrides, section_type
 from dare.config_tree import to_dict as _tree_to_dict
 from dare.tasks.addition import AdditionConfig
 from dllm_algorithms import SFT
@@ -285,11 +285,10 @@ def check_policy_gradient(algorithm: Any, rollout: SamplingConfig, name: str) ->
     deterministic (`SamplingConfig.deterministic`: temperature 0 with confidence-ordered commits),
     since every sample of a group is then the same response with the same reward.
     """
-    sampling = algorithm.sampling(rollout)
-    if not (algorithm.needs_distinct_samples and sampling.deterministic):
+    if not algorithm.zero_gradient_under(rollout):
         return
     raise ValueError(
-        f"rollout.temperature={rollout.temperature} with remasking {sampling.remasking!r} decodes every sample "
+        f"rollout.temperature={rollout.temperature} with remasking {rollout.remasking!r} decodes every sample "
         f"of a prompt's group to the same response, so algorithm {name!r} ({algorithm.label}), which learns from "
         "the differences within a group, would train with a policy gradient of exactly 0 (loss 0, grad norm 0 "
         "every step). Set rollout.temperature > 0 (the recipes use 0.2-1.0)")
@@ -355,7 +354,7 @@ def run_config_from_dict(data: dict[str, Any]) -> RunConfig:
     names = list(FIELD_ORDER)
     unknown = sorted(set(data) - set(names))
     if unknown:
-        raise ValueError(f"unknown config keys {unknown}{did_you_mean_key(unknown[0], names)}: the run config "
+        raise ValueError(f"unknown config keys {unknown}{did_you_mean(unknown[0], names)}: the run config "
                          f"has {names}")
     kwargs: dict[str, Any] = {}
     for key, value in data.items():
@@ -412,7 +411,7 @@ def apply_overrides(cfg: C, overrides: list[str]) -> C:
     hints = _all_hints()
     for key, sub in tree.items():
         if key not in hints:
-            raise ValueError(f"unknown config key {key!r}{did_you_mean_key(key, hints)}: the run config has "
+            raise ValueError(f"unknown config key {key!r}{did_you_mean(key, hints)}: the run config has "
                              f"{sorted(hints)}")
         current: Any = getattr(cfg, key, None)  # None: a section of another kind
         cls = section_type(hints[key])

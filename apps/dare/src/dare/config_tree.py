@@ -15,10 +15,11 @@ from collections.abc import Collection, Sequence
 from typing import Any
 
 
-def did_you_mean(word: str, choices: Collection[str]) -> str:
-    """The hint ` (did you mean 'x'?)` for the closest of `choices` to `word` (difflib), else ""."""
+def did_you_mean(word: str, choices: Collection[str], prefix: str = "") -> str:
+    """The hint ` (did you mean 'x'?)` for the closest of `choices` to `word` (difflib), else "";
+    the suggestion is written with `prefix` before it (a dotted key's section)."""
     close = difflib.get_close_matches(word, [str(c) for c in choices], n=1, cutoff=0.6)
-    return f" (did you mean {close[0]!r}?)" if close else ""
+    return f" (did you mean {prefix + close[0]!r}?)" if close else ""
 
 
 def section_type(hint: Any) -> type[Any] | None:
@@ -52,7 +53,7 @@ def from_dict(cls: type[Any], data: dict[str, Any], *, prefix: str = "", base: A
     unknown = sorted(set(data) - set(names))
     if unknown:
         raise ValueError(f"unknown config keys {[prefix + k for k in unknown]}"
-                         f"{did_you_mean_key(unknown[0], names, prefix)}: "
+                         f"{did_you_mean(unknown[0], names, prefix)}: "
                          f"{prefix.rstrip('.') or cls.__name__} has {sorted(names)}")
     hints = typing.get_type_hints(cls)
     kwargs: dict[str, Any] = {}
@@ -162,7 +163,7 @@ def apply_tree(cfg: Any, tree: dict[str, Any], prefix: str, *, label: str | None
     for name, sub in tree.items():
         full = f"{prefix}{name}"
         if name not in names:
-            raise ValueError(f"unknown config key {full!r}{did_you_mean_key(name, names, prefix)}: "
+            raise ValueError(f"unknown config key {full!r}{did_you_mean(name, names, prefix)}: "
                              f"{label or type(cfg).__name__} has {sorted(names)}")
         current = getattr(cfg, name)
         if isinstance(sub, dict):
@@ -177,11 +178,5 @@ def apply_tree(cfg: Any, tree: dict[str, Any], prefix: str, *, label: str | None
     return dataclasses.replace(cfg, **changes) if changes else cfg
 
 
-def did_you_mean_key(name: str, names: Collection[str], prefix: str = "") -> str:
-    """`did_you_mean` for a config key, suggesting the full dotted key (`prefix` + the closest name)."""
-    close = difflib.get_close_matches(name, [str(n) for n in names], n=1, cutoff=0.6)
-    return f" (did you mean {prefix + close[0]!r}?)" if close else ""
-
-
-__all__ = ["apply_tree", "coerce", "did_you_mean", "did_you_mean_key", "from_dict", "parse_overrides",
+__all__ = ["apply_tree", "coerce", "did_you_mean", "from_dict", "parse_overrides",
            "section_type", "to_dict"]

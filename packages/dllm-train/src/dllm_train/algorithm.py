@@ -153,6 +153,12 @@ class RLAlgorithm(ABC, Generic[D]):
         same (default: yes, as for the default GRPO advantages); see the class doc."""
         return True
 
+    def zero_gradient_under(self, sampling: SamplingConfig) -> bool:
+        """Whether the policy gradient is identically zero under the run's decoding `sampling`:
+        this algorithm's rollout (`sampling(...)`) draws no randomness, so every sample of a group
+        is the same response, and the algorithm learns only from their differences."""
+        return self.needs_distinct_samples and self.sampling(sampling).deterministic
+
     @property
     def label(self) -> str:
         """A name for logs and errors (the class name)."""

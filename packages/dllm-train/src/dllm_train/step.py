@@ -39,7 +39,7 @@ def check_settings(algorithm: RLAlgorithm[Any], sampling: SamplingConfig, *, con
                                                    or type(algorithm).num_rows is RLAlgorithm.num_rows):
         raise ValueError(f"algorithm {algorithm.label} trains in rollout-sized mini-batches "
                          "(mini_batch_rows='rollout') but defines no num_rows / select_rows to cut its data")
-    if sampling.deterministic and algorithm.needs_distinct_samples:
+    if algorithm.zero_gradient_under(sampling):
         raise ValueError(
             "rollout.temperature=0 decodes greedily with a deterministic unmasking order "
             f"(rollout.remasking={sampling.remasking!r}), so every sample of a group is the same response and "
