@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from ._checks import check_choice, check_same_shape
-from .policy import aggregate, token_surrogate
+from .policy import _broadcast_adv, aggregate, token_surrogate
 
 __all__ = ["BRIDGE_CORRECTIONS", "bridge_log_ratio", "bridge_ratio_policy_loss"]
 
@@ -144,9 +144,7 @@ def bridge_ratio_policy_loss(
         raise ValueError(f"log_ratio_clip must be > 0 or None (off), got {log_ratio_clip}.")
     log_ratio, metrics = bridge_log_ratio(path_scores, old_path_scores, correction=correction,
                                           detach_correction=detach_correction)
-    adv = advantages.float()
-    adv = adv[:, None].expand(mask.shape) if adv.dim() == 1 else adv
-    check_same_shape(advantages=adv, mask=mask)
+    adv = _broadcast_adv(advantages, mask)
     lr = log_ratio if log_ratio_clip is None else log_ratio.clamp(-log_ratio_clip, log_ratio_clip)
     lr_tok = lr[:, None].expand(mask.shape)
     tok, clipped, dual = token_surrogate(torch.exp(lr_tok), adv, clip_low=clip_low, clip_high=clip_high,

@@ -162,19 +162,35 @@ class WeightsCheck:
         return not self.mismatched and self.compared == self.total
 
 
-def _reference_for(name: str, reference: Mapping[str, torch.Tensor]) -> torch.Tensor | None:
+def _reference_for(name: str, reference: Mapping[str, torch.Tensor]) -> list[torch.Tensor] | None:
+    """The policy tensors behind served tensor `name`, in the engine's row order (several for a fused
+    linear), or None when the policy has none."""
     if name in reference:
-        return reference[name]
+        return [reference[name]]
     for fused, parts in FUSED.items():
         if f".{fused}." in name:
             pieces = [reference.get(name.replace(f".{fused}.", f".{p}.")) for p in parts]
             if all(p is not None for p in pieces):
-                return torch.cat([p for p in pieces if p is not None], dim=0)
+                return [p for p in pieces if p is not None]
     return None
 
 
+def _stacks(tensor: torch.Tensor, parts: list[torch.Tensor]) -> bool:
+    """Whether `parts` stacked along dim 0 have `tensor`'s shape (one part: the same shape)."""
+    if len(parts) == 1:
+        return parts[0].shape == tensor.shape
+    return (tensor.dim() > 0 and sum(p.shape[0] for p in parts) == tensor.shape[0]
+            and all(p.shape[1:] == tensor.shape[1:] for p in parts))
+
+
+def _equal_rows(tensor: torch.Tensor, parts: list[torch.Tensor]) -> bool:
+    """Whether `tensor` equals `parts` stacked along dim 0, compared on views (no stacked copy)."""
+    views = [tensor] if len(parts) == 1 else torch.split(tensor, [p.shape[0] for p in parts])
+    return all(torch.equal(v, p.to(device=tensor.device, dtype=tensor.dtype)) for v, p in zip(views, parts))
+
+
 def compare_served(served: Mapping[str, torch.Tensor], reference: Mapping[str, torch.Tensor]) -> WeightsCheck:
-    """Exact comparison of an engine's tensors with the policy's (fused linears reassembled).
+    """Exact comparison of an engine's tensors with the policy's (fused linears compared part by part).
 
     A served tensor with no reference counts as a mismatch, so a check passes only when the engine
     serves exactly the policy's weights.
@@ -185,12 +201,12 @@ def compare_served(served: Mapping[str, torch.Tensor], reference: Mapping[str, t
     bad: list[str] = []
     compared = 0
     for name, tensor in served.items():
-        ref = _reference_for(name, reference)
-        if ref is None or ref.shape != tensor.shape:
+        parts = _reference_for(name, reference)
+        if parts is None or not _stacks(tensor, parts):
             bad.append(name)
             continue
         compared += 1
-        if not torch.equal(tensor, ref.to(device=tensor.device, dtype=tensor.dtype)):
+        if not _equal_rows(tensor, parts):
             bad.append(name)
     return WeightsCheck(compared=compared, mismatched=tuple(bad), total=len(served))
 
