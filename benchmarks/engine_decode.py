@@ -125,9 +125,15 @@ def native(folder: Path, prompts: list[list[int]], new: int, device: str, *,
 
 
 def profile_native(folder: Path, prompts: list[list[int]], new: int, device: str) -> None:
-    """torch.profiler table (top CUDA kernels) of one native decode of `new` tokens."""
+    """Where one native decode of `new` tokens spends its time.
+
+    Prints the wall time, the GPU time inside the graphed block steps (CUDA events around every
+    `GraphedStep` call, so the sum is what the replays took on the GPU, gaps excluded), the rest
+    (eager sampling and bookkeeping, host gaps) and a torch.profiler table of the top CUDA kernels.
+    """
     from torch.profiler import ProfilerActivity, profile
 
+    import dllm_rollout.fast as fast
     from dllm_models import load_model
     from dllm_rollout import generate
 
@@ -135,12 +141,35 @@ def profile_native(folder: Path, prompts: list[list[int]], new: int, device: str
     kw = dict(max_new_tokens=new, steps=4, block_length=4, temperature=0.0, cache="prefix", stop_at_eos=False)
     generate(model, prompts, **kw)  # type: ignore[arg-type]
     _sync()
+    events: list[tuple[Any, Any]] = []
+    call = fast.GraphedStep.__call__
+
+    def timed(self: Any, *inputs: Any) -> Any:
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        out = call(self, *inputs)
+        b.record()
+        events.append((a, b))
+        return out
+
+    if device == "cuda":
+        fast.GraphedStep.__call__ = timed  # type: ignore[method-assign]
+    t0 = time.perf_counter()
+    generate(model, prompts, **kw)  # type: ignore[arg-type]
+    _sync()
+    wall = time.perf_counter() - t0
+    fast.GraphedStep.__call__ = call  # type: ignore[method-assign]
+    inside = sum(a.elapsed_time(b) for a, b in events) / 1e3
+    print(json.dumps({"profile_rows": len(prompts), "profile_new": new, "wall_s": round(wall, 3),
+                      "graphed_calls": len(events), "graphed_gpu_s": round(inside, 3),
+                      "graphed_ms_per_call": round(1e3 * inside / max(len(events), 1), 2),
+                      "outside_graphs_s": round(wall - inside, 3)}), flush=True)
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
     with profile(activities=acts) as prof:
         generate(model, prompts, **kw)  # type: ignore[arg-type]
         _sync()
     key = "cuda_time_total" if device == "cuda" else "cpu_time_total"
-    print(prof.key_averages().table(sort_by=key, row_limit=30, max_name_column_width=70), flush=True)
+    print(prof.key_averages().table(sort_by=key, row_limit=40, max_name_column_width=90), flush=True)
     del model
     gc.collect()
     torch.cuda.empty_cache()
@@ -202,12 +231,18 @@ def engine_checks(engine: Any, folder: Path, prompts: list[list[int]], device: s
 
 
 def per_row_reproduction(engine: Any, prompt: list[int]) -> dict[str, Any]:
-    """Does a greedy row keep its tokens when batched beside sampling rows? (lmdeploy 0.18 dLLM sampler)
+    """Do per-sequence settings reach their own rows in lmdeploy 0.18's dLLM sampler?
 
-    Row A is greedy (top_k=1). Alone, or beside copies of itself, its output is fixed. Beside rows
-    at temperature 1.5 with no top-k, it must stay the same if per-sequence settings reach the
-    right rows; lmdeploy repeats per-sequence settings block-major, so some of A's positions are
-    sampled with the other rows' settings.
+    Every row decodes the same prompt. A greedy row's tokens are fixed by the weights and its
+    neighbours' tokens only (the same prompt everywhere, so beside greedy copies every row is the
+    alone-output). Runs:
+    - control `[g, g, g, g]`: every row must equal the greedy row alone;
+    - `[g, h, h, h]` (h: temperature 1.5, no top-k): row 0 must stay unchanged if its settings are
+      its own. With settings repeated block-major over sequence-major logits (block 4), row 0's 4
+      positions take rows 0-3's settings, so 3 of them would be sampled hot;
+    - `[g, g, g, g, h, h, h, h]`: the block-major map sends row 0's positions to rows 0-3
+      (greedy) but row 1's to rows 4-7 (hot), so the bug predicts row 0 unchanged and row 1
+      changed, a pattern batch-dependent rounding does not produce.
     """
     import asyncio
 
@@ -219,11 +254,14 @@ def per_row_reproduction(engine: Any, prompt: list[int]) -> dict[str, Any]:
         return list(await asyncio.gather(*[engine._one(list(prompt), g) for g in configs]))
 
     alone = engine._run(mixed([greedy]))[0].token_ids
-    runs = []
-    for _ in range(3):
-        outs = engine._run(mixed([greedy, hot, hot, hot]))
-        runs.append(outs[0].token_ids == alone)
-    return {"greedy_row_unchanged_beside_sampling_rows": runs}
+
+    def same(layout: list[Any]) -> list[bool]:
+        outs = engine._run(mixed(layout))
+        return [outs[i].token_ids == alone for i, g in enumerate(layout) if g is greedy]
+
+    return {"control_gggg_rows_equal_alone": [same([greedy] * 4) for _ in range(2)],
+            "ghhh_greedy_rows_equal_alone": [same([greedy, hot, hot, hot]) for _ in range(3)],
+            "gggghhhh_greedy_rows_equal_alone": [same([greedy] * 4 + [hot] * 4) for _ in range(3)]}
 
 
 def main(argv: list[str] | None = None) -> int:

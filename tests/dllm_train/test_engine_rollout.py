@@ -30,11 +30,12 @@ SAMPLING = SamplingConfig(max_new_tokens=4, steps=4, block_length=4, temperature
 class FakeEngine:
     """Its own model copy; decodes with `generate`; records what it was asked to do."""
 
-    def __init__(self, model: Any, cfg: SamplingConfig, *, stale: bool = False) -> None:
+    def __init__(self, model: Any, cfg: SamplingConfig, *, stale: bool = False, off_by_one: bool = False) -> None:
         self.model = copy.deepcopy(model)
         self.cfg = cfg
         self.calls: list[str] = []
         self.stale = stale
+        self.off_by_one = off_by_one  # serves the right weights but decodes something else
 
     def load_weights(self, named: Any) -> None:
         self.calls.append("load")
@@ -56,11 +57,15 @@ class FakeEngine:
     def check_weights(self, reference: dict[str, torch.Tensor]) -> Any:
         return compare_served(dict(self.model.named_parameters()), reference)
 
-    def generate(self, prompts: Any, seed: Any) -> Any:
+    def generate(self, prompts: Any, seed: Any, cfg: SamplingConfig | None = None) -> Any:
         self.calls.append("generate")
-        c = self.cfg
-        return generate(self.model, prompts, max_new_tokens=c.max_new_tokens, steps=c.steps,
-                        block_length=c.block_length, temperature=c.temperature, top_k=c.top_k, seed=seed)
+        c = cfg or self.cfg
+        out = generate(self.model, prompts, max_new_tokens=c.max_new_tokens, steps=c.steps,
+                       block_length=c.block_length, temperature=c.temperature, top_k=c.top_k, seed=seed,
+                       stop_at_eos=c.stop_at_eos)
+        if self.off_by_one:
+            out = dataclasses.replace(out, response_ids=(out.response_ids + 1) % 10)
+        return out
 
 
 def _folder(tmp_path: Path) -> Path:
@@ -69,7 +74,7 @@ def _folder(tmp_path: Path) -> Path:
 
 
 def _engine_run(model: Any, algorithm: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                **fake: Any) -> tuple[Any, list[FakeEngine]]:
+                consistency_every: int = 0, **fake: Any) -> tuple[Any, list[FakeEngine]]:
     made: list[FakeEngine] = []
 
     def factory(folder: Path, cfg: SamplingConfig, eos: int, pad: int) -> FakeEngine:
@@ -79,7 +84,8 @@ def _engine_run(model: Any, algorithm: Any, tmp_path: Path, monkeypatch: pytest.
     monkeypatch.setattr(engine_rollout, "lmdeploy_factory", factory)
     rl = LocalRL(model, prompts=addition_prompts(2, 4, 0), sampling=dataclasses.replace(SAMPLING, engine="lmdeploy"),
                  reward_fn=partial_reward, detokenize=TOK.decode, algorithm=algorithm,
-                 optim=OptimConfig(lr=1e-3, grad_clip=1.0), trainer=TrainerConfig(max_steps=1, seed=0),
+                 optim=OptimConfig(lr=1e-3, grad_clip=1.0),
+                 trainer=TrainerConfig(max_steps=1, seed=0, consistency_every=consistency_every),
                  engine_folder=str(_folder(tmp_path)))
     return rl, made
 
@@ -95,6 +101,24 @@ def test_engine_rollouts_equal_native_ones_step_for_step(tmp_path: Path, monkeyp
         assert reproducible(a) == {k: v for k, v in reproducible(b).items() if not k.startswith("engine_")}
     assert len(made) == 1
     assert made[0].calls == ["load", "generate", "sleep"] + ["wake", "generate", "sleep"] * 2
+
+
+def test_engine_consistency_is_a_greedy_probe_against_native_decoding(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    # a faithful engine (the native decoder on the handed-over weights) agrees token for token
+    engine, made = _engine_run(tiny_model("sdar"), fast(BGPO()), tmp_path, monkeypatch, consistency_every=1)
+    metrics = engine.step(0)
+    assert metrics["consistency_probe_token_agreement"] == 1.0
+    assert metrics["consistency_probe_common_prefix"] == metrics["consistency_probe_tokens"] == 4.0
+    assert metrics["consistency_probe_rows"] == 4.0
+    # the probe wakes the engine with the same weights and puts it back to sleep before the update
+    assert made[0].calls == ["load", "generate", "sleep", "wake", "generate", "sleep"]
+    # an engine that serves the right weights but decodes something else is reported, not hidden
+    wrong, _ = _engine_run(tiny_model("sdar"), fast(BGPO()), tmp_path, monkeypatch, consistency_every=1,
+                           off_by_one=True)
+    bad = wrong.step(0)
+    assert bad["engine_weights_exact"] == 1.0
+    assert bad["consistency_probe_token_agreement"] == 0.0 and bad["consistency_probe_common_prefix"] == 0.0
 
 
 def test_a_stale_engine_is_caught_by_the_weights_check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

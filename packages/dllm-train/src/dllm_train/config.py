@@ -88,9 +88,11 @@ class TrainerConfig:
             rest is data parallelism: num_workers / sequence_parallel groups, each with its own
             rows) and the model's attention head count; needs backend="ray".
         gpus_per_worker: 0 (CPU, gloo) or 1 (one GPU per rank, nccl) for the Ray backend.
-        consistency_every: every N RL steps, replay the rollout's trajectory without cache and
-            report the gap between rollout-side and recomputed log-probs (0: never; the rollout
-            must record trajectories, `rollout.record_trajectory=true`).
+        consistency_every: every N RL steps, check the rollout against the trainer's model (0:
+            never). Native rollouts replay their trajectory without cache and report the gap
+            between rollout-side and recomputed log-probs (the rollout must record trajectories,
+            `rollout.record_trajectory=true`); engine rollouts report a greedy probe's token
+            agreement with the native decoder on the same weights (`EngineRolloutWorker.consistency`).
         tensorboard: also write every metric to TensorBoard under `<output>/tensorboard/<phase>`.
         wandb: also log every metric to Weights & Biases (extra `dllm-train[wandb]`), as
             `<phase>/<metric>` against `<phase>/step`. Without WANDB_API_KEY (and no WANDB_MODE

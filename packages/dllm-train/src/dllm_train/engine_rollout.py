@@ -26,6 +26,11 @@ from dllm_train.workers import Rollout, RolloutWorker, load_rollout_weights, sam
 ENGINE_FAMILIES = ("sdar", "sdar_moe")
 """Families lmdeploy 0.18's dLLM path serves."""
 
+PROBE_ROWS = 4
+"""Prompts of the greedy consistency probe of an engine rollout (`EngineRolloutWorker.consistency`)."""
+PROBE_TOKENS = 64
+"""Response tokens of that probe (at most the run's `max_new_tokens`)."""
+
 EngineFactory = Callable[[Path, SamplingConfig, int, int], Any]
 """(release folder, decoding settings, eos id, pad id) -> an engine with `generate`, `sleep`,
 `wake(weights)`, `check_weights(reference)` (`dllm_rollout.engines.LMDeployEngine`)."""
@@ -51,6 +56,19 @@ def check_engine_support(family: str, algorithm: RLAlgorithm[Any] | None, sampli
     if algorithm is not None and type(algorithm).generate is not RLAlgorithm.generate:
         raise ValueError(f"algorithm {algorithm.label} runs its own rollout (not the standard decoder): "
                          f"set rollout.engine=native")
+
+
+def token_agreement(a: Sequence[Sequence[int]], b: Sequence[Sequence[int]]) -> dict[str, float]:
+    """Share of equal tokens of two lists of responses, and the mean length of their common prefix."""
+    same = total = 0
+    prefix: list[int] = []
+    for x, y in zip(a, b, strict=True):
+        n = min(len(x), len(y))
+        eq = [x[i] == y[i] for i in range(n)]
+        same += sum(eq)
+        total += n
+        prefix.append(next((i for i, e in enumerate(eq) if not e), n))
+    return {"probe_token_agreement": same / max(total, 1), "probe_common_prefix": sum(prefix) / max(len(prefix), 1)}
 
 
 def release_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -130,6 +148,42 @@ class EngineRolloutWorker:
                              "engine_weights_exact": 1.0, "engine_tensors_checked": float(check.compared)}
         moved: RolloutBatch = map_tensors(batch, lambda t: t.to(device))
         return moved
+
+    def consistency(self, rollout: RolloutBatch) -> dict[str, float]:
+        """A greedy probe of the engine against the native decoder on the same weights.
+
+        An engine returns no trajectory to replay, so the check decodes the rollout's first
+        `PROBE_ROWS` prompts greedily for `PROBE_TOKENS` tokens (EOS ignored) twice: with the engine
+        (woken with the policy's weights, checked, put back to sleep) and with `dllm_rollout.decode`
+        on the policy. Both are deterministic functions of the same weights, so on a trained model
+        they agree up to near-ties of the argmax, which floating-point rounding may flip.
+
+        Returns:
+            {"probe_token_agreement": share of equal response tokens, "probe_common_prefix": mean
+            length of the rows' common prefix, "probe_rows", "probe_tokens"} (floats).
+        """
+        from dataclasses import replace
+
+        from dllm_rollout import decode
+
+        rows = min(PROBE_ROWS, rollout.batch_size)
+        ids, mask = rollout.prompt_ids[:rows], rollout.prompt_mask[:rows].bool()
+        prompts = [ids[i][mask[i]].tolist() for i in range(rows)]
+        cfg = replace(self.sampling, temperature=0.0, top_k=None, top_p=None, stop_at_eos=False,
+                      max_new_tokens=min(PROBE_TOKENS, self.sampling.max_new_tokens))
+        seeds = torch.zeros(rows, dtype=torch.long)
+        device = next(self.model.parameters()).device
+        was_training = self.model.training
+        self.model.eval()
+        with torch.no_grad(), merged_adapters(self.model):
+            weights = release_weights(self.model)
+            self._hand_over(weights)
+            served = self.engine.generate(prompts, seeds.tolist(), cfg=cfg).response_ids.tolist()
+            self.engine.sleep()
+            native = decode(self.model, ids.to(device), mask.to(device), seeds.to(device),
+                            replace(cfg, engine="native")).response_ids.tolist()
+        self.model.train(was_training)
+        return {**token_agreement(native, served), "probe_rows": float(rows), "probe_tokens": float(cfg.max_new_tokens)}
 
     def load_weights(self, state: dict[str, torch.Tensor]) -> None:
         """Weight hand-off into the policy copy (Ray replicas); the engine reads it at the next rollout."""

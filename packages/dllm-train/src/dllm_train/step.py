@@ -18,7 +18,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 import torch
 
-from dllm_rollout import RolloutBatch, SamplingConfig, consistency_gap
+from dllm_rollout import RolloutBatch, SamplingConfig
 from dllm_train.metrics import device_peak, is_peak
 from dllm_train.algorithm import RLAlgorithm, RLBatch
 from dllm_train.dataflow import PromptBatch
@@ -44,7 +44,8 @@ def check_settings(algorithm: RLAlgorithm[Any], sampling: SamplingConfig, *, con
             "rollout.temperature=0 decodes greedily with a deterministic unmasking order "
             f"(rollout.remasking={sampling.remasking!r}), so every sample of a group is the same response and "
             f"algorithm {algorithm.label}'s policy gradient is identically zero: set rollout.temperature > 0 (e.g. 1.0)")
-    if consistency_every and not sampling.record_trajectory:
+    if consistency_every and sampling.engine == "native" and not sampling.record_trajectory:
+        # native rollouts replay their trajectory; engine rollouts compare a greedy probe instead
         raise ValueError(
             f"trainer.consistency_every={consistency_every} needs recorded trajectories; "
             "set rollout.record_trajectory=true (or trainer.consistency_every=0)"
@@ -75,8 +76,8 @@ class PolicyRank(Generic[D]):
         rollout, reward, actor: the workers (the rollout model may be the actor's, locally).
         reference: the reference worker, for algorithms with `needs_reference`.
         plan_generator: step -> the generator of this rank's `prepare` noise.
-        consistency_every: every N steps, replay the rollout's trajectory without cache on the
-            rollout model before the update and report the gap (0: never).
+        consistency_every: every N steps, before the update, report the rollout worker's
+            `consistency` with the trainer's model (0: never).
         share: hands the rollout of a sequence-parallel group's leader to the other ranks of the
             group (identity without sequence parallelism); `generates` says whether this rank
             decodes.
@@ -121,8 +122,8 @@ class PolicyRank(Generic[D]):
             every = self.consistency_every
             if every and (step + 1) % every == 0:
                 # the replay of the rollout with the weights that generated it (before the update)
-                gap = consistency_gap(self.rollout.model, rollout)
-                metrics.update({f"consistency_{k}": float(v) for k, v in gap.items()})
+                gap = self.rollout.consistency(rollout)
+                metrics.update({f"consistency_{k}": v for k, v in gap.items()})
             payload = (rollout, batch)
         if self.share is not None:
             payload, metrics = self.share((payload, metrics))

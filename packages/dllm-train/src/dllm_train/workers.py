@@ -109,6 +109,13 @@ class RolloutWorker:
             return parts[0]
         return concat_batches(parts, pad_id=int(traits.pad_token_id), mask_id=int(traits.mask_token_id))
 
+    def consistency(self, rollout: RolloutBatch) -> dict[str, float]:
+        """The no-cache replay of the rollout's trajectory (`dllm_rollout.consistency_gap`): the gaps
+        between the rollout's per-step log-probs and the trainer's recomputation of them."""
+        from dllm_rollout import consistency_gap
+
+        return {k: float(v) for k, v in consistency_gap(self.model, rollout).items()}
+
     def load_weights(self, state: dict[str, torch.Tensor]) -> None:
         """Weight hand-off from the actor (`load_rollout_weights`)."""
         load_rollout_weights(self.model, state)
@@ -136,6 +143,10 @@ class Rollout(Protocol):
     last_metrics: dict[str, float]
 
     def generate(self, prompts: Sequence[Sequence[int]], seeds: torch.Tensor) -> RolloutBatch: ...
+
+    def consistency(self, rollout: RolloutBatch) -> dict[str, float]:
+        """How closely the trainer's model reproduces this worker's rollout (`trainer.consistency_every`)."""
+        ...
 
     def load_weights(self, state: dict[str, torch.Tensor]) -> None: ...
 

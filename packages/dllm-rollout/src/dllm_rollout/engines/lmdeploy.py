@@ -268,14 +268,24 @@ class LMDeployEngine:
     async def _all(self, prompts: Sequence[list[int]], gen: Any) -> list[EngineOutput]:
         return list(await asyncio.gather(*[self._one(p, gen) for p in prompts]))
 
-    def generate(self, prompts: Sequence[Sequence[int]], seed: int | Sequence[int] | None = None) -> RolloutBatch:
-        """Generate one response per prompt from token ids (`seed` is recorded, not replayable)."""
+    def generate(self, prompts: Sequence[Sequence[int]], seed: int | Sequence[int] | None = None, *,
+                 cfg: SamplingConfig | None = None) -> RolloutBatch:
+        """Generate one response per prompt from token ids (`seed` is recorded, not replayable).
+
+        Args:
+            cfg: decoding settings for this call (default: the engine's own `self.cfg`); the block
+                length and step count must be the engine's (they are fixed when it starts).
+        """
         if self.sleeping:
             raise RuntimeError("the lmdeploy engine is asleep; call wake() before generate()")
+        cfg = cfg or self.cfg
+        if (cfg.block_length, cfg.steps) != (self.cfg.block_length, self.cfg.steps):
+            raise ValueError(f"block_length={cfg.block_length}, steps={cfg.steps}: the engine was started with "
+                             f"block_length={self.cfg.block_length}, steps={self.cfg.steps}; start another engine")
         seeds = sample_seeds(seed, len(prompts))
-        gen = self.lmdeploy.GenerationConfig(**lmdeploy_gen_config(self.cfg, eos_id=self.eos_id))
+        gen = self.lmdeploy.GenerationConfig(**lmdeploy_gen_config(cfg, eos_id=self.eos_id))
         outputs = self._run(self._all([[int(t) for t in p] for p in prompts], gen))
-        return batch_from_lmdeploy(outputs, prompts, seeds, self.cfg, eos_id=self.eos_id, pad_id=self.pad_id)
+        return batch_from_lmdeploy(outputs, prompts, seeds, cfg, eos_id=self.eos_id, pad_id=self.pad_id)
 
     def sleep(self) -> None:
         """Free the engine's weights (to host memory) and KV cache on the GPU."""
