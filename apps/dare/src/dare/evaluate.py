@@ -128,6 +128,7 @@ def run_eval(args: argparse.Namespace) -> int:
         from dllm_models.lora import check_peft_adapter
 
         check_peft_adapter(args.adapter)
+    t_load = time.perf_counter()
     model = load_model(args.checkpoint, dtype=args.dtype, device=args.device)
     if args.adapter is not None:
         from dllm_models.lora import load_peft_adapter
@@ -135,7 +136,10 @@ def run_eval(args: argparse.Namespace) -> int:
         model = load_peft_adapter(model, args.adapter)
     tokenizer = load_tokenizer(args.checkpoint)
     family = infer_family(model)
+    t_print = time.perf_counter()
     fingerprint = weights_fingerprint(model)  # once per model, on its device: every benchmark's manifest
+    logger.info("model loaded in %.1f s, weights fingerprinted in %.1f s", t_print - t_load,
+                time.perf_counter() - t_print)
     extra = {"adapter": str(args.adapter)} if args.adapter is not None else {}
     from dare.engine_eval import engine_generate
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -278,13 +279,18 @@ def run_benchmark(
     rep_ids = [r for _ in keep for r in range(repeats)]
     eos = _eos_ids(tokenizer)
     responses: list[str] = []
+    generate_s, generated = 0.0, 0
     for start in range(0, len(prompts), batch_size):
         batch = prompts[start:start + batch_size]
         seeds = None if seed is None else [
             seed + row.index * repeats + rep
             for row, rep in zip(rows[start:start + batch_size], rep_ids[start:start + batch_size])]
+        t0 = time.perf_counter()
         out = gen(model, batch, **_generate_kwargs(settings), seed=seeds)
-        ids = out.response_ids.tolist()
+        ids = out.response_ids.tolist()  # waits for the device
+        generate_s += time.perf_counter() - t0
+        mask = getattr(out, "response_mask", None)  # the contract promises response_ids only
+        generated += int(mask.sum()) if mask is not None else sum(len(r) for r in ids)
         responses += [_decode(tokenizer, r, eos, pre.raw_decode) for r in ids]
         logger.info("%s: generated %d/%d", bench.name, len(responses), len(prompts))
     rewards = _score(bench, pre, mode, rows, responses, score_workers)
@@ -315,6 +321,8 @@ def run_benchmark(
         "max_prompt_tokens": max_prompt,
         "num_dropped_overlong": len(all_rows) - len(keep),
         "preset_source": pre.source,
+        "generate_s": round(generate_s, 3),
+        "generated_tokens": generated,
     })
     result = BenchmarkResult(benchmark=bench.name, preset=pre.name, samples=samples,
                              manifest=manifest, reward_mode=mode)
