@@ -19,14 +19,17 @@ from dllm_train import (
     LocalRL,
     OffloadedScorer,
     OptimConfig,
+    PolicyRank,
+    RewardWorker,
     RLAlgorithm,
     Scorer,
     TrainerConfig,
     assemble_rank,
+    generator,
 )
-from dllm_train.assembly import RankParts, plain_scorer
+from dllm_train.assembly import plain_scorer
 from tests.dllm_train.distributed_helpers import run_ranks
-from tests.tiny_rl import SAMPLING, tiny_model
+from tests.tiny_rl import SAMPLING, TOK, partial_reward, tiny_model
 
 ALGORITHMS: dict[str, RLAlgorithm[Any]] = {
     "none": da.D1(),  # no reference
@@ -56,16 +59,23 @@ class Sharding:
         return any(m is model and off for m, off in self.calls)
 
 
-def _shape(parts: RankParts, model: Any, sharding: Sharding | None) -> dict[str, Any]:
+def _assemble(model: Any, algorithm: RLAlgorithm[Any], trainer: TrainerConfig, **hooks: Any) -> PolicyRank[Any]:
+    return assemble_rank(model, sampling=SAMPLING, algorithm=algorithm, optim=OptimConfig(lr=1e-3), trainer=trainer,
+                         reward=RewardWorker(partial_reward, TOK.decode),
+                         plan_generator=lambda step: generator(0, "plan", step), **hooks)
+
+
+def _shape(parts: PolicyRank[Any], model: Any, sharding: Sharding | None) -> dict[str, Any]:
     """What a rank's assembly decided, in terms both backends share."""
     ref = parts.reference
+    policy = parts.actor.model
     ref_model = getattr(parts.rollout, "ref_model", None)
     frozen = None if ref_model is None or isinstance(ref_model, BaseWeightsView) else not any(
         p.requires_grad for p in ref_model.parameters())
     return {
-        "actor_trains_the_policy": parts.actor.model is parts.policy is model,
+        "actor_trains_the_policy": policy is model,
         "reference": None if ref is None else type(ref.scorer).__name__.replace("Offloaded", ""),
-        "reference_is_the_policy": ref is not None and ref.model is parts.policy,
+        "reference_is_the_policy": ref is not None and ref.model is policy,
         "reference_offloaded": ref is not None and (isinstance(ref.scorer, OffloadedScorer)
                                                      or (sharding is not None and sharding.offloaded(ref.model))),
         "rollout_reference": None if ref_model is None else type(ref_model).__name__,
@@ -73,13 +83,11 @@ def _shape(parts: RankParts, model: Any, sharding: Sharding | None) -> dict[str,
     }
 
 
-def _parts(name: str, *, lora: bool, sharding: Sharding | None, **trainer: Any) -> tuple[RankParts, Any]:
+def _parts(name: str, *, lora: bool, sharding: Sharding | None, **trainer: Any) -> tuple[PolicyRank[Any], Any]:
     model = tiny_model("llada")
     if lora:
         _lora(model)
-    parts = assemble_rank(model, sampling=SAMPLING, algorithm=ALGORITHMS[name], optim=OptimConfig(lr=1e-3),
-                          trainer=TrainerConfig(**trainer), shard=sharding)
-    return parts, model
+    return _assemble(model, ALGORITHMS[name], TrainerConfig(**trainer), shard=sharding), model
 
 
 @pytest.mark.parametrize("offload", [False, True])
@@ -114,7 +122,7 @@ def test_local_and_sharded_assemblies_build_the_same_workers(name: str, lora: bo
 
 def test_local_rl_is_the_assembly_without_hooks() -> None:
     # `LocalRL` builds its rank with `assemble_rank`: the same reference rules, offload included
-    from tests.tiny_rl import TOK, addition_prompts, partial_reward
+    from tests.tiny_rl import addition_prompts
 
     model = tiny_model("llada")
     rl = LocalRL(model, prompts=addition_prompts(2, 4), sampling=SAMPLING, reward_fn=partial_reward,
@@ -133,8 +141,7 @@ def test_the_scorer_hook_gets_the_assemblys_choice_of_scorer() -> None:
         return plain_scorer(model, kind=kind, attention=attention, shared_context=shared_context)
 
     model = _lora(tiny_model("sdar"))
-    assemble_rank(model, sampling=SAMPLING, algorithm=ALGORITHMS["reference"], optim=OptimConfig(lr=1e-3),
-                  trainer=TrainerConfig(bd3lm_layout="doubled"), scorer=scorer)
+    _assemble(model, ALGORITHMS["reference"], TrainerConfig(bd3lm_layout="doubled"), scorer=scorer)
     # the actor's scorer, then LoRA's base-weights reference; "auto" attention on CPU for a block family: sdpa
     assert seen == [(Scorer, "sdpa", False), (BaseWeightsScorer, "sdpa", False)]
 

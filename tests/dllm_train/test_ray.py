@@ -19,7 +19,7 @@ pytestmark = pytest.mark.ray
 
 def test_ray_workflow_runs_rl_steps_and_reports_the_local_metrics(ray_cluster: Any, tmp_path: Path) -> None:
     from dllm_train import TrainerConfig
-    from dllm_train.distributed import RayRLWorkflow
+    from dllm_train.distributed import RankWorker, RayRLWorkflow
     from tests.dllm_train.distributed_helpers import TINY_RL, tiny_rank_setup
 
     local = local_rl(tiny_model("llada"), D1())
@@ -35,7 +35,7 @@ def test_ray_workflow_runs_rl_steps_and_reports_the_local_metrics(ray_cluster: A
             assert set(metrics) == expected
             assert all(isinstance(v, float) for v in metrics.values())
         assert metrics["skipped"] == 0.0
-        for report in wf.group.call("handoff_report"):  # d1 on llada: the rollout replica equals the actor
+        for report in wf.group.call(RankWorker.handoff_report):  # d1 on llada: the rollout replica equals the actor
             assert report["max_abs_gap"] == 0.0 and len(report["keys"]) == report["num_weights"], report
         wf.pull_weights(driver_model)
         assert any(not torch.equal(before[k], v) for k, v in driver_model.state_dict().items())
@@ -44,19 +44,19 @@ def test_ray_workflow_runs_rl_steps_and_reports_the_local_metrics(ray_cluster: A
         assert state == {"updates": 2, "skipped": 0}
         wf.save_shards(tmp_path / "shards")
         assert (tmp_path / "shards" / ".metadata").is_file()
-        saved = wf.group.call("full_weights")[0]
+        saved = wf.group.call(RankWorker.full_weights)[0]
         first = wf.step(2)
-        after = wf.group.call("full_weights")[0]
+        after = wf.group.call(RankWorker.full_weights)[0]
         assert any(not torch.equal(saved[k], v) for k, v in after.items())
         wf.load_state(state)
         wf.load_shards(tmp_path / "shards")  # back to the state after step 2, on every rank
-        back = wf.group.call("full_weights")[0]
+        back = wf.group.call(RankWorker.full_weights)[0]
         assert all(torch.equal(saved[k], back[k]) for k in saved)
-        for report in wf.group.call("handoff_report"):  # the rollout replicas took the loaded weights
+        for report in wf.group.call(RankWorker.handoff_report):  # the rollout replicas took the loaded weights
             assert report["max_abs_gap"] == 0.0, report
         # the optimizer state came back too: step 3 reruns exactly (its moments decide the update)
         assert reproducible(wf.step(2)) == reproducible(first)
-        again = wf.group.call("full_weights")[0]
+        again = wf.group.call(RankWorker.full_weights)[0]
         assert all(torch.equal(after[k], again[k]) for k in after)
     finally:
         wf.shutdown()
@@ -71,7 +71,7 @@ def _ray_run(family: str, algorithm: RLAlgorithm[Any], *, steps: int = 2, lora_r
     import functools
 
     from dllm_train import TrainerConfig
-    from dllm_train.distributed import RayRLWorkflow
+    from dllm_train.distributed import RankWorker, RayRLWorkflow
     from tests.dllm_train.distributed_helpers import TINY_RL, algorithm_rank_setup
 
     trainer = TrainerConfig(max_steps=steps, seed=0, backend="ray", num_workers=2,
@@ -81,8 +81,8 @@ def _ray_run(family: str, algorithm: RLAlgorithm[Any], *, steps: int = 2, lora_r
                        trainer=trainer, rl=TINY_RL)
     try:
         metrics = [wf.step(step) for step in range(steps)]
-        reports = wf.group.call("handoff_report")
-        weights = wf.group.call("full_weights")[0]
+        reports = wf.group.call(RankWorker.handoff_report)
+        weights = wf.group.call(RankWorker.full_weights)[0]
     finally:
         wf.shutdown()
     return metrics, reports, weights

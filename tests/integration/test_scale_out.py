@@ -67,7 +67,7 @@ def test_rl_step_reports_the_largest_ranks_peak_memory() -> None:
     """The peak column's source: `rl_step` keeps the max of the ranks' `peak_gib`, averages timings."""
     from dllm_algorithms import D1
     from dllm_train import PromptBatch, rl_step
-    from dllm_train.step import RankRollout
+    from dllm_train.step import RankRollout, RolloutArgs
 
     class TwoRanks:
         data_parallel = 2
@@ -76,7 +76,7 @@ def test_rl_step_reports_the_largest_ranks_peak_memory() -> None:
         def group_of(self, rank: int) -> int:
             return rank
 
-        def rollout(self, args: list[tuple[Any, ...]]) -> list[RankRollout]:
+        def rollout(self, args: list[RolloutArgs]) -> list[RankRollout]:
             return [RankRollout(scores=torch.tensor([1.0, 0.0]), lengths=torch.tensor([4.0, 6.0])) for _ in args]
 
         def update(self, advantages: list[torch.Tensor]) -> list[dict[str, float]]:

@@ -33,7 +33,7 @@ from dllm_train.workers import (
     special_tokens,
 )
 from dllm_train.model_setup import BaseWeightsScorer, OffloadedScorer, resolved_attention, set_activation_checkpointing
-from dllm_train.assembly import RankParts, assemble_rank
+from dllm_train.assembly import assemble_rank
 from dllm_train.workflow import LocalRL, PhaseSpec, Run, ShardedStateful
 
 __all__ = [
@@ -57,7 +57,6 @@ __all__ = [
     "PreferenceWorker",
     "Prepared",
     "PromptBatch",
-    "RankParts",
     "RLAlgorithm",
     "RLBatch",
     "RLConfig",

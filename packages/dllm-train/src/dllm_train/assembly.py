@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
@@ -56,35 +55,12 @@ def plain_scorer(model: Any, *, kind: type[Scorer], attention: str | None, share
     return kind(model, attention=attention, shared_context=shared_context)
 
 
-@dataclass(frozen=True)
-class RankParts:
-    """The model workers of one rank (`assemble_rank`).
-
-    Attributes:
-        policy: the trained model (as the `shard` hook returned it).
-        actor: trains `policy`.
-        rollout: decodes `policy` (local) or its unsharded replica (`rollout.model`).
-        reference: the reference worker (None when the algorithm needs none).
-    """
-
-    policy: Any
-    actor: ActorWorker[Any]
-    rollout: Rollout
-    reference: ReferenceWorker | None
-
-    def rank(self, reward: RewardWorker, *, plan_generator: Callable[[int], torch.Generator],
-             consistency_every: int, generates: bool = True,
-             share: Callable[[Any], Any] | None = None) -> PolicyRank[Any]:
-        """The `PolicyRank` of these workers (see `PolicyRank` for the arguments)."""
-        return PolicyRank(rollout=self.rollout, reward=reward, actor=self.actor, reference=self.reference,
-                          plan_generator=plan_generator, consistency_every=consistency_every,
-                          generates=generates, share=share)
-
-
 def assemble_rank(model: Any, *, sampling: SamplingConfig, algorithm: RLAlgorithm[Any], optim: OptimConfig,
-                  trainer: TrainerConfig, engine_folder: str | None = None, shard: Shard | None = None,
-                  scorer: ScorerFactory = plain_scorer) -> RankParts:
-    """The actor, rollout and reference workers of one rank around `model` (see the module docstring).
+                  trainer: TrainerConfig, reward: RewardWorker, plan_generator: Callable[[int], torch.Generator],
+                  engine_folder: str | None = None, shard: Shard | None = None, scorer: ScorerFactory = plain_scorer,
+                  generates: bool = True, share: Callable[[Any], Any] | None = None) -> PolicyRank[Any]:
+    """The `PolicyRank` of one rank around `model`: its actor, rollout and reference workers (see the
+    module docstring) and `reward`.
 
     Args:
         model: the initial policy, unsharded, on this rank's device (trained in place, or
@@ -92,14 +68,19 @@ def assemble_rank(model: Any, *, sampling: SamplingConfig, algorithm: RLAlgorith
         sampling: the rollout's decoding settings.
         algorithm: the RL algorithm (its `needs_reference` / `needs_rollout_reference`).
         optim: the actor's optimizer settings.
-        trainer: token budget, training attention, BD3LM layout and the memory levers
-            (`activation_checkpointing`, `reference_offload`, `fsdp_cpu_offload`).
+        trainer: token budget, training attention, BD3LM layout, the memory levers
+            (`activation_checkpointing`, `reference_offload`, `fsdp_cpu_offload`) and the
+            consistency period (`consistency_every`).
+        reward: the rank's verifier.
+        plan_generator: step -> the generator of this rank's `prepare` noise.
         engine_folder: the checkpoint folder an inference engine loads (`build_rollout_worker`).
         shard: wraps the policy and the reference copy (None: one process, nothing sharded).
         scorer: builds each model's scorer.
+        generates, share: sequence parallelism: whether this rank decodes, and how the group's
+            leader hands its rollout to the others (see `PolicyRank`).
 
     Returns:
-        the rank's `RankParts`.
+        the rank's `PolicyRank`; its trained model is `rank.actor.model` (as `shard` returned it).
     """
     lora = has_adapters(model)
     attention = resolved_attention(trainer, model)
@@ -131,7 +112,8 @@ def assemble_rank(model: Any, *, sampling: SamplingConfig, algorithm: RLAlgorith
             ref_copy, kind=kind, attention=attention, shared_context=shared))
     rollout = build_rollout_worker(rollout_model, sampling, algorithm=algorithm, ref_model=rollout_ref,
                                    engine_folder=engine_folder)
-    return RankParts(policy=policy, actor=actor, rollout=rollout, reference=reference)
+    return PolicyRank(rollout=rollout, reward=reward, actor=actor, reference=reference, plan_generator=plan_generator,
+                      consistency_every=trainer.consistency_every, generates=generates, share=share)
 
 
 def _frozen_copy(model: Any) -> Any:
@@ -141,4 +123,4 @@ def _frozen_copy(model: Any) -> Any:
     return frozen
 
 
-__all__ = ["RankParts", "ScorerFactory", "Shard", "assemble_rank", "plain_scorer"]
+__all__ = ["ScorerFactory", "Shard", "assemble_rank", "plain_scorer"]

@@ -28,6 +28,8 @@ from dllm_train.workers import ActorWorker, Prepared, ReferenceWorker, RewardWor
 D = TypeVar("D")
 PromptSampler = Callable[[int], PromptBatch]
 """step -> the prompts of that step (deterministic in step)."""
+RolloutArgs = tuple[int, Sequence[Sequence[int]], Sequence[str], torch.Tensor, torch.Tensor]
+"""The arguments of one rank's `PolicyRank.rollout_step`: step, prompts, answers, seeds [b], groups [b]."""
 
 
 def check_settings(algorithm: RLAlgorithm[Any], sampling: SamplingConfig, *, consistency_every: int) -> None:
@@ -191,9 +193,13 @@ class Ranks(Protocol):
     @property
     def size(self) -> int: ...
 
-    def rollout(self, args: list[tuple[Any, ...]]) -> list[RankRollout]: ...
+    def rollout(self, args: list[RolloutArgs]) -> list[RankRollout]:
+        """Rank r's `PolicyRank.rollout_step(*args[r])`, by rank."""
+        ...
 
-    def update(self, advantages: list[torch.Tensor]) -> list[dict[str, float]]: ...
+    def update(self, advantages: list[torch.Tensor]) -> list[dict[str, float]]:
+        """Rank r's `PolicyRank.update(advantages[r])`, by rank."""
+        ...
 
 
 class LocalRanks:
@@ -208,7 +214,7 @@ class LocalRanks:
     def group_of(self, rank: int) -> int:
         return 0
 
-    def rollout(self, args: list[tuple[Any, ...]]) -> list[RankRollout]:
+    def rollout(self, args: list[RolloutArgs]) -> list[RankRollout]:
         return [self.rank.rollout_step(*args[0])]
 
     def update(self, advantages: list[torch.Tensor]) -> list[dict[str, float]]:
@@ -260,5 +266,5 @@ def rl_step(step: int, *, prompts: PromptSampler, ranks: Ranks, algorithm: RLAlg
     return metrics
 
 
-__all__ = ["LocalRanks", "PolicyRank", "PromptSampler", "RankRollout", "Ranks", "all_equal_groups",
+__all__ = ["LocalRanks", "PolicyRank", "PromptSampler", "RankRollout", "Ranks", "RolloutArgs", "all_equal_groups",
            "check_settings", "rl_step", "shard_rows"]

@@ -272,12 +272,11 @@ class LocalRL:
         self.prompts = prompts
         self.algorithm = algorithm
         self.seed = trainer.seed
-        parts = assemble_rank(model, sampling=sampling, algorithm=algorithm, optim=optim, trainer=trainer,
-                              engine_folder=engine_folder)
-        self.actor: ActorWorker[Any] = parts.actor
-        self.rank = parts.rank(RewardWorker(reward_fn, detokenize),
-                               plan_generator=lambda step: generator(self.seed, "plan", step),
-                               consistency_every=trainer.consistency_every)
+        self.rank = assemble_rank(model, sampling=sampling, algorithm=algorithm, optim=optim, trainer=trainer,
+                                  reward=RewardWorker(reward_fn, detokenize),
+                                  plan_generator=lambda step: generator(self.seed, "plan", step),
+                                  engine_folder=engine_folder)
+        self.actor: ActorWorker[Any] = self.rank.actor
         self.ranks = LocalRanks(self.rank)
 
     def step(self, step: int) -> dict[str, float]:

@@ -1,4 +1,14 @@
-"""Distributed backend: FSDP2 ranks, the Ray actor group, Ulysses sequence parallelism and lockstep passes."""
+"""Distributed backend: FSDP2 ranks, the Ray actor group, Ulysses sequence parallelism and lockstep passes.
+
+The Ray rank stack, from the driver to the models:
+
+- `RayRLWorkflow` (driver) runs `dllm_train.rl_step` over a `RayActorGroup`, the `Ranks` of a Ray run;
+- `RayActorGroup` places one `RankActor` per rank and runs rank methods named by reference,
+  `group.call(RankWorker.full_weights)` (mypy checks the name, arguments and result);
+- `RankActor` is the Ray process shell: it joins the torch.distributed group and builds the rank;
+- `RankWorker` is one FSDP2 rank (weight hand-off, sharded checkpoints) around the `PolicyRank`
+  that `dllm_train.assemble_rank` builds, the same half of a step as in one process.
+"""
 
 from dllm_train.distributed.fsdp import (
     broadcast_parameters,
@@ -15,7 +25,7 @@ from dllm_train.distributed.fsdp import (
 from dllm_train.distributed.parallel_dims import ParallelDims, sequence_parallel_group
 from dllm_train.distributed.rank import RankSetup, RankWorker, map_tensors, select_rows
 from dllm_train.step import shard_rows
-from dllm_train.distributed.ray_backend import DistributedConfig, RayActorGroup, RayRanks, RayRLWorkflow, rank_dims
+from dllm_train.distributed.ray_backend import DistributedConfig, RankMethod, RayActorGroup, RayRLWorkflow, rank_dims
 from dllm_train.distributed.sequence_parallel import (
     SequenceParallelScorer,
     gather_sequence,
@@ -30,10 +40,10 @@ __all__ = [
     "DistributedConfig",
     "ParallelDims",
     "RankSetup",
+    "RankMethod",
     "RankWorker",
     "RayActorGroup",
     "RayRLWorkflow",
-    "RayRanks",
     "SequenceParallelScorer",
     "broadcast_parameters",
     "full_state_dict",

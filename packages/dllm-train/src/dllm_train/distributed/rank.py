@@ -107,19 +107,17 @@ class RankWorker:
         self.seed = trainer.seed
         self.algorithm = setup.algorithm
         self.param_dtype = param_dtype
+        self.device = torch.device(device)
         model = setup.model.to(device)
         broadcast_parameters(model)
-        self.device = torch.device(device)
-        parts = assemble_rank(model, sampling=setup.sampling, algorithm=setup.algorithm, optim=setup.optim,
-                              trainer=trainer, engine_folder=setup.engine_folder, shard=self._shard,
-                              scorer=self._scorer)
-        self.model = parts.policy
-        self.actor: ActorWorker[Any] = parts.actor
-        self.rollout = parts.rollout
-        self.policy: PolicyRank[Any] = parts.rank(
-            RewardWorker(setup.reward_fn, setup.detokenize), plan_generator=self._plan_generator,
-            consistency_every=trainer.consistency_every, generates=self.dims.sp_rank(self.rank) == 0,
-            share=self._from_leader if self.sp_group is not None else None)
+        self.policy: PolicyRank[Any] = assemble_rank(
+            model, sampling=setup.sampling, algorithm=setup.algorithm, optim=setup.optim, trainer=trainer,
+            reward=RewardWorker(setup.reward_fn, setup.detokenize), plan_generator=self._plan_generator,
+            engine_folder=setup.engine_folder, shard=self._shard, scorer=self._scorer,
+            generates=self.dims.sp_rank(self.rank) == 0, share=self._from_leader if self.sp_group is not None else None)
+        self.actor: ActorWorker[Any] = self.policy.actor
+        self.model = self.actor.model
+        self.rollout = self.policy.rollout
         self.handoff_keys: list[str] = []
 
     def _shard(self, model: Any, *, offload: bool) -> Any:

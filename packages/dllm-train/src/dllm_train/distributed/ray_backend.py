@@ -23,10 +23,10 @@ rendezvous. Rollout is colocated with the actor on every rank.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, TypeVarTuple, Unpack
 
 import torch
 
@@ -34,12 +34,26 @@ from dllm_train.algorithm import RLAlgorithm
 from dllm_train.config import RLConfig, TrainerConfig
 from dllm_train.distributed.parallel_dims import ParallelDims
 from dllm_train.distributed.rank import RankSetup, RankWorker
-from dllm_train.step import PromptSampler, RankRollout, rl_step, shard_rows
+from dllm_train.step import PromptSampler, RankRollout, RolloutArgs, rl_step, shard_rows
 
 logger = logging.getLogger(__name__)
 
 SetupFn = Callable[[], RankSetup]
 """Builds a rank's `RankSetup`; pickled to every actor, so it must be importable there."""
+
+Args = TypeVarTuple("Args")
+R = TypeVar("R")
+RankMethod = Callable[[RankWorker, Unpack[Args]], R]
+"""A `RankWorker` method named by reference (`RankWorker.update`): mypy checks its name, its
+arguments and its result at the call site, so a renamed method is a type error on the driver."""
+
+
+def method_name(method: Callable[..., Any]) -> str:
+    """The name under which a rank runs `method`; raises `TypeError` unless it is a `RankWorker` method."""
+    name = getattr(method, "__name__", "")
+    if getattr(RankWorker, name, None) is not method:
+        raise TypeError(f"{method!r} is not a method of RankWorker; pass one by reference, e.g. RankWorker.update")
+    return name
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -98,9 +112,10 @@ class RankActor:
                                  param_dtype=torch.bfloat16 if cfg.bf16 else None,
                                  sequence_parallel=trainer.sequence_parallel)
 
-    def call(self, method: str, *args: Any) -> Any:
+    def call(self, name: str, *args: Any) -> Any:
+        """Run `RankWorker.<name>` (a name `method_name` checked on the driver)."""
         assert self.worker is not None, "start() first"
-        return getattr(self.worker, method)(*args)
+        return getattr(self.worker, name)(*args)
 
     def stop(self) -> None:
         import torch.distributed as dist
@@ -110,7 +125,11 @@ class RankActor:
 
 
 class RayActorGroup:
-    """`trainer.num_workers` `RankActor`s in one placement group; `call` runs a method on every rank and gathers.
+    """`trainer.num_workers` `RankActor`s in one placement group: the `dllm_train.step.Ranks` of a Ray run.
+
+    `call(RankWorker.m, *args)` runs a rank method on every rank with the same arguments,
+    `call_each(RankWorker.m, per_rank)` with rank r's `per_rank[r]`; both return the results by
+    rank. Rank r's data-parallel group is r // `trainer.sequence_parallel`.
 
     Args:
         setup_fn: builds each rank's `RankSetup` (importable on the workers).
@@ -130,6 +149,9 @@ class RayActorGroup:
             bundle["GPU"] = float(trainer.gpus_per_worker)
         self.pg = placement_group([dict(bundle) for _ in range(trainer.num_workers)], strategy=cfg.placement_strategy)
         ray.get(self.pg.ready())
+        self.dims = rank_dims(trainer)
+        self.size = self.dims.world_size
+        self.data_parallel = self.dims.data_parallel
         cls: Any = ray.remote(RankActor)
         self.actors: list[Any] = [
             cls.options(
@@ -146,12 +168,27 @@ class RayActorGroup:
             self._release()
             raise
 
-    def call(self, method: str, per_rank_args: list[tuple[Any, ...]] | None = None) -> list[Any]:
-        """Run `RankWorker.<method>` on every rank (rank r gets per_rank_args[r]); results by rank."""
+    def call(self, method: RankMethod[Unpack[Args], R], *args: Unpack[Args]) -> list[R]:
+        """Run `method` (e.g. `RankWorker.full_weights`) with `args` on every rank; results by rank."""
+        return self.call_each(method, [args] * len(self.actors))
+
+    def call_each(self, method: RankMethod[Unpack[Args], R], per_rank: Sequence[tuple[Unpack[Args]]]) -> list[R]:
+        """Run `method` on every rank, rank r with the arguments `per_rank[r]`; results by rank."""
         import ray
 
-        args = per_rank_args or [() for _ in self.actors]
-        return list(ray.get([a.call.remote(method, *x) for a, x in zip(self.actors, args)]))
+        if len(per_rank) != len(self.actors):
+            raise ValueError(f"{len(per_rank)} argument tuples for {len(self.actors)} ranks")
+        name = method_name(method)
+        return list(ray.get([a.call.remote(name, *x) for a, x in zip(self.actors, per_rank)]))
+
+    def group_of(self, rank: int) -> int:
+        return self.dims.dp_rank(rank)
+
+    def rollout(self, args: list[RolloutArgs]) -> list[RankRollout]:
+        return self.call_each(RankWorker.rollout_step, args)
+
+    def update(self, advantages: list[torch.Tensor]) -> list[dict[str, float]]:
+        return self.call_each(RankWorker.update, [(a,) for a in advantages])
 
     def shutdown(self, timeout_s: float = 60.0) -> None:
         """Leave the process group on every rank, then end the actors and free their placement.
@@ -178,25 +215,6 @@ class RayActorGroup:
         remove_placement_group(self.pg)
 
 
-class RayRanks:
-    """The `dllm_train.step.Ranks` of a Ray actor group (rank r's data-parallel group: r // sp)."""
-
-    def __init__(self, group: RayActorGroup, dims: ParallelDims) -> None:
-        self.group = group
-        self.dims = dims
-        self.size = dims.world_size
-        self.data_parallel = dims.data_parallel
-
-    def group_of(self, rank: int) -> int:
-        return self.dims.dp_rank(rank)
-
-    def rollout(self, args: list[tuple[Any, ...]]) -> list[RankRollout]:
-        return self.group.call("rollout_step", args)
-
-    def update(self, advantages: list[torch.Tensor]) -> list[dict[str, float]]:
-        return self.group.call("update", [(a,) for a in advantages])
-
-
 class RayRLWorkflow:
     """The RL phase over a Ray actor group: the same `dllm_train.rl_step` as one process.
 
@@ -215,8 +233,7 @@ class RayRLWorkflow:
     def __init__(self, *, setup_fn: SetupFn, prompts: PromptSampler, algorithm: RLAlgorithm[Any],
                  trainer: TrainerConfig, rl: RLConfig, dist: DistributedConfig = DistributedConfig(),
                  driver_model: Any = None) -> None:
-        dims = rank_dims(trainer)
-        shard_rows(rl.prompts_per_step * rl.group_size, dims.data_parallel, 0)  # validate the split
+        shard_rows(rl.prompts_per_step * rl.group_size, rank_dims(trainer).data_parallel, 0)  # validate the split
         self.prompts = prompts
         self.algorithm = algorithm
         self.trainer = trainer
@@ -224,11 +241,10 @@ class RayRLWorkflow:
         self.dist = dist
         self.driver_model = driver_model
         self.group = RayActorGroup(setup_fn, trainer, dist)
-        self.ranks = RayRanks(self.group, dims)
         self.driver_stale = False  # the ranks trained since the driver's model last took their weights
 
     def step(self, step: int) -> dict[str, float]:
-        metrics = rl_step(step, prompts=self.prompts, ranks=self.ranks, algorithm=self.algorithm,
+        metrics = rl_step(step, prompts=self.prompts, ranks=self.group, algorithm=self.algorithm,
                           seed=self.trainer.seed)
         self.driver_stale = self.driver_model is not None
         if self.driver_model is not None and self._sync_due(step + 1):
@@ -242,14 +258,13 @@ class RayRLWorkflow:
 
     def pull_weights(self, model: Any) -> None:
         """Load the trained full weights (gathered on rank 0) into a driver-side model."""
-        full = self.group.call("full_weights")[0]
+        full = self.group.call(RankWorker.full_weights)[0]
         model.load_state_dict(full)
 
     def state(self) -> dict[str, Any]:
         """The ranks' update counters, for `Run` checkpoints; the parameters and optimizer state
         are written by the ranks themselves (`save_shards`)."""
-        out: dict[str, Any] = self.group.call("state")[0]
-        return out
+        return self.group.call(RankWorker.state)[0]
 
     def save_shards(self, folder: Path) -> None:
         """Every rank writes its shards of the actor's parameters (FSDP2's float32 masters under
@@ -261,12 +276,12 @@ class RayRLWorkflow:
         if self.driver_stale and self.driver_model is not None:
             self.pull_weights(self.driver_model)
             self.driver_stale = False
-        self.group.call("save_shards", [(str(folder),) for _ in range(self.trainer.num_workers)])
+        self.group.call(RankWorker.save_shards, str(folder))
 
     def load_shards(self, folder: Path) -> None:
         """Inverse of `save_shards`: the ranks' actors, optimizers and rollout replicas resume exactly
         (the references stay the initial policy)."""
-        self.group.call("load_shards", [(str(folder),) for _ in range(self.trainer.num_workers)])
+        self.group.call(RankWorker.load_shards, str(folder))
 
     def load_state(self, state: dict[str, Any]) -> None:
         """Inverse of `state`; `Run` then calls `load_shards`. A state holding "optimizer" comes from a
@@ -276,11 +291,12 @@ class RayRLWorkflow:
         n = self.trainer.num_workers
         if "optimizer" in state and self.driver_model is not None:
             weights = {k: v.detach().cpu() for k, v in self.driver_model.state_dict().items()}
-            self.group.call("load_weights", [(weights if r == 0 else {},) for r in range(n)])
-        self.group.call("load_state", [(state,) for _ in range(n)])
+            self.group.call_each(RankWorker.load_weights, [(weights if r == 0 else {},) for r in range(n)])
+        self.group.call(RankWorker.load_state, state)
 
     def shutdown(self) -> None:
         self.group.shutdown()
 
 
-__all__ = ["DistributedConfig", "RankActor", "RayActorGroup", "RayRLWorkflow", "RayRanks", "SetupFn", "rank_dims"]
+__all__ = ["DistributedConfig", "RankActor", "RankMethod", "RayActorGroup", "RayRLWorkflow", "SetupFn", "method_name",
+           "rank_dims"]
