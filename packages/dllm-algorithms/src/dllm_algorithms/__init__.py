@@ -13,6 +13,7 @@ stays the torch-only home of their pure functions.
 """
 
 from dllm_algorithms.bridge_ratio import BridgeRatioGRPO
+from dllm_algorithms.clipping import DualClip, RatioClip
 from dllm_algorithms.common import ALL_FAMILIES, BLOCK, MASKED
 from dllm_algorithms.distribution_matching import DMPO, WeightedMasks
 from dllm_algorithms.elbo_policy import BGPO, EBPO, ESPO, SPG
@@ -33,4 +34,5 @@ __all__ = [
     "ALL_FAMILIES", "BGPO", "BLOCK", "CJGRPO", "D1", "DMPO", "DPO", "EBPO", "ESPO", "MASKED", "MDPO", "SFT", "SPG",
     "VRPO", "BridgeRatioGRPO", "CoupledGRPO", "DTreeRPO", "JustGRPO", "LoRA", "TrainingRows", "Trajectory", "TreeRolloutBatch",
     "WeightedMasks", "trajectory_steps",
+    "DualClip", "RatioClip",
 ]

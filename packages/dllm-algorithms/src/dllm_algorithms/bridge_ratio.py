@@ -15,6 +15,7 @@ import torch
 from dllm_objectives import BRIDGE_CORRECTIONS, MaskPlan, bridge_ratio_policy_loss, coupled_masks, elbo
 from dllm_train import LossInputs, RLAlgorithm, RLBatch
 
+from dllm_algorithms.clipping import DualClip
 from dllm_algorithms.common import MASKED, Metrics, inputs, plan_logp
 
 SCORE_SCALES = ("token", "sequence", "valid_tokens")
@@ -22,7 +23,7 @@ SCORE_SCALES = ("token", "sequence", "valid_tokens")
 
 
 @dataclass(frozen=True, kw_only=True)
-class BridgeRatioGRPO(RLAlgorithm[MaskPlan]):
+class BridgeRatioGRPO(DualClip, RLAlgorithm[MaskPlan]):
     """BridgeRatio-GRPO (CURE-RLVR; DARE PR #21): a policy ratio over shared denoising paths.
 
     Per row t ~ U[t_min, t_max]; paths: the whole response masked, and two complementary halves
@@ -38,9 +39,6 @@ class BridgeRatioGRPO(RLAlgorithm[MaskPlan]):
         score_scale: "token" (ELBO / R, R the padded response length, DARE's default),
             "sequence" (raw ELBO) or "valid_tokens" (ELBO x L / R, L the valid length).
         log_ratio_clip: clamp of log r before the exponential (None: off).
-        clip_low, clip_high: clip range of the ratio, [1 - clip_low, 1 + clip_high] (clip_high > clip_low:
-            DAPO's clip-higher).
-        dual_clip: dual-clip constant c > 1: the loss of a negative advantage is at most -A c (None: off).
     """
 
     t_min: float = 0.2
@@ -49,12 +47,10 @@ class BridgeRatioGRPO(RLAlgorithm[MaskPlan]):
     detach_correction: bool = True
     score_scale: str = "token"
     log_ratio_clip: float | None = None
-    clip_low: float = 0.2
-    clip_high: float = 0.2
-    dual_clip: float | None = 3.0
     families: ClassVar[tuple[str, ...]] = MASKED
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.correction not in BRIDGE_CORRECTIONS:
             raise ValueError(f"algorithm.correction={self.correction!r} is unknown; choose one of "
                              f"{list(BRIDGE_CORRECTIONS)}")

@@ -33,6 +33,7 @@ from dllm_objectives import (
 from dllm_rollout import RolloutBatch
 from dllm_train import LossInputs, RLAlgorithm, RLBatch
 
+from dllm_algorithms.clipping import DualClip, RatioClip
 from dllm_algorithms.common import ALL_FAMILIES, BLOCK, MASKED, Metrics, inputs, is_block, mean_metrics, plan_logp
 
 
@@ -63,7 +64,7 @@ def _sequence_loss(value: torch.Tensor, x: LossInputs[Any], *, clip_low: float, 
 
 
 @dataclass(frozen=True, kw_only=True)
-class BGPO(RLAlgorithm[MaskPlan]):
+class BGPO(DualClip, RLAlgorithm[MaskPlan]):
     """BGPO (Lin et al., arXiv 2510.11683): per-MC-sample linear lower bound of the ELBO ratio.
 
     N stratified-count masks; per sample the normalised ELBO l_i enters a PPO surrogate with
@@ -72,15 +73,9 @@ class BGPO(RLAlgorithm[MaskPlan]):
 
     Attributes:
         mc_num: Monte-Carlo masks per sequence (one scored row each).
-        clip_low, clip_high: clip range of the ratio, [1 - clip_low, 1 + clip_high] (clip_high > clip_low:
-            DAPO's clip-higher).
-        dual_clip: dual-clip constant c > 1: the loss of a negative advantage is at most -A c (None: off).
     """
 
     mc_num: int = 16
-    clip_low: float = 0.2
-    clip_high: float = 0.2
-    dual_clip: float | None = 3.0
     families: ClassVar[tuple[str, ...]] = ALL_FAMILIES
     row_local = True
 
@@ -99,7 +94,7 @@ class BGPO(RLAlgorithm[MaskPlan]):
 
 
 @dataclass(frozen=True, kw_only=True)
-class ESPO(RLAlgorithm[list[tuple[MaskPlan, MaskPlan]]]):
+class ESPO(RatioClip, RLAlgorithm[list[tuple[MaskPlan, MaskPlan]]]):
     """ESPO (Ou et al., arXiv 2512.03759): sequence-level clipped ratio of antithetic ELBOs.
 
     Per iteration fresh count masks stratified across the batch plus their complements;
@@ -111,19 +106,16 @@ class ESPO(RLAlgorithm[list[tuple[MaskPlan, MaskPlan]]]):
         num_iterations: optimizer steps per rollout batch, each on fresh masks.
         kl_coef: weight of the sequence KL to the frozen reference (0: no reference model).
         kl_kind: estimator of that KL on the ELBO gap: "k1", "k2", "k3" or "abs".
-        clip_low, clip_high: clip range of the ratio, [1 - clip_low, 1 + clip_high] (clip_high > clip_low:
-            DAPO's clip-higher).
     """
 
     mc_num: int = 2
     num_iterations: int = 8
     kl_coef: float = 1e-3
     kl_kind: str = "k2"
-    clip_low: float = 0.2
-    clip_high: float = 0.2
     families: ClassVar[tuple[str, ...]] = MASKED
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.num_iterations < 1:
             raise ValueError(f"algorithm.num_iterations must be >= 1, got {self.num_iterations}")
 
@@ -151,7 +143,7 @@ class ESPO(RLAlgorithm[list[tuple[MaskPlan, MaskPlan]]]):
 
 
 @dataclass(frozen=True, kw_only=True)
-class EBPO(RLAlgorithm[MaskPlan]):
+class EBPO(RatioClip, RLAlgorithm[MaskPlan]):
     """EBPO (LLaDA2.1, arXiv 2602.08676 Eq. 4-5): clipped ratio of composite block ELBOs.
 
     Every response block of every MC row gets its own stratified count; with the BD3LM layout
@@ -162,15 +154,11 @@ class EBPO(RLAlgorithm[MaskPlan]):
         mc_num: Monte-Carlo rows per sequence (every block with its own stratified count).
         kl_coef: weight of the sequence KL to the frozen reference (0: no reference model).
         kl_kind: estimator of that KL on the ELBO gap: "k1", "k2", "k3" or "abs".
-        clip_low, clip_high: clip range of the ratio, [1 - clip_low, 1 + clip_high] (clip_high > clip_low:
-            DAPO's clip-higher).
     """
 
     mc_num: int = 16
     kl_coef: float = 0.0
     kl_kind: str = "k2"
-    clip_low: float = 0.2
-    clip_high: float = 0.2
     families: ClassVar[tuple[str, ...]] = BLOCK
 
     @property

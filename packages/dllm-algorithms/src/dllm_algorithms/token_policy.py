@@ -22,6 +22,7 @@ from dllm_objectives import (
 )
 from dllm_train import LossInputs, RLAlgorithm, RLBatch
 
+from dllm_algorithms.clipping import DualClip
 from dllm_algorithms.common import MASKED, Metrics, inputs, plan_logp, response_part, slice_plan
 
 
@@ -33,7 +34,7 @@ def _clipped(values: torch.Tensor, x: LossInputs[MaskPlan], clip_low: float, cli
 
 
 @dataclass(frozen=True, kw_only=True)
-class D1(RLAlgorithm[MaskPlan]):
+class D1(DualClip, RLAlgorithm[MaskPlan]):
     """d1 / diffu-GRPO (Zhao et al., arXiv 2504.12216): one-step mean-field token log-probs.
 
     The whole response and a random 15% of the prompt are masked; one forward gives every
@@ -41,15 +42,9 @@ class D1(RLAlgorithm[MaskPlan]):
 
     Attributes:
         prompt_mask_prob: fraction of the prompt tokens masked at random in the scored copy.
-        clip_low, clip_high: clip range of the ratio, [1 - clip_low, 1 + clip_high] (clip_high > clip_low:
-            DAPO's clip-higher).
-        dual_clip: dual-clip constant c > 1: the loss of a negative advantage is at most -A c (None: off).
     """
 
     prompt_mask_prob: float = 0.15
-    clip_low: float = 0.2
-    clip_high: float = 0.2
-    dual_clip: float | None = 3.0
     families: ClassVar[tuple[str, ...]] = MASKED
     row_local = True
 
@@ -66,7 +61,7 @@ class D1(RLAlgorithm[MaskPlan]):
 
 
 @dataclass(frozen=True, kw_only=True)
-class CoupledGRPO(RLAlgorithm[MaskPlan]):
+class CoupledGRPO(DualClip, RLAlgorithm[MaskPlan]):
     """Coupled-GRPO (DiffuCoder, arXiv 2506.20639): complementary-mask token scores.
 
     Per row t ~ U[t_min, t_max]; copies: whole response masked, and two complementary halves;
@@ -75,9 +70,6 @@ class CoupledGRPO(RLAlgorithm[MaskPlan]):
 
     Attributes:
         t_min, t_max: range of the per-row masking ratio t of the complementary pair.
-        clip_low, clip_high: clip range of the ratio, [1 - clip_low, 1 + clip_high] (clip_high > clip_low:
-            DAPO's clip-higher).
-        dual_clip: dual-clip constant c > 1: the loss of a negative advantage is at most -A c (None: off).
         fixed_mask_seed: None (default): fresh masks per row and step from the run's seeded
             stream. An integer (DARE uses 42) reproduces DARE's masks: it calls `set_seed(42)`
             before every row's draw, so every row of every step shares one t (Python's
@@ -86,9 +78,6 @@ class CoupledGRPO(RLAlgorithm[MaskPlan]):
 
     t_min: float = 0.2
     t_max: float = 0.8
-    clip_low: float = 0.2
-    clip_high: float = 0.2
-    dual_clip: float | None = 3.0
     fixed_mask_seed: int | None = None
     families: ClassVar[tuple[str, ...]] = MASKED
 
@@ -105,7 +94,7 @@ class CoupledGRPO(RLAlgorithm[MaskPlan]):
 
 
 @dataclass(frozen=True, kw_only=True)
-class JustGRPO(RLAlgorithm[MaskPlan]):
+class JustGRPO(DualClip, RLAlgorithm[MaskPlan]):
     """JustGRPO (Ni et al., arXiv 2601.15165): exact left-to-right log-probs of a dLLM.
 
     State j = prompt + o_<j with o_>=j masked; log softmax(f / T)[o_j] with the rollout
@@ -117,19 +106,14 @@ class JustGRPO(RLAlgorithm[MaskPlan]):
         temperature: T of the scored log softmax(f / T). None (the default): the temperature the
             rollout sampled at (its `SamplingConfig`; 1 for greedy rollouts), which makes the
             scored policy the sampling policy.
-        clip_low, clip_high: clip range of the ratio, [1 - clip_low, 1 + clip_high] (clip_high > clip_low:
-            DAPO's clip-higher).
-        dual_clip: dual-clip constant c > 1: the loss of a negative advantage is at most -A c (None: off).
     """
 
     temperature: float | None = None
-    clip_low: float = 0.2
-    clip_high: float = 0.2
-    dual_clip: float | None = 3.0
     families: ClassVar[tuple[str, ...]] = MASKED
     row_local = True
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.temperature is not None and self.temperature <= 0:
             raise ValueError(f"algorithm.temperature must be > 0 (or unset: the rollout's), got {self.temperature}")
 

@@ -28,6 +28,7 @@ from dllm_objectives import (
 from dllm_rollout import RolloutBatch, SamplingConfig, tree_generate
 from dllm_train import LossInputs, MiniBatchRows, RLAlgorithm, RLBatch, with_fields
 
+from dllm_algorithms.clipping import DualClip
 from dllm_algorithms.common import ALL_FAMILIES, MASKED, Metrics, inputs, is_block, plan_logp
 
 
@@ -63,22 +64,14 @@ class Trajectory:
 
 
 @dataclass(frozen=True, kw_only=True)
-class CJGRPO(RLAlgorithm[Trajectory]):
+class CJGRPO(DualClip, RLAlgorithm[Trajectory]):
     """CJ-GRPO (Yang et al., arXiv 2509.23924): consistency-trajectory GRPO.
 
     Replays the recorded unmasking order: state k reveals the tokens committed before step k;
     the tokens committed at k are scored from it (one scored row per state); per-step token
     means (masked) or the paper-exact per-transition weights (block models).
-
-    Attributes:
-        clip_low, clip_high: clip range of the ratio, [1 - clip_low, 1 + clip_high] (clip_high > clip_low:
-            DAPO's clip-higher).
-        dual_clip: dual-clip constant c > 1: the loss of a negative advantage is at most -A c (None: off).
     """
 
-    clip_low: float = 0.2
-    clip_high: float = 0.2
-    dual_clip: float | None = 3.0
     families: ClassVar[tuple[str, ...]] = ALL_FAMILIES
     row_local = True
     replays_trajectory = True
