@@ -34,7 +34,7 @@ from dllm_train.engine_rollout import build_rollout_worker
 from dllm_train.likelihood import Scorer
 from dllm_train.model_setup import BaseWeightsScorer, OffloadedScorer, resolved_attention, set_activation_checkpointing
 from dllm_train.step import PolicyRank
-from dllm_train.workers import ActorWorker, ReferenceWorker, RewardWorker, Rollout
+from dllm_train.workers import ActorWorker, ReferenceWorker, RewardWorker
 
 
 class Shard(Protocol):
