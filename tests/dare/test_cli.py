@@ -82,13 +82,13 @@ def test_a_full_disk_ends_in_one_line(tmp_path: Path, monkeypatch: pytest.Monkey
     # before: the checkpoint's OSError carried no file name, so the CLI re-raised a 66-line chained traceback
     import errno
 
-    import dllm_train.workflow
+    import dllm_train.run
     from dare.cli import main
 
     def full(*args: object, **kwargs: object) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(dllm_train.workflow, "write_checkpoint_files", full)
+    monkeypatch.setattr(dllm_train.run, "write_checkpoint_files", full)
     with pytest.raises(SystemExit) as err:
         main(["train", *TINY, "sft.steps=1", "task.num_eval=2", "--output-dir", str(tmp_path / "run"), "--no-progress"])
     assert err.value.code == 2

@@ -64,7 +64,7 @@ def test_declarations_match_a_real_step_at_temperature_zero(name: str, monkeypat
     # the trainer refuses these settings (check_settings); run the refused step anyway to show that
     # each algorithm's declaration is true
     import dllm_train.step as step
-    import dllm_train.workflow as workflow
+    import dllm_train.local as local
 
     real = step.check_settings
     relaxed = dataclasses.replace
@@ -73,7 +73,7 @@ def test_declarations_match_a_real_step_at_temperature_zero(name: str, monkeypat
         real(algorithm, relaxed(sampling, temperature=1.0), consistency_every=consistency_every)
 
     monkeypatch.setattr(step, "check_settings", check)
-    monkeypatch.setattr(workflow, "check_settings", check)
+    monkeypatch.setattr(local, "check_settings", check)
     torch.manual_seed(0)
     algorithm = CASES[name]
     family = "llada" if "llada" in algorithm.families else "sdar"

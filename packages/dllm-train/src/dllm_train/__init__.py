@@ -1,4 +1,4 @@
-"""dllm_train: workers, dataflow and workflow for diffusion LM post-training."""
+"""dllm_train: workers, dataflow, the RL step and the run loop for diffusion LM post-training."""
 
 from dllm_train.checkpointing import (
     CheckpointRef,
@@ -34,7 +34,8 @@ from dllm_train.workers import (
 )
 from dllm_train.model_setup import BaseWeightsScorer, OffloadedScorer, resolved_attention, set_activation_checkpointing
 from dllm_train.assembly import assemble_rank
-from dllm_train.workflow import LocalRL, PhaseSpec, Run, ShardedStateful
+from dllm_train.local import LocalRL
+from dllm_train.run import PhaseSpec, Run, ShardedStateful
 
 __all__ = [
     "ActorWorker",

@@ -62,7 +62,7 @@ def checkpoint_path(output_dir: Path, order: int, phase: str, step: int) -> Path
 
 SHARDS = "shards"
 """Folder of a checkpoint holding parameters and optimizer state as every rank's own shards
-(`torch.distributed.checkpoint`), written by a sharded owner (`workflow.ShardedStateful`)."""
+(`torch.distributed.checkpoint`), written by a sharded owner (`run.ShardedStateful`)."""
 
 
 class CheckpointWriteError(OSError):

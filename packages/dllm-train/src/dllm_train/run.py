@@ -1,4 +1,4 @@
-"""Workflow: the outer loop of a run, its phases, checkpoints and exact resume.
+"""A run: the outer loop over its phases, with checkpoints and exact resume.
 
 A run is a sequence of phases (e.g. SFT then RL). Each phase is a step function called for steps
 `start..steps-1`; all randomness of a step derives from (seed, phase, step) (see `seeding`), so a
@@ -16,9 +16,6 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 from tqdm import tqdm
 
-from dllm_rollout import SamplingConfig
-from dllm_train.algorithm import RLAlgorithm
-from dllm_train.assembly import assemble_rank
 from dllm_train.checkpointing import (
     SHARDS,
     checkpoint_path,
@@ -28,12 +25,9 @@ from dllm_train.checkpointing import (
     set_aside,
     write_checkpoint_files,
 )
-from dllm_train.config import OptimConfig, TrainerConfig
+from dllm_train.config import TrainerConfig
 from dllm_train.metrics import MetricsWriter, format_line, read_metrics
 from dllm_train.preemption import Diverged, Interrupted, StopRequest
-from dllm_train.seeding import generator
-from dllm_train.step import LocalRanks, PromptSampler, check_settings, rl_step
-from dllm_train.workers import ActorWorker, RewardWorker
 
 logger = logging.getLogger(__name__)
 
@@ -246,44 +240,4 @@ class Run:
             self.wandb_run = None
 
 
-class LocalRL:
-    """The RL phase in one process: one `PolicyRank` whose rollout and actor share `model`.
-
-    Its workers come from `dllm_train.assemble_rank`, the rule the Ray ranks use too: a frozen
-    copy of the initial policy only when the algorithm needs one (kept on the CPU between its
-    passes with `trainer.reference_offload`), none under LoRA. `step` is the same
-    `dllm_train.rl_step` the Ray backend runs.
-
-    Args:
-        model: the policy (trained in place).
-        prompts: step -> PromptBatch.
-        sampling: the run's decoding settings.
-        reward_fn, detokenize: the verifier and the token decoder.
-        algorithm: the RL algorithm.
-        optim: the actor's optimizer settings.
-        trainer: the trainer settings (seed, token budget, attention, memory levers).
-    """
-
-    def __init__(self, model: Any, *, prompts: PromptSampler, sampling: SamplingConfig,
-                 reward_fn: Callable[[str, str], float], detokenize: Callable[[list[int]], str],
-                 algorithm: RLAlgorithm[Any], optim: OptimConfig, trainer: TrainerConfig,
-                 engine_folder: str | None = None) -> None:
-        check_settings(algorithm, sampling, consistency_every=trainer.consistency_every)
-        self.prompts = prompts
-        self.algorithm = algorithm
-        self.seed = trainer.seed
-        self.rank = assemble_rank(model, sampling=sampling, algorithm=algorithm, optim=optim, trainer=trainer,
-                                  reward=RewardWorker(reward_fn, detokenize),
-                                  plan_generator=lambda step: generator(self.seed, "plan", step),
-                                  engine_folder=engine_folder)
-        self.actor: ActorWorker[Any] = self.rank.actor
-        self.ranks = LocalRanks(self.rank)
-
-    def step(self, step: int) -> dict[str, float]:
-        return rl_step(step, prompts=self.prompts, ranks=self.ranks, algorithm=self.algorithm, seed=self.seed)
-
-    def state(self) -> dict[str, Any]:
-        return self.actor.state()
-
-    def load_state(self, state: dict[str, Any]) -> None:
-        self.actor.load_state(state)
+__all__ = ["PhaseSpec", "Run", "ShardedStateful", "Stateful"]
