@@ -14,9 +14,9 @@ stays the torch-only home of their pure functions.
 
 from dllm_algorithms.bridge_ratio import BridgeRatioGRPO
 from dllm_algorithms.clipping import DualClip, RatioClip
-from dllm_algorithms.common import ALL_FAMILIES, BLOCK, MASKED
 from dllm_algorithms.distribution_matching import DMPO, WeightedMasks
 from dllm_algorithms.elbo_policy import BGPO, EBPO, ESPO, SPG
+from dllm_algorithms.families import ALL_FAMILIES, BLOCK, MASKED
 from dllm_algorithms.preference import DPO, VRPO
 from dllm_algorithms.sft import SFT, LoRA
 from dllm_algorithms.token_policy import D1, CoupledGRPO, JustGRPO

@@ -16,7 +16,8 @@ from dllm_objectives import BRIDGE_CORRECTIONS, MaskPlan, bridge_ratio_policy_lo
 from dllm_train import LossInputs, RLAlgorithm, RLBatch
 
 from dllm_algorithms.clipping import DualClip
-from dllm_algorithms.common import MASKED, Metrics, inputs, plan_logp
+from dllm_algorithms.families import MASKED
+from dllm_algorithms.scoring import Metrics, inputs, plan_logp
 
 SCORE_SCALES = ("token", "sequence", "valid_tokens")
 """Scales of the path scores: ELBO / R (padded response length), raw ELBO, ELBO x L / R."""

@@ -17,7 +17,8 @@ from dllm_objectives import MaskPlan, dmpo_baseline, dmpo_ess_coeff, dmpo_weight
 from dllm_rollout import SamplingConfig
 from dllm_train import LossInputs, RLAlgorithm, RLBatch, with_fields
 
-from dllm_algorithms.common import MASKED, Metrics, inputs, plan_logp
+from dllm_algorithms.families import MASKED
+from dllm_algorithms.scoring import Metrics, inputs, plan_logp
 
 
 @dataclass(frozen=True)

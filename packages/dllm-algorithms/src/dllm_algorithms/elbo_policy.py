@@ -34,7 +34,8 @@ from dllm_rollout import RolloutBatch
 from dllm_train import LossInputs, RLAlgorithm, RLBatch
 
 from dllm_algorithms.clipping import DualClip, RatioClip
-from dllm_algorithms.common import ALL_FAMILIES, BLOCK, MASKED, Metrics, inputs, is_block, mean_metrics, plan_logp
+from dllm_algorithms.families import ALL_FAMILIES, BLOCK, MASKED
+from dllm_algorithms.scoring import Metrics, inputs, is_block, mean_metrics, plan_logp
 
 
 def _elbo_normalizer(rollout: RolloutBatch) -> float | torch.Tensor:

@@ -10,7 +10,7 @@ import torch
 from dllm_objectives import MaskPlan, count_masks, iid_masks
 from dllm_train import PreferenceObjective
 
-from dllm_algorithms.common import MASKED
+from dllm_algorithms.families import MASKED
 
 
 def _iid(valid: torch.Tensor, n: int, gen: torch.Generator) -> MaskPlan:

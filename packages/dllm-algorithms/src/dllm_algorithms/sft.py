@@ -15,7 +15,7 @@ import torch
 from dllm_train import OptimConfig, SFTConfig, SFTWorker, derive_seed
 from dllm_train.sft import SFTBatchFn
 
-from dllm_algorithms.common import ALL_FAMILIES
+from dllm_algorithms.families import ALL_FAMILIES
 
 
 @dataclass(frozen=True)

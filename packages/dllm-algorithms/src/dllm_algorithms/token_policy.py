@@ -23,7 +23,8 @@ from dllm_objectives import (
 from dllm_train import LossInputs, RLAlgorithm, RLBatch
 
 from dllm_algorithms.clipping import DualClip
-from dllm_algorithms.common import MASKED, Metrics, inputs, plan_logp, response_part, slice_plan
+from dllm_algorithms.families import MASKED
+from dllm_algorithms.scoring import Metrics, inputs, plan_logp, response_part, slice_plan
 
 
 def _clipped(values: torch.Tensor, x: LossInputs[MaskPlan], clip_low: float, clip_high: float,

@@ -29,7 +29,8 @@ from dllm_rollout import RolloutBatch, SamplingConfig, tree_generate
 from dllm_train import LossInputs, MiniBatchRows, RLAlgorithm, RLBatch, with_fields
 
 from dllm_algorithms.clipping import DualClip
-from dllm_algorithms.common import ALL_FAMILIES, MASKED, Metrics, inputs, is_block, plan_logp
+from dllm_algorithms.families import ALL_FAMILIES, MASKED
+from dllm_algorithms.scoring import Metrics, inputs, is_block, plan_logp
 
 
 def trajectory_steps(rollout: RolloutBatch) -> tuple[torch.Tensor, int]:

@@ -1,4 +1,5 @@
-"""Pieces shared by the algorithm modules: families, batch views and plan slicing."""
+"""How an algorithm reads its batch and scores it: sequence inputs, response slices, plan copies,
+plan log-probs and metric means."""
 
 from __future__ import annotations
 
@@ -6,16 +7,10 @@ from typing import Any
 
 import torch
 
-from dllm_models import family_names
 from dllm_objectives import MaskPlan
 from dllm_rollout import RolloutBatch
 from dllm_train import RLBatch, plan_token_logp, sequence_inputs
 
-MASKED = family_names("masked")
-"""Canonical names of the masked-diffusion families (bidirectional, one canvas), from dllm_models' registry."""
-BLOCK = family_names("block")
-"""Canonical names of the block-diffusion families (block-causal, BD3LM likelihood)."""
-ALL_FAMILIES = MASKED + BLOCK
 Metrics = dict[str, torch.Tensor]
 
 
@@ -52,5 +47,4 @@ def mean_metrics(parts: list[Metrics]) -> Metrics:
     return {k: torch.stack([p[k].detach().float() for p in parts]).mean() for k in parts[0]} if parts else {}
 
 
-__all__ = ["ALL_FAMILIES", "BLOCK", "MASKED", "Metrics", "inputs", "is_block", "mean_metrics", "plan_logp",
-           "response_part", "slice_plan"]
+__all__ = ["Metrics", "inputs", "is_block", "mean_metrics", "plan_logp", "response_part", "slice_plan"]
