@@ -205,7 +205,7 @@ def test_flex_shared_clean_layout_matches_eager_on_random_shapes() -> None:
 
 
 def test_positions_of_the_shared_clean_layout() -> None:
-    from dllm_models.families.common import positions_from_attention
+    from dllm_models.families.backbone import positions_from_attention
 
     mask = bd3lm_mask([3, 2], block_size=2, copies=[2, 1])
     pos = positions_from_attention(mask, 1, 13, CPU)

@@ -18,13 +18,8 @@ import torch
 from torch import nn
 
 from dllm_models.attention import AttentionMask, attend
-from dllm_models.families.common import (
-    HeadedDiffusionLM,
-    attention_inputs,
-    config_from_hf,
-    config_to_hf,
-    run_layers,
-)
+from dllm_models.families.backbone import HeadedDiffusionLM, attention_inputs, run_layers
+from dllm_models.families.hf_config import config_from_hf, config_to_hf
 from dllm_models.families.moe import MLP, GroupLimitedSigmoidRouter, SparseMoE
 from dllm_models.layers import PLAIN, FastEmbedding, KernelConfig, RMSNorm, rope_cos_sin, rotate_heads
 from dllm_models.protocol import DiffusionTraits, KVCache, LayerPast

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from dllm_models.attention import AttentionMask, attend
-from dllm_models.families.common import HeadedDiffusionLM, attention_inputs, run_layers
+from dllm_models.families.backbone import HeadedDiffusionLM, attention_inputs, run_layers
 from dllm_models.layers import PLAIN, FastEmbedding, KernelConfig, RMSNorm, rope_cos_sin, rotate_heads
 from dllm_models.protocol import DiffusionTraits, KVCache, LayerPast
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from dllm_models.families.common import config_from_hf, config_to_hf
+from dllm_models.families.hf_config import config_from_hf, config_to_hf
 from dllm_models.families.moe import MLP
 from dllm_models.families.qwen import QwenAttention, QwenDecoderLayer, QwenStyleLM
 from dllm_models.protocol import DiffusionTraits

@@ -13,7 +13,7 @@ from typing import Any
 
 from torch import nn
 
-from dllm_models.families.common import config_from_hf, config_to_hf
+from dllm_models.families.hf_config import config_from_hf, config_to_hf
 from dllm_models.families.moe import MLP, SoftmaxTopKRouter, SparseMoE
 from dllm_models.families.qwen import QwenDecoderLayer, QwenStyleLM
 from dllm_models.families.sdar import qwen3_attention
