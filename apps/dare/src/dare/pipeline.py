@@ -132,7 +132,7 @@ def driver_device(cfg: CheckpointRun) -> str | None:
 
     On the Ray backend the ranks train and decode; the driver's copy only receives their weights
     for checkpoints, the export and validation. Without validation (`data.eval_files` empty) it
-    stays on the CPU, so it takes no GPU memory beside rank 0 (a 30B MoE is 57 GiB in bf16).
+    stays on the CPU, so it takes no GPU memory beside rank 0.
     """
     if cfg.trainer.backend == "ray" and not cfg.data.eval_files.strip():
         return "cpu"

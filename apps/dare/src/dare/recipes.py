@@ -67,7 +67,7 @@ _FAMILY_ROLLOUT: dict[str, SamplingConfig] = {
                              top_p=0.95, block_diffusion=True, eos_handling="truncate", cache="prefix"),
 }
 # released-size runs: every likelihood pass in forwards of at most 16k tokens, activations
-# recomputed in backward (fits 8B models with 512-2048-token responses on one 80-141 GB GPU)
+# recomputed in backward (docs/benchmarks.md has the memory these settings take)
 def _trainer(*, max_steps: int, save_every: int, eval_every: int = 0) -> TrainerConfig:
     return TrainerConfig(max_steps=max_steps, seed=0, eval_every=eval_every, save_every=save_every,
                          max_tokens_per_pass=16384, activation_checkpointing=True)

@@ -52,8 +52,8 @@ def kl_penalty(
         clamp: clamp of ``k3`` (``None``: no clamp; ``d`` is still limited to ``[-80, 80]``).
         dare_advantages: parity switch for DARE's dLLM variant (docs/algorithms.md#quirk-dllm-kl): where the
             advantage (broadcastable to ``logp``) is positive, ``d`` is replaced by
-            ``log(1 + d)``. DARE returned NaN for ``d <= -1``; here ``1 + d`` is floored at
-            ``1e-6`` (the NaN bug fixed). ``None`` (canonical) applies the estimator to ``d``.
+            ``log(1 + d)``. DARE returns NaN for ``d <= -1``; here ``1 + d`` is floored at
+            ``1e-6``, so the value stays finite. ``None`` (canonical) applies the estimator to ``d``.
 
     Returns:
         float32 tensor of the input shape.

@@ -9,8 +9,8 @@ moment leaves either the previous checkpoint or the new one, never half of one.
 A checkpoint is complete only with its `manifest.json`, written last: every file's size, and the
 SHA-256 of the files up to `CHECKSUM_LIMIT` bytes (configs, tokenizer, the counters of a sharded
 checkpoint). Sizes catch what a crash or a full disk leaves (a truncated file), at no cost; a
-checksum of the weights and optimizer state would read ~50 GB per save at 8B, so the large files
-are verified by size and by loading. `recover_checkpoints` (run when a run starts) removes the
+checksum of the weights and optimizer state would read all of them again at every save, so the
+large files are verified by size and by loading. `recover_checkpoints` (run when a run starts) removes the
 leftovers of interrupted writes and deletions, and sets aside (renames, never deletes) every
 checkpoint newer than the newest intact one, each named in one log line.
 """

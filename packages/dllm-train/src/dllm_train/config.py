@@ -79,7 +79,7 @@ class TrainerConfig:
         save_every: checkpoint period in steps (0: only at the end).
         keep_checkpoints: checkpoints kept in the run folder, newest first (>= 1). A new one is
             written completely before older ones are deleted, so at most keep_checkpoints + 1
-            exist for a moment: an 8B model with AdamW state takes ~48 GB each.
+            exist for a moment (each holds the weights and the optimizer state).
         log_every: progress-line period in steps.
         backend: "local" (in-process) or "ray" (Ray actors with FSDP2, same worker code).
         num_workers: ranks of the Ray backend (one actor each).

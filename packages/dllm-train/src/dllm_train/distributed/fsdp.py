@@ -158,8 +158,8 @@ def save_sharded_state(model: nn.Module, optimizer: torch.optim.Optimizer, folde
     optimizer state to `folder` (`torch.distributed.checkpoint`); a collective.
 
     Nothing is gathered: every rank writes its own files in parallel, a tensor at a time, so
-    neither host memory nor any one process holds the full optimizer state (64 GB of AdamW
-    moments at 8B). `folder` must be one folder that every rank can reach.
+    neither host memory nor any one process holds the full optimizer state. `folder` must be one
+    folder that every rank can reach.
     """
     from torch.distributed.checkpoint.state_dict_saver import save
 
