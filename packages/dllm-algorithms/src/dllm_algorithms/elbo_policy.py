@@ -31,7 +31,7 @@ from dllm_objectives import (
     spg_sequence_logp,
 )
 from dllm_rollout import RolloutBatch
-from dllm_train import LossInputs, RLAlgorithm, RLBatch
+from dllm_train import LossInputs, RLAlgorithm, RLBatch, ValuesScorer
 
 from dllm_algorithms.common import ALL_FAMILIES, BLOCK, MASKED, Metrics, inputs, is_block, mean_metrics, plan_logp
 
@@ -87,7 +87,7 @@ class BGPO(RLAlgorithm[MaskPlan]):
     def prepare(self, batch: RLBatch, generator: torch.Generator) -> MaskPlan:
         return count_masks(inputs(batch)[3], self.mc_num, generator=generator)
 
-    def values(self, scorer: object, batch: RLBatch, data: MaskPlan, iteration: int) -> torch.Tensor:
+    def values(self, scorer: ValuesScorer, batch: RLBatch, data: MaskPlan, iteration: int) -> torch.Tensor:
         return elbo(plan_logp(scorer, batch, data), data, normalizer=_elbo_normalizer(batch.rollout))
 
     def loss(self, values: torch.Tensor, inputs: LossInputs[MaskPlan]) -> tuple[torch.Tensor, Metrics]:
@@ -137,7 +137,7 @@ class ESPO(RLAlgorithm[list[tuple[MaskPlan, MaskPlan]]]):
     def prepare(self, batch: RLBatch, generator: torch.Generator) -> list[tuple[MaskPlan, MaskPlan]]:
         return [espo_masks(inputs(batch)[3], self.mc_num, generator=generator) for _ in range(self.num_iterations)]
 
-    def values(self, scorer: object, batch: RLBatch, data: list[tuple[MaskPlan, MaskPlan]],
+    def values(self, scorer: ValuesScorer, batch: RLBatch, data: list[tuple[MaskPlan, MaskPlan]],
                iteration: int) -> torch.Tensor:
         p, c = data[iteration]
         width = float(batch.rollout.response_ids.shape[1])
@@ -185,7 +185,7 @@ class EBPO(RLAlgorithm[MaskPlan]):
         ids = block_ids(attn, rollout.config.block_length)
         return block_count_masks(response_valid, ids, self.mc_num, generator=generator)
 
-    def values(self, scorer: object, batch: RLBatch, data: MaskPlan, iteration: int) -> torch.Tensor:
+    def values(self, scorer: ValuesScorer, batch: RLBatch, data: MaskPlan, iteration: int) -> torch.Tensor:
         return composite_block_elbo(plan_logp(scorer, batch, data), data)
 
     def loss(self, values: torch.Tensor, inputs: LossInputs[MaskPlan]) -> tuple[torch.Tensor, Metrics]:
@@ -234,7 +234,7 @@ class SPG(RLAlgorithm[list[MaskPlan]]):
         return [spg_block_masks(prompt_valid, response_valid, self.mc_num, response_start=rollout.prompt_ids.shape[1],
                                 block_length=blk, generator=generator) for _ in range(self.num_iterations)]
 
-    def values(self, scorer: object, batch: RLBatch, data: list[MaskPlan], iteration: int) -> torch.Tensor:
+    def values(self, scorer: ValuesScorer, batch: RLBatch, data: list[MaskPlan], iteration: int) -> torch.Tensor:
         masks = data[iteration]
         lp = plan_logp(scorer, batch, masks)
         valid = inputs(batch)[3]

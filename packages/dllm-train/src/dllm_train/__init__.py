@@ -17,7 +17,7 @@ from dllm_train.likelihood import Scorer, plan_token_logp
 from dllm_train.metrics import MetricsWriter, format_line, open_wandb, plot_curves, read_metrics
 from dllm_train.optim import OptimizerStep
 from dllm_train.preemption import Diverged, Interrupted
-from dllm_train.passes import ScoreCall, Update, accumulate, evaluate
+from dllm_train.passes import ScoreCall, Update, ValuesFn, ValuesScorer, accumulate, evaluate
 from dllm_train.preference import PreferenceBatch, PreferenceObjective, PreferenceWorker
 from dllm_train.seeding import derive_seed, generator, sample_seeds
 from dllm_train.sft import SFTWorker
@@ -75,6 +75,8 @@ __all__ = [
     "SpecialTokens",
     "TrainerConfig",
     "Update",
+    "ValuesFn",
+    "ValuesScorer",
     "accumulate",
     "assemble_rank",
     "benchmark_validator",

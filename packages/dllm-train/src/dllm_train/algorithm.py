@@ -32,6 +32,7 @@ import torch
 
 from dllm_objectives import grpo_advantages
 from dllm_rollout import RolloutBatch, SamplingConfig, decode
+from dllm_train.passes import ValuesScorer
 
 Metrics = dict[str, torch.Tensor]
 D = TypeVar("D")
@@ -182,8 +183,9 @@ class RLAlgorithm(ABC, Generic[D]):
         """Per-batch data: the shared noise of every iteration and derived tensors."""
 
     @abstractmethod
-    def values(self, scorer: Any, batch: RLBatch, data: D, iteration: int) -> torch.Tensor:
-        """The values the loss compares, from calls of `scorer` (a `dllm_train.Scorer` or a stand-in).
+    def values(self, scorer: ValuesScorer, batch: RLBatch, data: D, iteration: int) -> torch.Tensor:
+        """The values the loss compares, from calls of `scorer` (a `dllm_train.Scorer` or a stand-in:
+        only what `ValuesScorer` declares).
 
         Pure given its inputs: the trainer calls it several times and splits its scorer calls
         into passes.
