@@ -18,9 +18,9 @@ from dllm_train.metrics import MetricsWriter, format_line, open_wandb, plot_curv
 from dllm_train.optim import OptimizerStep
 from dllm_train.preemption import Diverged, Interrupted
 from dllm_train.passes import ScoreCall, Update, ValuesFn, ValuesScorer, accumulate, evaluate
-from dllm_train.preference import PreferenceBatch, PreferenceObjective, PreferenceWorker
 from dllm_train.seeding import derive_seed, generator, sample_seeds
-from dllm_train.sft import SFTWorker
+from dllm_train.objective import Objective, OfflineInputs, OfflineObjective
+from dllm_train.offline import OfflineWorker
 from dllm_train.step import LocalRanks, PolicyRank, RankRollout, Ranks, check_settings, rl_step
 from dllm_train.workers import (
     ActorWorker,
@@ -47,14 +47,15 @@ __all__ = [
     "LossInputs",
     "MiniBatchRows",
     "MetricsWriter",
+    "Objective",
+    "OfflineInputs",
+    "OfflineObjective",
+    "OfflineWorker",
     "OffloadedScorer",
     "OptimConfig",
     "OptimizerStep",
     "PhaseSpec",
     "PolicyRank",
-    "PreferenceBatch",
-    "PreferenceObjective",
-    "PreferenceWorker",
     "Prepared",
     "PromptBatch",
     "RankParts",
@@ -69,7 +70,6 @@ __all__ = [
     "Run",
     "SFTConfig",
     "ShardedStateful",
-    "SFTWorker",
     "ScoreCall",
     "Scorer",
     "SpecialTokens",
