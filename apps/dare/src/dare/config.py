@@ -361,7 +361,7 @@ def run_config_from_dict(data: dict[str, Any]) -> RunConfig:
     kwargs: dict[str, Any] = {}
     for key, value in data.items():
         if key == "algorithm":
-            _check_elsewhere(entry, value)
+            _check_set_by_run(entry, value)
             kwargs[key] = from_dict(type(entry), value, prefix="algorithm.", base=entry,
                                     fields=algorithm_fields(entry))
         elif (cls := section_type(hints[key])) is not None and isinstance(value, dict):
@@ -376,7 +376,7 @@ def run_config_from_dict(data: dict[str, Any]) -> RunConfig:
     return KINDS[kind](**kwargs)
 
 
-def _check_elsewhere(entry: Any, keys: Any) -> None:
+def _check_set_by_run(entry: Any, keys: Any) -> None:
     """Raise for an `algorithm.KEY` that the run sets from another section: a `SET_BY_RUN` field, or
     a field of a section the entry holds (SFT's `algorithm.normalizer` is `sft.normalizer`)."""
     bound = set_by_run(entry)
@@ -412,7 +412,7 @@ def apply_overrides(cfg: C, overrides: list[str]) -> C:
         entry = changes["algorithm"] = registry_entry(name)
         changes["algorithm_name"] = name
     if "algorithm" in tree:
-        _check_elsewhere(entry, tree["algorithm"])
+        _check_set_by_run(entry, tree["algorithm"])
         changes["algorithm"] = apply_tree(entry, tree.pop("algorithm"), "algorithm.", label=f"algorithm {name!r}",
                                           fields=algorithm_fields(entry))
     hints = _all_hints()
