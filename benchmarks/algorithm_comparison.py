@@ -3,7 +3,7 @@
 For each task (sudoku, countdown) and family (llada: masked diffusion, sdar: block diffusion):
 
 1. Build a small model from scratch over the 20-symbol task vocabulary (`comparison_tasks`).
-2. SFT warm start on the training split (`dllm_train.SFTWorker`), checking greedy accuracy on
+2. SFT warm start on the training split (`dllm_algorithms.SFT`), checking greedy accuracy on
    `--num-val` held-out training rows every `--sft-check-every` steps and stopping at the first
    check at or above `--sft-target` (or at `--sft-max-steps`): the warm start sits where the
    SFT curve has started to rise, leaving RL room.
@@ -43,7 +43,8 @@ from comparison_tasks import RESPONSE_LEN, SPLITS, TASKS, TaskData, build_tokeni
 from dare.algorithms import ALGORITHMS, get_algorithm
 from dllm_models import build_model
 from dllm_rollout import SamplingConfig, decode, left_pad
-from dllm_train import LocalRL, OptimConfig, PromptBatch, SFTConfig, SFTWorker, TrainerConfig, derive_seed, generator
+from dllm_algorithms import SFT
+from dllm_train import LocalRL, OptimConfig, PromptBatch, SFTConfig, TrainerConfig, derive_seed, generator
 
 HERE = Path(__file__).resolve().parent
 SHARED = HERE.parent.parent / "shared" / "data" / "rl"
@@ -113,8 +114,8 @@ def warm_start(data: TaskData, family: str, args: argparse.Namespace) -> tuple[A
     def batch(step: int) -> tuple[torch.Tensor, ...]:
         return tuple(t.to(args.device) for t in data.sft_batch(args.sft_batch, derive_seed(0, "sft-data", step)))
 
-    sft = SFTWorker(model, batch,
-                    SFTConfig(steps=args.sft_max_steps, batch_size=args.sft_batch), optim, seed=0)
+    sft = SFT(sft=SFTConfig(steps=args.sft_max_steps, batch_size=args.sft_batch)).worker(
+        model, batch, optim, steps=args.sft_max_steps, seed=0)
     curve: list[tuple[int, float]] = []
     t0 = time.perf_counter()
     step = 0

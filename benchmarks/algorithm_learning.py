@@ -29,7 +29,8 @@ from dare.recipes import quickstart
 from dare.tasks.addition import AdditionTask, build_tokenizer, exact_match_reward
 from dllm_models import build_model
 from dllm_rollout import SamplingConfig, decode, left_pad
-from dllm_train import LocalRL, PromptBatch, SFTWorker, derive_seed, generator
+from dllm_algorithms import SFT
+from dllm_train import LocalRL, PromptBatch, derive_seed, generator
 
 # Monte-Carlo budgets / iterations reduced so every algorithm's step costs a few forwards
 BUDGET = {"bgpo": {"mc_num": 4}, "espo": {"mc_num": 2, "num_iterations": 2}, "mdpo": {"top_k_steps": 2},
@@ -114,8 +115,8 @@ def warm_start(lr: float = 3e-5, family: str = "llada") -> tuple[Any, ...]:
     tok = build_tokenizer()
     task = AdditionTask(cfg.task, tok)
     model = build_block_model(family, cfg, tok) if block else build_tiny_model(cfg, tok)
-    sft = SFTWorker(model, lambda s: task.sft_batch(cfg.sft.batch_size, derive_seed(0, "sft-data", s)),
-                    cfg.sft, cfg.sft_optim, seed=0)
+    sft = SFT(sft=cfg.sft).worker(model, lambda s: task.sft_batch(cfg.sft.batch_size, derive_seed(0, "sft-data", s)),
+                                  cfg.sft_optim, steps=cfg.sft.steps, seed=0)
     for s in range(cfg.sft.steps):
         sft.step(s)
     return cfg, tok, task, model, accuracy(model, task, cfg)

@@ -9,7 +9,8 @@ import random
 
 import torch
 
-from dllm_train import PreferenceBatch, derive_seed
+from dllm_algorithms import PreferenceBatch
+from dllm_train import derive_seed
 from tests.tiny_rl import TOK
 
 PROMPT_LENGTH = 8

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from dllm_algorithms import BGPO
-from dllm_train import OptimConfig, SFTConfig, SFTWorker
+from dllm_algorithms import SFT
+from dllm_train import OptimConfig, SFTConfig
 from dllm_train.metrics import device_peak, host_peak_gib, is_peak
 from tests.dllm_train.helpers import sft_batch
 from tests.tiny_rl import fast, local_rl, reproducible, tiny_model
@@ -41,8 +42,8 @@ def test_an_rl_step_reports_the_peak_of_each_phase() -> None:
 
 def test_an_sft_step_reports_its_peak() -> None:
     model = tiny_model("llada")
-    worker = SFTWorker(model, lambda step: sft_batch(4, step), SFTConfig(steps=1, batch_size=4), OptimConfig(lr=1e-3),
-                       seed=0)
+    worker = SFT(sft=SFTConfig(steps=1, batch_size=4)).worker(model, lambda step: sft_batch(4, step),
+                                                             OptimConfig(lr=1e-3), steps=1, seed=0)
     metrics = worker.step(0)
     assert ("peak_rss_gib" in metrics) == (host_peak_gib() is not None)
     assert set(device_peak()) <= {"peak_gib", "peak_rss_gib"}

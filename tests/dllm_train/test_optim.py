@@ -117,8 +117,7 @@ def test_ranks_skip_together_when_one_rank_is_non_finite() -> None:
 def test_sft_and_preference_steps_report_their_optimizer_steps() -> None:
     model = tiny_model("llada")
     cfg = OptimConfig(lr=1e-3, warmup_steps=5)
-    worker = SFT().worker(model, lambda s: sft_batch(4, derive_seed(0, "sft", s)), cfg, steps=5, batch_size=4,
-                          seed=0)
+    worker = SFT().worker(model, lambda s: sft_batch(4, derive_seed(0, "sft", s)), cfg, steps=5, seed=0)
     out = worker.step(0)
     assert out["optimizer_steps"] == 1.0 and out["skipped"] == 0.0 and math.isfinite(out["grad_norm"])
     real = worker.optim.optimizer.step

@@ -41,7 +41,8 @@ def test_cosine_needs_a_horizon_and_bad_fields_are_named() -> None:
 def test_sft_worker_follows_the_cosine() -> None:
     import torch
 
-    from dllm_train import SFTConfig, SFTWorker
+    from dllm_algorithms import SFT
+    from dllm_train import SFTConfig
     from tests.tiny_rl import tiny_model
 
     model = tiny_model("llada")
@@ -50,7 +51,8 @@ def test_sft_worker_follows_the_cosine() -> None:
     resp = torch.zeros(2, 6, dtype=torch.bool)
     resp[:, 3:] = True
     optim = OptimConfig(lr=1e-3, warmup_steps=1, schedule="cosine")
-    worker = SFTWorker(model, lambda step: (ids, attn, resp), SFTConfig(steps=5, batch_size=2), optim, seed=0)
+    worker = SFT(sft=SFTConfig(steps=5, batch_size=2)).worker(model, lambda step: (ids, attn, resp), optim, steps=5,
+                                                             seed=0)
     seen = []
     for step in range(5):
         worker.step(step)

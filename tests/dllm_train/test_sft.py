@@ -18,7 +18,7 @@ from tests.tiny_rl import FAMILIES, tiny_model
 def test_sft_step_trains_every_family(family: str) -> None:
     model = tiny_model(family)
     worker = SFT().worker(model, lambda s: sft_batch(16, derive_seed(0, "sft", 0)), OptimConfig(lr=3e-3),
-                          steps=8, batch_size=16, seed=0)
+                          steps=8, seed=0)
     with torch.no_grad():
         first = float(worker.loss(0))  # same batch and masks before and after training
     for s in range(8):
@@ -49,7 +49,7 @@ def test_lora_sft_trains_adapters_only() -> None:
 
     model = tiny_model("llada")
     worker = SFT(lora=LoRA(rank=4, alpha=8)).worker(
-        model, lambda s: sft_batch(8, s), OptimConfig(lr=1e-2), steps=2, batch_size=8, seed=0)
+        model, lambda s: sft_batch(8, s), OptimConfig(lr=1e-2), steps=2, seed=0)
     base = {n: p.detach().clone() for n, p in model.named_parameters() if not p.requires_grad}
     worker.step(0)
     assert all(torch.equal(p, base[n]) for n, p in model.named_parameters() if n in base)
@@ -62,7 +62,7 @@ def test_sft_token_budget_gives_the_single_batch_loss_and_gradient(family: str) 
     def run(budget: int) -> tuple[dict[str, float], list[torch.Tensor]]:
         model = tiny_model(family, dtype=torch.float64)
         worker = SFT().worker(model, lambda s: sft_batch(4, s), OptimConfig(lr=1e-3, grad_clip=0.0), steps=1,
-                              batch_size=4, seed=0, max_tokens_per_pass=budget)
+                              seed=0, max_tokens_per_pass=budget)
         metrics = worker.step(0)
         return metrics, [p.grad.clone() for p in model.parameters() if p.grad is not None]
 
@@ -83,7 +83,7 @@ def test_sft_step_reports_the_device_memory_peak_only_on_cuda() -> None:
     def batch(step: int) -> tuple[torch.Tensor, ...]:
         return tuple(t.to(device) for t in sft_batch(4, derive_seed(0, "sft", step)))
 
-    worker = SFT().worker(model, batch, OptimConfig(lr=1e-3), steps=1, batch_size=4, seed=0)
+    worker = SFT().worker(model, batch, OptimConfig(lr=1e-3), steps=1, seed=0)
     metrics = worker.step(0)
     if device.type == "cuda":
         assert 0 < metrics["peak_gib"] < torch.cuda.get_device_properties(0).total_memory / 2**30

@@ -31,7 +31,6 @@ from dare.config_sections import (
 from dare.config_tree import apply_tree, coerce, did_you_mean, from_dict, parse_overrides, section_type
 from dare.config_tree import to_dict as _tree_to_dict
 from dare.tasks.addition import AdditionConfig
-from dllm_algorithms import SFT
 from dllm_rollout import SamplingConfig
 from dllm_train import OptimConfig, RLConfig, SFTConfig, TrainerConfig
 
@@ -46,12 +45,10 @@ SECTIONS: dict[str, tuple[str, ...]] = {
 KIND_NAMES = {"quickstart": "the quick start", "rl": "an RL recipe", "sft": "an SFT recipe",
               "preference": "a preference recipe"}
 
-ELSEWHERE: dict[type, dict[str, str]] = {
-    SFT: {"normalizer": "sft.normalizer", "weight_by_t": "sft.weight_by_t", "eps": "sft.eps",
-          "lora": "checkpoint.lora_rank and checkpoint.lora_alpha"},
-}
-"""Algorithm fields whose one home is another section: the SFT loss settings live in `sft` (as for
-the quick start's warm start), LoRA in `checkpoint` (as for RL recipes); the run copies them in."""
+SET_BY_RUN: dict[str, str] = {"sft": "sft.*", "lora": "checkpoint.lora_rank and checkpoint.lora_alpha"}
+"""Algorithm fields that the run sets from its other sections, never keys of the `algorithm`
+section: SFT's `sft` is the run's `sft` section itself (the one home of the SFT loss settings, as
+for the quick start's warm start), `lora` the adapters of `checkpoint.lora_*` (as for RL recipes)."""
 
 
 def algorithm_kind(name: str) -> str:
@@ -71,9 +68,13 @@ def registry_entry(name: str) -> Any:
 
 
 def algorithm_fields(entry: Any) -> list[dataclasses.Field[Any]]:
-    """The fields of an algorithm entry that its config section holds (`ELSEWHERE` ones excluded)."""
-    elsewhere = ELSEWHERE.get(type(entry), {})
-    return [f for f in dataclasses.fields(entry) if f.name not in elsewhere]
+    """The fields of an algorithm entry that its config section holds (`SET_BY_RUN` ones excluded)."""
+    return [f for f in dataclasses.fields(entry) if f.name not in SET_BY_RUN]
+
+
+def set_by_run(entry: Any) -> dict[str, str]:
+    """Field of `entry` -> where the run takes it from (`SET_BY_RUN`), for messages and `dare show`."""
+    return {f.name: SET_BY_RUN[f.name] for f in dataclasses.fields(entry) if f.name in SET_BY_RUN}
 
 
 FIELD_ORDER = ("recipe", "algorithm_name", "algorithm", "checkpoint", "data", "task", "model", "sft", "sft_optim",
@@ -92,7 +93,9 @@ class RunConfig:
         algorithm_name: the algorithm's registry name; `algorithm=NAME` on the command line is short
             for `algorithm_name=NAME` and resets the `algorithm` section to NAME's defaults.
         algorithm: the algorithm's hyper-parameters: its `dllm_algorithms` dataclass (clip
-            constants, Monte-Carlo budget, iterations, ...); SFT's loss settings are `sft.*`.
+            constants, Monte-Carlo budget, iterations, ...); SFT's loss settings are `sft.*`
+            (the SFT entry holds the run's `sft` section itself). Flags of the algorithm's math
+            (`row_local`, `needs_old`, ...) are class constants, never keys.
         rollout: decoding of RL rollouts and of validation (lengths).
         trainer: the outer loop: steps, seed, periods, backend, memory levers, metric sinks.
     """
@@ -317,7 +320,7 @@ def _all_hints() -> dict[str, Any]:
 
 
 def _sft_entry(cfg: SFTRecipeConfig, entry: Any) -> Any:
-    """The SFT entry with its loss settings from `sft.*` and its adapters from `checkpoint.lora_*`."""
+    """The SFT entry holding the run's `sft` section (its loss settings) and the adapters of `checkpoint.lora_*`."""
     from dare.algorithms import LoRA
 
     ckpt, sft = cfg.checkpoint, cfg.sft
@@ -328,13 +331,12 @@ def _sft_entry(cfg: SFTRecipeConfig, entry: Any) -> Any:
     lora = None
     if ckpt.lora_rank:
         lora = dataclasses.replace(entry.lora or LoRA(), rank=ckpt.lora_rank, alpha=ckpt.lora_alpha)
-    return dataclasses.replace(cfg.algorithm, normalizer=sft.normalizer, weight_by_t=sft.weight_by_t, eps=sft.eps,
-                               lora=lora)
+    return dataclasses.replace(cfg.algorithm, sft=sft, lora=lora)
 
 
 def to_dict(cfg: Any) -> Any:
     """A JSON-ready dict of a config: a RunConfig with the sections of its kind, its algorithm section
-    without the fields that live elsewhere (`ELSEWHERE`)."""
+    without the fields the run sets from other sections (`SET_BY_RUN`)."""
     if not isinstance(cfg, RunConfig):
         return _tree_to_dict(cfg)
     out = {f.name: _tree_to_dict(getattr(cfg, f.name)) for f in ordered_fields(cfg)}
@@ -359,7 +361,7 @@ def run_config_from_dict(data: dict[str, Any]) -> RunConfig:
     kwargs: dict[str, Any] = {}
     for key, value in data.items():
         if key == "algorithm":
-            _check_elsewhere(entry, value)
+            _check_set_by_run(entry, value)
             kwargs[key] = from_dict(type(entry), value, prefix="algorithm.", base=entry,
                                     fields=algorithm_fields(entry))
         elif (cls := section_type(hints[key])) is not None and isinstance(value, dict):
@@ -374,9 +376,14 @@ def run_config_from_dict(data: dict[str, Any]) -> RunConfig:
     return KINDS[kind](**kwargs)
 
 
-def _check_elsewhere(entry: Any, keys: Any) -> None:
+def _check_set_by_run(entry: Any, keys: Any) -> None:
+    """Raise for an `algorithm.KEY` that the run sets from another section: a `SET_BY_RUN` field, or
+    a field of a section the entry holds (SFT's `algorithm.normalizer` is `sft.normalizer`)."""
+    bound = set_by_run(entry)
+    held = {f.name: f"{name}.{f.name}" for name in bound if dataclasses.is_dataclass(value := getattr(entry, name))
+            for f in dataclasses.fields(value)}
     for key in keys:
-        home = ELSEWHERE.get(type(entry), {}).get(key)
+        home = bound.get(key) or held.get(key)
         if home is not None:
             raise ValueError(f"config key 'algorithm.{key}': a run takes {key} from {home}; set {home} instead")
 
@@ -405,7 +412,7 @@ def apply_overrides(cfg: C, overrides: list[str]) -> C:
         entry = changes["algorithm"] = registry_entry(name)
         changes["algorithm_name"] = name
     if "algorithm" in tree:
-        _check_elsewhere(entry, tree["algorithm"])
+        _check_set_by_run(entry, tree["algorithm"])
         changes["algorithm"] = apply_tree(entry, tree.pop("algorithm"), "algorithm.", label=f"algorithm {name!r}",
                                           fields=algorithm_fields(entry))
     hints = _all_hints()
@@ -442,9 +449,9 @@ def load_config(path: Path) -> RunConfig:
 
 
 __all__ = [
-    "ELSEWHERE", "FIELD_ORDER", "KINDS", "SECTIONS", "CheckpointModelConfig", "CheckpointRun", "DataConfig", "EvalConfig",
+    "FIELD_ORDER", "SET_BY_RUN", "KINDS", "SECTIONS", "CheckpointModelConfig", "CheckpointRun", "DataConfig", "EvalConfig",
     "PreferenceConfig", "PreferenceRecipeConfig", "QuickstartConfig", "RLPhaseRun", "RLRecipeConfig", "RLRun",
     "RunConfig", "SFTPhaseRun", "SFTRecipeConfig", "TinyModelConfig", "algorithm_fields", "algorithm_kind",
     "apply_overrides", "check_kind", "load_config", "ordered_fields", "registry_entry", "run_config_from_dict",
-    "run_kind", "save_config", "sections", "to_dict",
+    "run_kind", "save_config", "sections", "set_by_run", "to_dict",
 ]

@@ -36,7 +36,8 @@ import pyarrow.parquet as pq  # type: ignore[import-untyped,unused-ignore]
 import torch
 
 from dare.inputs import train_file_entries
-from dllm_train import PreferenceBatch, derive_seed
+from dllm_algorithms import PreferenceBatch
+from dllm_train import derive_seed
 
 logger = logging.getLogger(__name__)
 

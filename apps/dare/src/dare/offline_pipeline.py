@@ -4,8 +4,8 @@ The same run folder as the RL recipes (`pipeline.py`): `config.json`, `metrics.j
 per optimizer step), atomic checkpoints under `checkpoints/` through `dllm_train.Run`, so a rerun
 with the same output folder resumes exactly, `curves.png`, `summary.json` and `model/` (LoRA
 adapters merged, as for RL). The data come from `data.train_files` (schemas in `dare.datasets`);
-the workers are `dllm_train.SFTWorker` (built by the `SFT_ALGORITHMS` entry) and
-`dllm_train.PreferenceWorker` (objective from the `PREFERENCE_ALGORITHMS` entry).
+the worker is `dllm_train.OfflineWorker`, training the `SFT_ALGORITHMS` or `PREFERENCE_ALGORITHMS`
+entry (an `OfflineObjective`: its masks and its loss).
 """
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ from dare.run_folder import open_run_folder
 from dare.sinks import open_wandb_run
 from dare.inputs import config_positions
 from dllm_models import load_tokenizer, read_config
-from dllm_train import PhaseSpec, PreferenceBatch, PreferenceWorker, Run, resolved_attention, set_activation_checkpointing
+from dllm_algorithms import PreferenceBatch
+from dllm_train import OfflineWorker, PhaseSpec, Run, resolved_attention, set_activation_checkpointing
 
 
 def _pad_id(tokenizer: Any) -> int:
@@ -91,7 +92,7 @@ def run_sft_recipe(cfg: SFTRecipeConfig, output_dir: Path, *, progress: bool = T
         ids, attn, response = sft_batch([examples[i] for i in pick], pad)
         return ids.to(device), attn.to(device), response.to(device)
 
-    worker = entry.worker(model, batches, optim, steps=sft.steps, batch_size=size, seed=seed,
+    worker = entry.worker(model, batches, optim, steps=sft.steps, seed=seed,
                           attention=resolved_attention(cfg.trainer, model),
                           max_tokens_per_pass=cfg.trainer.max_tokens_per_pass)
     validate = validator(cfg, model, tokenizer)
@@ -138,9 +139,9 @@ def run_preference_recipe(cfg: PreferenceRecipeConfig, output_dir: Path, *, prog
         return PreferenceBatch(*(getattr(b, f.name).to(device) for f in dataclasses.fields(b)))
 
     optim = cfg.preference_optim
-    worker = PreferenceWorker(model, reference, batches, entry.build(), optim, seed=seed,
-                              steps=cfg.trainer.max_steps, attention=resolved_attention(cfg.trainer, model),
-                              max_tokens_per_pass=cfg.trainer.max_tokens_per_pass)
+    worker = OfflineWorker(model, entry, batches, optim, seed=seed, steps=cfg.trainer.max_steps, ref_model=reference,
+                           attention=resolved_attention(cfg.trainer, model),
+                           max_tokens_per_pass=cfg.trainer.max_tokens_per_pass)
     validate = validator(cfg, model, tokenizer)
     run = Run.from_trainer(output_dir, model, cfg.trainer, tokenizer=tokenizer, progress=progress,
                            wandb_run=wandb_run)

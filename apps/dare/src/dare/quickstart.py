@@ -16,13 +16,13 @@ from dare.rl_backend import rl_backend
 from dare.run_folder import open_run_folder, release_run_folder
 from dare.sinks import curves_title, open_wandb_run
 from dare.tasks.addition import AdditionTask, build_tokenizer, exact_match_reward
+from dllm_algorithms import SFT
 from dllm_models import build_model, save_model
 from dllm_rollout import SamplingConfig, decode, left_pad
 from dllm_train import (
     PhaseSpec,
     PromptBatch,
     Run,
-    SFTWorker,
     derive_seed,
     generator,
     plot_curves,
@@ -108,8 +108,9 @@ def _train(cfg: QuickstartConfig, output_dir: Path, *, t0: float, progress: bool
     def evaluate() -> dict[str, float]:
         return {"eval_accuracy": evaluate_accuracy(model, task, cfg)}
 
-    sft = SFTWorker(model, lambda step: task.sft_batch(sft_cfg.batch_size, derive_seed(seed, "sft-data", step)),
-                    sft_cfg, cfg.sft_optim, seed=seed)
+    sft = SFT(sft=sft_cfg).worker(
+        model, lambda step: task.sft_batch(sft_cfg.batch_size, derive_seed(seed, "sft-data", step)), cfg.sft_optim,
+        steps=sft_cfg.steps, seed=seed)
     run.run_phase(PhaseSpec(
         order=0, name="sft", steps=sft_cfg.steps, step_fn=sft.step, owner=sft,
         on_end=lambda: {"eval_accuracy_before_rl": evaluate()["eval_accuracy"]},

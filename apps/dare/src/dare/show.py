@@ -10,7 +10,7 @@ import json
 import re
 from typing import Any
 
-from dare.config import ELSEWHERE, KIND_NAMES, RunConfig, algorithm_fields, ordered_fields, to_dict
+from dare.config import KIND_NAMES, RunConfig, algorithm_fields, ordered_fields, set_by_run, to_dict
 
 _HEADER = re.compile(r"^(Attributes|Flags)\b.*:$")
 _ENTRY = re.compile(r"^([A-Za-z_][\w, ]*):\s*(.*)$")
@@ -97,7 +97,7 @@ def describe_config(cfg: RunConfig, summary: str = "") -> str:
         fields = list(dataclasses.fields(value))
         if f.name == "algorithm":
             fields = algorithm_fields(value)
-            homes = ELSEWHERE.get(type(value), {})
+            homes = set_by_run(value)
             title = f"{cfg.algorithm_name}: {title}" + (
                 f" ({', '.join(f'{k}: {v}' for k, v in homes.items())})" if homes else "")
         out += ["", f"{f.name}: {title}", *_lines(value, f"{f.name}.", fields, width, STEP_DOCS.get(cfg.kind))]

@@ -13,7 +13,7 @@ from typing import ClassVar
 import torch
 
 from dllm_objectives import BRIDGE_CORRECTIONS, MaskPlan, bridge_ratio_policy_loss, coupled_masks, elbo
-from dllm_train import LossInputs, RLAlgorithm, RLBatch
+from dllm_train import LossInputs, RLAlgorithm, RLBatch, ValuesScorer
 
 from dllm_algorithms.clipping import DualClip
 from dllm_algorithms.families import MASKED
@@ -66,7 +66,7 @@ class BridgeRatioGRPO(DualClip, RLAlgorithm[MaskPlan]):
         return coupled_masks(inputs(batch)[3], t_min=self.t_min, t_max=self.t_max, include_full=True,
                              generator=generator)
 
-    def values(self, scorer: object, batch: RLBatch, data: MaskPlan, iteration: int) -> torch.Tensor:
+    def values(self, scorer: ValuesScorer, batch: RLBatch, data: MaskPlan, iteration: int) -> torch.Tensor:
         """[B, 3] path scores."""
         raw = elbo(plan_logp(scorer, batch, data), data)
         rollout = batch.rollout

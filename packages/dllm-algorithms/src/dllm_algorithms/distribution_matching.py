@@ -15,7 +15,7 @@ import torch
 
 from dllm_objectives import MaskPlan, dmpo_baseline, dmpo_ess_coeff, dmpo_weights, iid_masks, wdce_loss
 from dllm_rollout import SamplingConfig
-from dllm_train import LossInputs, RLAlgorithm, RLBatch, with_fields
+from dllm_train import LossInputs, RLAlgorithm, RLBatch, ValuesScorer, with_fields
 
 from dllm_algorithms.families import MASKED
 from dllm_algorithms.scoring import Metrics, inputs, plan_logp
@@ -90,7 +90,7 @@ class DMPO(RLAlgorithm[WeightedMasks]):
                            generator=generator) for _ in range(self.num_iterations)]
         return WeightedMasks(weights=weights, plans=plans)
 
-    def values(self, scorer: object, batch: RLBatch, data: WeightedMasks, iteration: int) -> torch.Tensor:
+    def values(self, scorer: ValuesScorer, batch: RLBatch, data: WeightedMasks, iteration: int) -> torch.Tensor:
         return plan_logp(scorer, batch, data.plans[iteration])
 
     def loss(self, values: torch.Tensor, inputs: LossInputs[WeightedMasks]) -> tuple[torch.Tensor, Metrics]:

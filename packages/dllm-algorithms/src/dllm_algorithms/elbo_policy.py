@@ -31,7 +31,7 @@ from dllm_objectives import (
     spg_sequence_logp,
 )
 from dllm_rollout import RolloutBatch
-from dllm_train import LossInputs, RLAlgorithm, RLBatch
+from dllm_train import LossInputs, RLAlgorithm, RLBatch, ValuesScorer
 
 from dllm_algorithms.clipping import DualClip, RatioClip
 from dllm_algorithms.families import ALL_FAMILIES, BLOCK, MASKED
@@ -83,7 +83,7 @@ class BGPO(DualClip, RLAlgorithm[MaskPlan]):
     def prepare(self, batch: RLBatch, generator: torch.Generator) -> MaskPlan:
         return count_masks(inputs(batch)[3], self.mc_num, generator=generator)
 
-    def values(self, scorer: object, batch: RLBatch, data: MaskPlan, iteration: int) -> torch.Tensor:
+    def values(self, scorer: ValuesScorer, batch: RLBatch, data: MaskPlan, iteration: int) -> torch.Tensor:
         return elbo(plan_logp(scorer, batch, data), data, normalizer=_elbo_normalizer(batch.rollout))
 
     def loss(self, values: torch.Tensor, inputs: LossInputs[MaskPlan]) -> tuple[torch.Tensor, Metrics]:
@@ -130,7 +130,7 @@ class ESPO(RatioClip, RLAlgorithm[list[tuple[MaskPlan, MaskPlan]]]):
     def prepare(self, batch: RLBatch, generator: torch.Generator) -> list[tuple[MaskPlan, MaskPlan]]:
         return [espo_masks(inputs(batch)[3], self.mc_num, generator=generator) for _ in range(self.num_iterations)]
 
-    def values(self, scorer: object, batch: RLBatch, data: list[tuple[MaskPlan, MaskPlan]],
+    def values(self, scorer: ValuesScorer, batch: RLBatch, data: list[tuple[MaskPlan, MaskPlan]],
                iteration: int) -> torch.Tensor:
         p, c = data[iteration]
         width = float(batch.rollout.response_ids.shape[1])
@@ -174,7 +174,7 @@ class EBPO(RatioClip, RLAlgorithm[MaskPlan]):
         ids = block_ids(attn, rollout.config.block_length)
         return block_count_masks(response_valid, ids, self.mc_num, generator=generator)
 
-    def values(self, scorer: object, batch: RLBatch, data: MaskPlan, iteration: int) -> torch.Tensor:
+    def values(self, scorer: ValuesScorer, batch: RLBatch, data: MaskPlan, iteration: int) -> torch.Tensor:
         return composite_block_elbo(plan_logp(scorer, batch, data), data)
 
     def loss(self, values: torch.Tensor, inputs: LossInputs[MaskPlan]) -> tuple[torch.Tensor, Metrics]:
@@ -223,7 +223,7 @@ class SPG(RLAlgorithm[list[MaskPlan]]):
         return [spg_block_masks(prompt_valid, response_valid, self.mc_num, response_start=rollout.prompt_ids.shape[1],
                                 block_length=blk, generator=generator) for _ in range(self.num_iterations)]
 
-    def values(self, scorer: object, batch: RLBatch, data: list[MaskPlan], iteration: int) -> torch.Tensor:
+    def values(self, scorer: ValuesScorer, batch: RLBatch, data: list[MaskPlan], iteration: int) -> torch.Tensor:
         masks = data[iteration]
         lp = plan_logp(scorer, batch, masks)
         valid = inputs(batch)[3]

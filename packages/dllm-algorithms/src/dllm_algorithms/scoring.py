@@ -3,13 +3,11 @@ plan log-probs and metric means."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from dllm_objectives import MaskPlan
 from dllm_rollout import RolloutBatch
-from dllm_train import RLBatch, plan_token_logp, sequence_inputs
+from dllm_train import RLBatch, ValuesScorer, plan_token_logp, sequence_inputs
 
 Metrics = dict[str, torch.Tensor]
 
@@ -36,7 +34,7 @@ def slice_plan(plan: MaskPlan, start: int, stop: int) -> MaskPlan:
     return MaskPlan(mask=plan.mask[:, start:stop], p_mask=plan.p_mask[:, start:stop], meta=meta)
 
 
-def plan_logp(scorer: Any, batch: RLBatch, plan: MaskPlan, *, temperature: float = 1.0) -> torch.Tensor:
+def plan_logp(scorer: ValuesScorer, batch: RLBatch, plan: MaskPlan, *, temperature: float = 1.0) -> torch.Tensor:
     """[B, N, P + R] log-probs of the clean sequence under every copy of `plan` (one scorer call)."""
     ids, attn, _, _ = inputs(batch)
     return plan_token_logp(scorer, ids, attn, plan, temperature=temperature)

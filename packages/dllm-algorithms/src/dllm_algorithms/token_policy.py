@@ -20,7 +20,7 @@ from dllm_objectives import (
     one_step_masks,
     replay_plan,
 )
-from dllm_train import LossInputs, RLAlgorithm, RLBatch
+from dllm_train import LossInputs, RLAlgorithm, RLBatch, ValuesScorer
 
 from dllm_algorithms.clipping import DualClip
 from dllm_algorithms.families import MASKED
@@ -54,7 +54,7 @@ class D1(DualClip, RLAlgorithm[MaskPlan]):
         return one_step_masks(prompt_valid, response_valid, prompt_mask_prob=self.prompt_mask_prob,
                               generator=generator)
 
-    def values(self, scorer: object, batch: RLBatch, data: MaskPlan, iteration: int) -> torch.Tensor:
+    def values(self, scorer: ValuesScorer, batch: RLBatch, data: MaskPlan, iteration: int) -> torch.Tensor:
         return response_part(plan_logp(scorer, batch, data)[:, 0], batch.rollout)
 
     def loss(self, values: torch.Tensor, inputs: LossInputs[MaskPlan]) -> tuple[torch.Tensor, Metrics]:
@@ -86,7 +86,7 @@ class CoupledGRPO(DualClip, RLAlgorithm[MaskPlan]):
         return coupled_masks(inputs(batch)[3], t_min=self.t_min, t_max=self.t_max, include_full=True,
                              fixed_seed=self.fixed_mask_seed, generator=generator)
 
-    def values(self, scorer: object, batch: RLBatch, data: MaskPlan, iteration: int) -> torch.Tensor:
+    def values(self, scorer: ValuesScorer, batch: RLBatch, data: MaskPlan, iteration: int) -> torch.Tensor:
         lp = plan_logp(scorer, batch, data)
         return response_part(coupled_token_logp(lp[:, 0], lp[:, 1:], slice_plan(data, 1, 3)), batch.rollout)
 
@@ -131,7 +131,7 @@ class JustGRPO(DualClip, RLAlgorithm[MaskPlan]):
     def prepare(self, batch: RLBatch, generator: torch.Generator) -> MaskPlan:
         return replay_plan(autoregressive_steps(inputs(batch)[3]))
 
-    def values(self, scorer: object, batch: RLBatch, data: MaskPlan, iteration: int) -> torch.Tensor:
+    def values(self, scorer: ValuesScorer, batch: RLBatch, data: MaskPlan, iteration: int) -> torch.Tensor:
         lp = plan_logp(scorer, batch, data, temperature=self.scoring_temperature(batch))
         return response_part((lp * data.meta["scored"].to(lp.dtype)).sum(1), batch.rollout)
 

@@ -26,7 +26,7 @@ from dllm_objectives import (
     weighted_policy_loss,
 )
 from dllm_rollout import RolloutBatch, SamplingConfig, tree_generate
-from dllm_train import LossInputs, MiniBatchRows, RLAlgorithm, RLBatch, with_fields
+from dllm_train import LossInputs, MiniBatchRows, RLAlgorithm, RLBatch, ValuesScorer, with_fields
 
 from dllm_algorithms.clipping import DualClip
 from dllm_algorithms.families import ALL_FAMILIES, MASKED
@@ -92,7 +92,7 @@ class CJGRPO(DualClip, RLAlgorithm[Trajectory]):
             weights = cj_token_weights(step, k, mode="step_token_mean")
         return Trajectory(plan=plan, weights=weights)
 
-    def values(self, scorer: object, batch: RLBatch, data: Trajectory, iteration: int) -> torch.Tensor:
+    def values(self, scorer: ValuesScorer, batch: RLBatch, data: Trajectory, iteration: int) -> torch.Tensor:
         lp = plan_logp(scorer, batch, data.plan)
         return lp * data.plan.meta["scored"].to(lp.dtype)
 
@@ -135,7 +135,7 @@ class TrainingRows:
                             confidence=self.confidence[rows] if self.confidence is not None else None)
 
 
-def _score_rows(scorer: Any, batch: RLBatch, rows: TrainingRows) -> torch.Tensor:
+def _score_rows(scorer: ValuesScorer, batch: RLBatch, rows: TrainingRows) -> torch.Tensor:
     lp: torch.Tensor = scorer(rows.noisy, rows.attention, rows.clean)
     return lp[:, batch.rollout.prompt_ids.shape[1]:]
 
@@ -211,7 +211,7 @@ class MDPO(RLAlgorithm[TrainingRows]):
         return TrainingRows(noisy=noisy, clean=clean, attention=attn, advantages=advantages, active=active,
                             confidence=conf)
 
-    def values(self, scorer: object, batch: RLBatch, data: TrainingRows, iteration: int) -> torch.Tensor:
+    def values(self, scorer: ValuesScorer, batch: RLBatch, data: TrainingRows, iteration: int) -> torch.Tensor:
         return _score_rows(scorer, batch, data)
 
     def loss(self, values: torch.Tensor, inputs: LossInputs[TrainingRows]) -> tuple[torch.Tensor, Metrics]:
@@ -328,7 +328,7 @@ class DTreeRPO(RLAlgorithm[TrainingRows]):
                             advantages=adv[[index[n] for n in segs]].to(noisy.device),
                             active=tree_active_positions(par, child, t.mask_id, t.eos_id))
 
-    def values(self, scorer: object, batch: RLBatch, data: TrainingRows, iteration: int) -> torch.Tensor:
+    def values(self, scorer: ValuesScorer, batch: RLBatch, data: TrainingRows, iteration: int) -> torch.Tensor:
         return _score_rows(scorer, batch, data)
 
     def loss(self, values: torch.Tensor, inputs: LossInputs[TrainingRows]) -> tuple[torch.Tensor, Metrics]:

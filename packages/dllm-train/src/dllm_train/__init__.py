@@ -17,10 +17,10 @@ from dllm_train.likelihood import Scorer, plan_token_logp
 from dllm_train.metrics import MetricsWriter, format_line, open_wandb, plot_curves, read_metrics
 from dllm_train.optim import OptimizerStep
 from dllm_train.preemption import Diverged, Interrupted
-from dllm_train.passes import ScoreCall, Update, accumulate, evaluate
-from dllm_train.preference import PreferenceBatch, PreferenceObjective, PreferenceWorker
+from dllm_train.passes import ScoreCall, Update, ValuesFn, ValuesScorer, accumulate, evaluate
 from dllm_train.seeding import derive_seed, generator, sample_seeds
-from dllm_train.sft import SFTWorker
+from dllm_train.objective import Objective, OfflineInputs, OfflineObjective
+from dllm_train.offline import OfflineWorker
 from dllm_train.step import LocalRanks, PolicyRank, RankRollout, Ranks, check_settings, rl_step
 from dllm_train.workers import (
     ActorWorker,
@@ -48,14 +48,15 @@ __all__ = [
     "LossInputs",
     "MiniBatchRows",
     "MetricsWriter",
+    "Objective",
+    "OfflineInputs",
+    "OfflineObjective",
+    "OfflineWorker",
     "OffloadedScorer",
     "OptimConfig",
     "OptimizerStep",
     "PhaseSpec",
     "PolicyRank",
-    "PreferenceBatch",
-    "PreferenceObjective",
-    "PreferenceWorker",
     "Prepared",
     "PromptBatch",
     "RLAlgorithm",
@@ -69,12 +70,13 @@ __all__ = [
     "Run",
     "SFTConfig",
     "ShardedStateful",
-    "SFTWorker",
     "ScoreCall",
     "Scorer",
     "SpecialTokens",
     "TrainerConfig",
     "Update",
+    "ValuesFn",
+    "ValuesScorer",
     "accumulate",
     "assemble_rank",
     "benchmark_validator",

@@ -1,7 +1,8 @@
 """What the trainer needs from an RL algorithm: a typed interface, and the typed data it reads.
 
-An algorithm is a small object (`RLAlgorithm`) with typed methods; the workers call them and never
-look at its name. Everything it needs from a step arrives in named fields (`RLBatch`,
+An algorithm is a small object (`RLAlgorithm`, an `dllm_train.objective.Objective` over rollout
+batches: see there what RL shares with SFT and preference) with typed methods; the workers call
+them and never look at its name. Everything it needs from a step arrives in named fields (`RLBatch`,
 `LossInputs`); everything it derives per batch lives in its own typed data object (`D`, returned
 by `prepare` and handed back to `values` and `loss`). No string keys travel between the two.
 
@@ -24,7 +25,7 @@ Concrete algorithms live in `dllm_algorithms`; the app keeps the registry of nam
 from __future__ import annotations
 
 import dataclasses
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, Literal, TypeVar
 
@@ -32,8 +33,9 @@ import torch
 
 from dllm_objectives import grpo_advantages
 from dllm_rollout import RolloutBatch, SamplingConfig, decode
+from dllm_train.objective import Metrics, Objective
+from dllm_train.passes import ValuesScorer
 
-Metrics = dict[str, torch.Tensor]
 D = TypeVar("D")
 MiniBatchRows = Literal["all", "rollout"]
 """The rows of one optimizer step (`RLAlgorithm.mini_batch_rows`)."""
@@ -92,10 +94,12 @@ class LossInputs(Generic[D]):
     ref: torch.Tensor | None
 
 
-class RLAlgorithm(ABC, Generic[D]):
+class RLAlgorithm(Objective[RLBatch, D]):
     """An RL algorithm: typed methods the trainer calls (see the module doc for the order).
 
-    Flags (override as properties or dataclass fields):
+    Flags: class constants (`row_local = True` in a subclass, never a dataclass field, so no config
+    or command line changes them; `Objective` refuses a subclass that annotates one) or
+    properties; `num_iterations` alone is a hyper-parameter (a field where an algorithm has it):
         needs_old: the loss compares with values under the rollout policy (a ratio).
         needs_reference: a frozen reference model scores `values` too (a KL term).
         needs_rollout_reference: the rollout scores its canvases with the reference model.
@@ -120,19 +124,13 @@ class RLAlgorithm(ABC, Generic[D]):
             decoding for an algorithm that declares it.
     """
 
-    needs_old: bool = True
-    needs_rollout_reference: bool = False
+    needs_old: ClassVar[bool] = True
+    needs_rollout_reference: ClassVar[bool] = False
+    replays_trajectory: ClassVar[bool] = False
+    chunkable_rollout: ClassVar[bool] = True
     num_iterations: int = 1
-    row_local: bool = False
-    replays_trajectory: bool = False
-    chunkable_rollout: bool = True
-    families: ClassVar[tuple[str, ...]] = ()
-    """Canonical family names the algorithm is defined for (see `dllm_models`' registry)."""
-
-    @property
-    def needs_reference(self) -> bool:
-        """Whether a frozen reference model scores `values` too (default: no)."""
-        return False
+    constants = (*Objective.constants, "needs_old", "needs_rollout_reference", "replays_trajectory",
+                 "chunkable_rollout", "mini_batch_rows", "needs_distinct_samples")
 
     @property
     def mini_batch_rows(self) -> MiniBatchRows:
@@ -159,11 +157,6 @@ class RLAlgorithm(ABC, Generic[D]):
         is the same response, and the algorithm learns only from their differences."""
         return self.needs_distinct_samples and self.sampling(sampling).deterministic
 
-    @property
-    def label(self) -> str:
-        """A name for logs and errors (the class name)."""
-        return type(self).__name__
-
     def sampling(self, sampling: SamplingConfig) -> SamplingConfig:
         """The run's SamplingConfig with what this algorithm's rollout must record."""
         return sampling
@@ -182,8 +175,9 @@ class RLAlgorithm(ABC, Generic[D]):
         """Per-batch data: the shared noise of every iteration and derived tensors."""
 
     @abstractmethod
-    def values(self, scorer: Any, batch: RLBatch, data: D, iteration: int) -> torch.Tensor:
-        """The values the loss compares, from calls of `scorer` (a `dllm_train.Scorer` or a stand-in).
+    def values(self, scorer: ValuesScorer, batch: RLBatch, data: D, iteration: int) -> torch.Tensor:
+        """The values the loss compares, from calls of `scorer` (a `dllm_train.Scorer` or a stand-in:
+        only what `ValuesScorer` declares).
 
         Pure given its inputs: the trainer calls it several times and splits its scorer calls
         into passes.

@@ -23,6 +23,7 @@ from dllm_models.layers import positions_from_mask
 from dllm_models.logprob import LOGITS_CHUNK_ELEMENTS
 from dllm_objectives import MaskPlan, apply_mask, token_logp_from_logits
 from dllm_train.packed_scoring import PACKED_BACKENDS, packed_token_logp, shares_clean_context
+from dllm_train.passes import ValuesScorer
 
 
 def logp_of_targets(logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -283,12 +284,12 @@ class Scorer:
         return out
 
 
-def plan_token_logp(scorer: Scorer, input_ids: torch.Tensor, attention_mask: torch.Tensor, plan: MaskPlan,
+def plan_token_logp(scorer: ValuesScorer, input_ids: torch.Tensor, attention_mask: torch.Tensor, plan: MaskPlan,
                     *, temperature: float = 1.0, sample: int | None = None) -> torch.Tensor:
     """Log-prob of each clean token given each noised copy of a plan.
 
     Args:
-        scorer: the model's scorer.
+        scorer: the model's scorer (or a stand-in, inside a values function).
         input_ids: [B, S] clean tokens.
         attention_mask: [B, S] bool, real tokens.
         plan: mask plan with mask [B, N, S].

@@ -17,24 +17,61 @@ pass so that it equals the single-batch gradient:
   backpropagating g: the exact gradient for deterministic forwards.
 
 The values function is called several times (a shape trace, the passes, the final metrics) and
-must make the same scorer calls each time; it is pure given its inputs. Ranks whose forwards are
-collectives (FSDP2) agree on the number of passes first and pad with `Scorer.idle_pass`.
+must make the same scorer calls each time; it is pure given its inputs. It runs against stand-in
+scorers (a tracer that records calls, a replay that answers them), so it may use only what
+`ValuesScorer` declares: the call and the special token ids, block length and lockstep group.
+Ranks whose forwards are collectives (FSDP2) agree on the number of passes first and pad with
+`Scorer.idle_pass`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Protocol
 
 import torch
+import torch.distributed as dist
 
-from dllm_train.likelihood import Scorer
 from dllm_train.lockstep import group_max
 
+if TYPE_CHECKING:  # likelihood.py imports this module for `ValuesScorer`
+    from dllm_train.likelihood import Scorer
+
+
+class ValuesScorer(Protocol):
+    """What a values function may use of its scorer: a `dllm_train.Scorer` or a stand-in of this module.
+
+    Attributes:
+        mask_id, eos_id, pad_id: the family's special token ids.
+        block_length: block size of block-diffusion families (None: bidirectional masked LM).
+        lockstep_group: the process group whose ranks run the same number of forwards (None: none).
+    """
+
+    @property
+    def mask_id(self) -> int: ...
+
+    @property
+    def eos_id(self) -> int: ...
+
+    @property
+    def pad_id(self) -> int: ...
+
+    @property
+    def block_length(self) -> int | None: ...
+
+    @property
+    def lockstep_group(self) -> dist.ProcessGroup | None: ...
+
+    def __call__(self, noisy_ids: torch.Tensor, attention_mask: torch.Tensor, targets: torch.Tensor, *,
+                 clean_ids: torch.Tensor | None = None, temperature: float = 1.0) -> torch.Tensor:
+        """Log-probs of `targets` given the noisy input, [M, S] (or [M, S, C]); see `Scorer.__call__`."""
+        ...
+
+
 Metrics = dict[str, torch.Tensor]
-ValuesFn = Callable[[Any], torch.Tensor]
-"""scorer -> values; the scorer argument has the `Scorer` call signature and attributes."""
+ValuesFn = Callable[[ValuesScorer], torch.Tensor]
+"""scorer -> values, pure given its inputs (see the module doc)."""
 LossFn = Callable[[torch.Tensor], tuple[torch.Tensor, Metrics]]
 """values -> (scalar loss, metrics)."""
 
@@ -66,13 +103,12 @@ class Pass:
 
 
 class _Proxy:
-    """A stand-in scorer: the `Scorer` attributes algorithms read, and a call that `_answer`s."""
+    """A stand-in scorer: a `ValuesScorer` (mypy checks it where a values function receives it)
+    answering its calls with `_answer`, with the special ids, block length and group of `scorer`."""
 
     def __init__(self, scorer: Scorer) -> None:
         self.scorer = scorer
-        self.mask_id = scorer.mask_id
-        self.eos_id = scorer.eos_id
-        self.pad_id = scorer.pad_id
+        self.mask_id, self.eos_id, self.pad_id = scorer.mask_id, scorer.eos_id, scorer.pad_id
         self.block_length = scorer.block_length
         self.lockstep_group = scorer.lockstep_group
         self.index = 0
@@ -265,5 +301,5 @@ def accumulate(values: ValuesFn, loss: LossFn, scorer: Scorer, *, max_tokens: in
                   forwards=forwards)
 
 
-__all__ = ["LossFn", "Pass", "ScoreCall", "Update", "ValuesFn", "accumulate", "evaluate", "forward_outputs",
+__all__ = ["LossFn", "Pass", "ScoreCall", "Update", "ValuesFn", "ValuesScorer", "accumulate", "evaluate", "forward_outputs",
            "split", "trace"]

@@ -25,7 +25,7 @@ from dllm_train.algorithm import LossInputs, RLAlgorithm, RLBatch, SpecialTokens
 from dllm_train.config import OptimConfig
 from dllm_train.likelihood import Scorer
 from dllm_train.minibatch import mean_metrics, mini_batches
-from dllm_train.passes import accumulate, evaluate
+from dllm_train.passes import ValuesFn, ValuesScorer, accumulate, evaluate
 from dllm_train.optim import OptimizerStep
 
 logger = logging.getLogger(__name__)
@@ -237,7 +237,7 @@ class ReferenceWorker:
         """The algorithm's values under the reference model, one entry per update iteration."""
         out = []
         for i in range(algorithm.num_iterations):
-            def fn(s: Any, i: int = i) -> torch.Tensor:
+            def fn(s: ValuesScorer, i: int = i) -> torch.Tensor:
                 return algorithm.values(s, prepared.batch, prepared.data, i)
             out.append(evaluate(fn, self.scorer, self.max_tokens)[0])
         return out
@@ -298,10 +298,10 @@ class ActorWorker(Generic[D]):
         return (self.reuse_old and alg.needs_old and alg.num_iterations == 1 and alg.row_local
                 and alg.mini_batch_rows == "all")
 
-    def _values_fn(self, prepared: Prepared[D], iteration: int) -> Callable[[Any], torch.Tensor]:
+    def _values_fn(self, prepared: Prepared[D], iteration: int) -> ValuesFn:
         alg = self.algorithm
 
-        def fn(scorer: Any) -> torch.Tensor:
+        def fn(scorer: ValuesScorer) -> torch.Tensor:
             return alg.values(scorer, prepared.batch, prepared.data, iteration)
         return fn
 

@@ -30,7 +30,7 @@ from dllm_algorithms import (
     JustGRPO,
     LoRA,
 )
-from dllm_train import PreferenceObjective, RLAlgorithm
+from dllm_train import RLAlgorithm
 
 ALGORITHMS: dict[str, RLAlgorithm[Any]] = {
     "d1": D1(),
@@ -75,12 +75,6 @@ def get_algorithm(name: str) -> RLAlgorithm[Any]:
     return ALGORITHMS[name]
 
 
-def build_preference(name: str) -> PreferenceObjective:
-    if name not in PREFERENCE_ALGORITHMS:
-        raise ValueError(f"preference algorithm {name!r} is unknown; choose one of {sorted(PREFERENCE_ALGORITHMS)}")
-    return PREFERENCE_ALGORITHMS[name].build()
-
-
 def family_key(model: Any) -> str:
     """The canonical family name of a model ('llada', 'dream', 'sdar', 'sdar_moe', 'llada2')."""
     from dllm_models import get_family
@@ -106,5 +100,5 @@ def describe() -> dict[str, Any]:
 
 __all__ = [
     "ALGORITHMS", "ALL_FAMILIES", "BLOCK", "MASKED", "PAPERS", "PREFERENCE_ALGORITHMS", "SFT_ALGORITHMS", "LoRA",
-    "build_preference", "check_family", "describe", "family_key", "get_algorithm",
+    "check_family", "describe", "family_key", "get_algorithm",
 ]
