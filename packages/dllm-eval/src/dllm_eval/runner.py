@@ -8,24 +8,27 @@ import logging
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Protocol, Sequence
+from typing import Any, Mapping, Protocol, Sequence
 
 import torch
+from dllm_rollout import SamplingConfig, generate
 
 from dllm_eval.benchmarks import Benchmark, get_benchmark
 from dllm_eval.data import Message, Row
 from dllm_eval.manifest import build_manifest
-from dllm_eval.presets import DecodingSettings, Preset, get_preset
+from dllm_eval.presets import Preset, get_preset
 
 __all__ = ["BenchmarkResult", "ChatTokenizer", "GenerateFn", "SampleResult", "infer_family",
            "render_table", "rescore", "run_benchmark", "write_result"]
 
 logger = logging.getLogger(__name__)
 
-GenerateFn = Callable[..., Any]
-"""``generate(model, prompts: list[list[int]], *, max_new_tokens, steps, block_length,
-temperature, remasking, cache, threshold, seed)`` returning an object with ``.response_ids``
-(LongTensor ``[B, max_new_tokens]``), as ``dllm_rollout.generate``."""
+class GenerateFn(Protocol):
+    """A generation function, as ``dllm_rollout.generate``: ``generate(model, prompts, cfg,
+    seed=seeds)`` returns an object with ``.response_ids`` (LongTensor ``[B, cfg.max_new_tokens]``)."""
+
+    def __call__(self, model: Any, prompts: list[list[int]], cfg: SamplingConfig, *,
+                 seed: list[int] | None) -> Any: ...
 
 
 class ChatTokenizer(Protocol):
@@ -121,12 +124,6 @@ def infer_family(model: Any) -> str | None:
     return None
 
 
-def _default_generate() -> GenerateFn:
-    from dllm_rollout import generate  # type: ignore[attr-defined,unused-ignore]
-
-    return generate  # type: ignore[no-any-return,unused-ignore]
-
-
 def _ids(out: Any) -> list[int]:
     if isinstance(out, Mapping):
         out = out["input_ids"]
@@ -195,15 +192,6 @@ def rescore(result: BenchmarkResult, mode: str, *, score_workers: int = 4) -> Be
                            manifest={**result.manifest, "reward_mode": mode}, reward_mode=mode)
 
 
-def _generate_kwargs(settings: DecodingSettings) -> dict[str, Any]:
-    kwargs = {k: getattr(settings, k) for k in ("max_new_tokens", "steps", "block_length",
-                                                 "temperature", "remasking", "cache",
-                                                 "threshold")}
-    if settings.top_p is not None:
-        kwargs["top_p"] = settings.top_p
-    return kwargs
-
-
 def run_benchmark(
     model: Any,
     tokenizer: ChatTokenizer,
@@ -215,7 +203,7 @@ def run_benchmark(
     seed: int | None = 0,
     output_dir: str | Path | None = None,
     generate_fn: GenerateFn | None = None,
-    decoding: DecodingSettings | None = None,
+    decoding: SamplingConfig | None = None,
     score_workers: int = 4,
     hash_weights: bool = True,
     reward_mode: str | None = None,
@@ -243,7 +231,8 @@ def run_benchmark(
         seed: base seed; sample ``i`` is generated with ``seed + i`` (None = unseeded).
         output_dir: where to write outputs; nothing is written when None.
         generate_fn: generation function (see :data:`GenerateFn`).
-        decoding: overrides the preset's decoding settings for this benchmark.
+        decoding: the decoding settings (``dllm_rollout.SamplingConfig``) for this benchmark,
+            instead of the preset's.
         score_workers: threads used for scoring (code rewards run in the sandbox).
         hash_weights: include the weights' fingerprint in the manifest
             (:func:`dllm_eval.manifest.weights_fingerprint`, computed on the model's device).
@@ -266,7 +255,7 @@ def run_benchmark(
     mode = reward_mode or pre.reward_mode
     fam = family or infer_family(model)
     settings = decoding or bench.decoding(pre, fam)
-    gen = generate_fn or _default_generate()
+    gen: GenerateFn = generate_fn or generate
     all_rows: list[Row] = bench.load(limit=limit, preset=pre)
     encoded = [_encode(tokenizer, bench.messages(row, pre), pre.assistant_prefill)
                for row in all_rows]
@@ -283,7 +272,7 @@ def run_benchmark(
         seeds = None if seed is None else [
             seed + row.index * repeats + rep
             for row, rep in zip(rows[start:start + batch_size], rep_ids[start:start + batch_size])]
-        out = gen(model, batch, **_generate_kwargs(settings), seed=seeds)
+        out = gen(model, batch, settings, seed=seeds)
         ids = out.response_ids.tolist()
         responses += [_decode(tokenizer, r, eos, pre.raw_decode) for r in ids]
         logger.info("%s: generated %d/%d", bench.name, len(responses), len(prompts))
