@@ -187,3 +187,20 @@ def test_infer_family_falls_back_only_without_traits() -> None:
     assert infer_family(SimpleNamespace(config=SimpleNamespace(model_type="sdar_moe"))) == "sdar_moe"
     assert infer_family(LLaDAModelLM()) == "llada"
     assert infer_family(SimpleNamespace(config=SimpleNamespace(model_type="gpt2"))) is None
+
+
+def test_the_manifest_records_the_models_decoding_mode() -> None:
+    seen: list[SamplingConfig] = []
+
+    def generate(model: Any, prompts: list[list[int]], cfg: SamplingConfig, *, seed: Any) -> Any:
+        seen.append(cfg)
+        return SimpleNamespace(response_ids=torch.zeros(len(prompts), cfg.max_new_tokens, dtype=torch.long))
+
+    block_model = SimpleNamespace(traits=SimpleNamespace(block_length=32, family="llada2"))
+    res = run_benchmark(block_model, CharTokenizer(), "gsm8k", preset="d1", limit=1, generate_fn=generate,
+                        hash_weights=False)
+    assert seen[0].block_diffusion and res.manifest["decoding"]["block_diffusion"] is True
+    assert dataclasses.replace(seen[0], block_diffusion=False) == get_benchmark("gsm8k").decoding("d1")
+    masked = run_benchmark(SimpleNamespace(traits=SimpleNamespace(block_length=None, family="llada")),
+                           CharTokenizer(), "gsm8k", preset="d1", limit=1, generate_fn=generate, hash_weights=False)
+    assert masked.manifest["decoding"]["block_diffusion"] is False

@@ -192,6 +192,16 @@ def rescore(result: BenchmarkResult, mode: str, *, score_workers: int = 4) -> Be
                            manifest={**result.manifest, "reward_mode": mode}, reward_mode=mode)
 
 
+def _in_model_mode(settings: SamplingConfig, model: Any) -> SamplingConfig:
+    """`settings` in the decoding mode of `model` (masked or block diffusion, as `generate` sets it),
+    so the manifest records what runs; unchanged for a model without `traits`."""
+    traits = getattr(model, "traits", None)
+    if traits is None:
+        return settings
+    block = getattr(traits, "block_length", None) is not None
+    return settings if settings.block_diffusion == block else dataclasses.replace(settings, block_diffusion=block)
+
+
 def run_benchmark(
     model: Any,
     tokenizer: ChatTokenizer,
@@ -254,7 +264,7 @@ def run_benchmark(
     pre = get_preset(preset) if isinstance(preset, str) else preset
     mode = reward_mode or pre.reward_mode
     fam = family or infer_family(model)
-    settings = decoding or bench.decoding(pre, fam)
+    settings = _in_model_mode(decoding or bench.decoding(pre, fam), model)
     gen: GenerateFn = generate_fn or generate
     all_rows: list[Row] = bench.load(limit=limit, preset=pre)
     encoded = [_encode(tokenizer, bench.messages(row, pre), pre.assistant_prefill)
