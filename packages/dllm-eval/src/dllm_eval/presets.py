@@ -21,7 +21,7 @@ import difflib
 from dataclasses import dataclass, field
 from typing import Iterable
 
-from dllm_rollout import SamplingConfig
+from dllm_rollout import SamplingConfig, configure
 
 from dllm_eval.data import Message
 from dllm_eval.prompts import (
@@ -115,12 +115,7 @@ class Preset:
                      ) -> SamplingConfig:
         """Decoding settings of ``benchmark`` (in ``group``) for a model of ``family``."""
         settings = self.benchmark_decoding.get(benchmark, self.decoding[group])
-        changes = self.family_decoding.get(family or "", {})
-        if not changes:
-            return settings
-        return dataclasses.replace(settings,
-                                   temperature=changes.get("temperature", settings.temperature),
-                                   top_p=changes.get("top_p", settings.top_p))
+        return configure(settings, **self.family_decoding.get(family or "", {}))
 
 
 def for_model(settings: SamplingConfig, block_length: int | None) -> SamplingConfig:
