@@ -128,8 +128,8 @@ def run_eval(args: argparse.Namespace) -> int:
     from dllm_eval import (get_benchmark, get_preset, infer_family, render_table, rescore, run_benchmark,
                            weights_fingerprint, write_result)
     from dllm_eval.presets import for_model
-    from dllm_rollout import configure
     from dllm_models import load_model, load_tokenizer
+    from dllm_rollout import configure
 
     if args.adapter is not None:
         from dllm_models.lora import check_peft_adapter

@@ -23,6 +23,7 @@ __all__ = ["BenchmarkResult", "ChatTokenizer", "GenerateFn", "SampleResult", "in
 
 logger = logging.getLogger(__name__)
 
+
 class GenerateFn(Protocol):
     """A generation function, as ``dllm_rollout.generate``: ``generate(model, prompts, cfg,
     seed=seeds)`` returns an object with ``.response_ids`` (LongTensor ``[B, cfg.max_new_tokens]``)."""
