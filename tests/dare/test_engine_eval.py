@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import sys
 import types
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
+from dllm_rollout import SamplingConfig
 
 from dare.engine_eval import EngineGenerate, engine_generate
 from tests.dllm_rollout.test_lmdeploy import EOS, GenerationConfig, FakePipeline, PytorchEngineConfig, _folder
@@ -27,16 +29,16 @@ def _model(block: int | None) -> Any:
                                                               pad_token_id=0))
 
 
-def test_the_runner_kwargs_decode_through_one_engine(fake_lmdeploy: None, tmp_path: Path) -> None:
+def test_the_runner_config_decodes_through_one_engine(fake_lmdeploy: None, tmp_path: Path) -> None:
     gen = EngineGenerate(_folder(tmp_path), eos_id=EOS, pad_id=0)
-    kw = dict(max_new_tokens=5, steps=4, block_length=4, temperature=0.0, remasking="low_confidence",
-              cache="prefix", threshold=None)
-    out = gen(_model(4), [[1, 2]], seed=[3], **kw)
+    cfg = SamplingConfig(max_new_tokens=5, steps=4, block_length=4, temperature=0.0, remasking="low_confidence",
+                         cache="prefix", threshold=None, block_diffusion=True)
+    out = gen(_model(4), [[1, 2]], cfg, seed=[3])
     first = gen.engine
     assert out.response_ids.tolist() == [[3, 4, 5, EOS, 0]]
-    gen(_model(4), [[1]], seed=[4], **dict(kw, max_new_tokens=8))   # same engine settings: same engine
+    gen(_model(4), [[1]], replace(cfg, max_new_tokens=8), seed=[4])   # same engine settings: same engine
     assert gen.engine is first
-    gen(_model(4), [[1]], seed=[5], **dict(kw, steps=2))             # other unmasking: a new engine
+    gen(_model(4), [[1]], replace(cfg, steps=2), seed=[5])             # other unmasking: a new engine
     assert gen.engine is not first and first.pipe.closed
     gen.close()
 

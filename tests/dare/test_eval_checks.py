@@ -138,3 +138,19 @@ def test_a_missing_adapter_fails_before_the_model_loads(tiny_checkpoint: Path, t
     with pytest.raises(SystemExit):
         main(["eval", str(tiny_checkpoint), "--adapter", str(tmp_path), "--output-dir", str(tmp_path / "o")])
     assert "lacks adapter_config.json" in capsys.readouterr().err
+
+
+def test_the_opencompass_harness_gets_the_decoding_overrides(tiny_checkpoint: Path, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    import dllm_eval.opencompass.driver as driver
+
+    calls: list[dict[str, Any]] = []
+
+    def fake(checkpoint: Any, benchmarks: Any, **kwargs: Any) -> int:
+        calls.append(kwargs)
+        return 0
+
+    monkeypatch.setattr(driver, "run_opencompass", fake)
+    assert main(["eval", str(tiny_checkpoint), "--harness", "opencompass", "--benchmarks", "gsm8k",
+                 "--max-new-tokens", "16", "--steps", "8", "--seed", "3", "--output-dir", str(tmp_path)]) == 0
+    assert calls[0]["decoding"] == {"max_new_tokens": 16, "steps": 8} and calls[0]["seed"] == 3

@@ -8,12 +8,12 @@ from dllm_eval import (
     BENCHMARKS,
     DATASETS,
     PRESETS,
-    DecodingSettings,
     Preset,
     get_benchmark,
     get_preset,
 )
 from dllm_eval.data import load_rows
+from dllm_rollout import SamplingConfig
 from dllm_eval.presets import D1_MATH_SYSTEM_PROMPT
 
 EXPECTED_ROWS = {"gsm8k": 1319, "math500": 500, "countdown": 256, "sudoku": 500,
@@ -45,8 +45,8 @@ def test_presets_side_by_side() -> None:
     d1 = gsm.messages(row, "d1")
     assert dare == [dict(m) for m in row.prompt]  # prompt as stored
     assert d1[0]["content"] == f"{D1_MATH_SYSTEM_PROMPT}\n\n{row.prompt[0]['content']}"
-    assert gsm.decoding("dare_local") == DecodingSettings(max_new_tokens=512, steps=512,
-                                                          block_length=32, cache="prefix")
+    assert gsm.decoding("dare_local") == SamplingConfig(max_new_tokens=512, steps=512,
+                                                        block_length=32, cache="prefix")
     assert gsm.decoding("d1").steps == 128
     assert get_benchmark("sudoku").decoding("dare_local").max_new_tokens == 256
     assert set(PRESETS) >= {"dare_local", "d1", "d1_128", "d1_512", "dare_opencompass"}
@@ -70,9 +70,9 @@ def test_benchmark_reward_uses_preset_extraction() -> None:
 
 def test_decoding_validation() -> None:
     with pytest.raises(ValueError, match="block_length"):
-        DecodingSettings(max_new_tokens=100, steps=100, block_length=32)
+        SamplingConfig(max_new_tokens=100, steps=100, block_length=32)
     with pytest.raises(ValueError, match="remasking"):
-        DecodingSettings(max_new_tokens=64, steps=64, block_length=32, remasking="x")  # type: ignore[arg-type]
+        SamplingConfig(max_new_tokens=64, steps=64, block_length=32, remasking="x")  # type: ignore[arg-type]
 
 
 def test_d1_presets_follow_d1_eval() -> None:
@@ -127,11 +127,17 @@ def test_dare_local_follows_the_local_bench_script() -> None:
 
 
 def test_a_block_model_decodes_a_preset_on_its_own_block_grid() -> None:
-    from dllm_eval.presets import DecodingSettings, for_model
+    from dllm_eval.presets import for_model
 
-    d1_like = DecodingSettings(max_new_tokens=256, steps=128, block_length=32)
+    d1_like = SamplingConfig(max_new_tokens=256, steps=128, block_length=32)
     assert for_model(d1_like, None) == d1_like  # masked diffusion: as the preset says
     sdar = for_model(d1_like, 4)  # two tokens a step, as the preset: 2 steps per block of 4
     assert (sdar.max_new_tokens, sdar.block_length, sdar.steps, sdar.cache) == (256, 4, 2, "prefix")
-    llada2 = for_model(DecodingSettings(max_new_tokens=256, steps=256, block_length=8, cache="dual"), 32)
-    assert (llada2.block_length, llada2.steps, llada2.cache) == (32, 32, "dual")
+    assert sdar.block_diffusion and not d1_like.block_diffusion
+    llada2 = for_model(SamplingConfig(max_new_tokens=256, steps=256, block_length=8, cache="prefix"), 32)
+    assert (llada2.block_length, llada2.steps, llada2.cache, llada2.block_diffusion) == (32, 32, "prefix", True)
+    # a cache the preset names is kept, so a masked-diffusion cache is refused for a block model
+    with pytest.raises(ValueError, match="cache='dual' is a masked-diffusion cache"):
+        for_model(SamplingConfig(max_new_tokens=256, steps=256, block_length=8, cache="dual"), 32)
+    same_grid = for_model(SamplingConfig(max_new_tokens=256, steps=256, block_length=32), 32)
+    assert (same_grid.steps, same_grid.cache, same_grid.block_diffusion) == (256, None, True)

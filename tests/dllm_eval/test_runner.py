@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -10,6 +11,7 @@ from typing import Any
 import pytest
 import torch
 from dllm_models.registry import FAMILY_NAMES, get_family
+from dllm_rollout import SamplingConfig
 
 from dllm_eval import get_benchmark, infer_family, render_table, rescore, run_benchmark
 
@@ -38,8 +40,9 @@ def make_fake_generate(answers: dict[str, str]) -> Any:
     """Answers correctly for prompts whose text contains a key, wrongly otherwise."""
     calls: list[int] = []
 
-    def generate(model: Any, prompts: list[list[int]], *, max_new_tokens: int, **kw: Any) -> Any:
+    def generate(model: Any, prompts: list[list[int]], cfg: SamplingConfig, *, seed: Any) -> Any:
         calls.append(len(prompts))
+        max_new_tokens = cfg.max_new_tokens
         out = torch.full((len(prompts), max_new_tokens), EOS, dtype=torch.long)
         for i, ids in enumerate(prompts):
             text = "".join(chr(t) for t in ids)
@@ -82,9 +85,11 @@ def test_outputs_and_manifest(tmp_path: Path) -> None:
     lines = (tmp_path / "samples.jsonl").read_text().splitlines()
     assert len(lines) == 6 and json.loads(lines[0])["score"] == 1.0
     manifest = json.loads((tmp_path / "manifest.json").read_text())
-    assert manifest["decoding"] == {"max_new_tokens": 256, "steps": 128, "block_length": 32,
-                                    "temperature": 0.0, "remasking": "low_confidence",
-                                    "threshold": None, "cache": None, "top_p": None}
+    assert manifest["decoding"] == dataclasses.asdict(SamplingConfig(max_new_tokens=256, steps=128, block_length=32))
+    assert {k: manifest["decoding"][k] for k in ("max_new_tokens", "steps", "block_length", "temperature",
+                                                 "remasking", "threshold", "cache", "top_p")} == {
+        "max_new_tokens": 256, "steps": 128, "block_length": 32, "temperature": 0.0,
+        "remasking": "low_confidence", "threshold": None, "cache": None, "top_p": None}
     assert manifest["seed"] == 7 and manifest["preset"] == "d1"
     assert manifest["reward_mode"] == "d1" and manifest["assistant_prefill"] == "<reasoning>"
     assert len(manifest["prompt_template_hash"]) == 64
@@ -107,9 +112,9 @@ def test_prompt_hash_changes_with_preset(tmp_path: Path) -> None:
 def test_d1_prompt_is_template_plus_prefill() -> None:
     seen: list[str] = []
 
-    def generate(model: Any, prompts: list[list[int]], *, max_new_tokens: int, **kw: Any) -> Any:
+    def generate(model: Any, prompts: list[list[int]], cfg: SamplingConfig, *, seed: Any) -> Any:
         seen.extend("".join(chr(t) for t in p) for p in prompts)
-        return SimpleNamespace(response_ids=torch.zeros(len(prompts), max_new_tokens,
+        return SimpleNamespace(response_ids=torch.zeros(len(prompts), cfg.max_new_tokens,
                                                         dtype=torch.long))
 
     res = run_benchmark(None, CharTokenizer(), "sudoku", preset="d1_128", limit=2,
@@ -126,9 +131,9 @@ def test_d1_prompt_is_template_plus_prefill() -> None:
 def test_length_filter_repeats_and_family_decoding() -> None:
     calls: list[dict[str, Any]] = []
 
-    def generate(model: Any, prompts: list[list[int]], *, max_new_tokens: int, **kw: Any) -> Any:
-        calls.append({"n": len(prompts), **kw})
-        return SimpleNamespace(response_ids=torch.zeros(len(prompts), max_new_tokens,
+    def generate(model: Any, prompts: list[list[int]], cfg: SamplingConfig, *, seed: Any) -> Any:
+        calls.append({"n": len(prompts), **dataclasses.asdict(cfg), "seed": seed})
+        return SimpleNamespace(response_ids=torch.zeros(len(prompts), cfg.max_new_tokens,
                                                         dtype=torch.long))
 
     # dare_local drops prompts over 512 tokens (chars here); rows 0..9 of GSM8K are shorter
@@ -182,3 +187,20 @@ def test_infer_family_falls_back_only_without_traits() -> None:
     assert infer_family(SimpleNamespace(config=SimpleNamespace(model_type="sdar_moe"))) == "sdar_moe"
     assert infer_family(LLaDAModelLM()) == "llada"
     assert infer_family(SimpleNamespace(config=SimpleNamespace(model_type="gpt2"))) is None
+
+
+def test_the_manifest_records_the_models_decoding_mode() -> None:
+    seen: list[SamplingConfig] = []
+
+    def generate(model: Any, prompts: list[list[int]], cfg: SamplingConfig, *, seed: Any) -> Any:
+        seen.append(cfg)
+        return SimpleNamespace(response_ids=torch.zeros(len(prompts), cfg.max_new_tokens, dtype=torch.long))
+
+    block_model = SimpleNamespace(traits=SimpleNamespace(block_length=32, family="llada2"))
+    res = run_benchmark(block_model, CharTokenizer(), "gsm8k", preset="d1", limit=1, generate_fn=generate,
+                        hash_weights=False)
+    assert seen[0].block_diffusion and res.manifest["decoding"]["block_diffusion"] is True
+    assert dataclasses.replace(seen[0], block_diffusion=False) == get_benchmark("gsm8k").decoding("d1")
+    masked = run_benchmark(SimpleNamespace(traits=SimpleNamespace(block_length=None, family="llada")),
+                           CharTokenizer(), "gsm8k", preset="d1", limit=1, generate_fn=generate, hash_weights=False)
+    assert masked.manifest["decoding"]["block_diffusion"] is False

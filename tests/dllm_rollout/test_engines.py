@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from dllm_rollout import SamplingConfig
+from dllm_rollout import RolloutBatch, SamplingConfig, generate
+from dllm_rollout.batch import rollout_batch
 from dllm_rollout.engines import (
     batch_from_lmdeploy,
     batch_from_sglang,
+    batch_from_token_lists,
     lmdeploy_engine_config,
     lmdeploy_gen_config,
     sglang_algorithm,
@@ -21,6 +24,7 @@ from dllm_rollout.engines import (
 CFG = SamplingConfig(max_new_tokens=6, steps=4, block_length=4, temperature=1.0, top_k=50,
                      threshold=0.9, block_diffusion=True)
 PROMPTS = [[1, 2, 3], [4, 5]]
+PROMPTS3 = [[1, 2, 3, 4, 5], [7, 8, 9, 10, 11, 12, 13, 14, 15, 16], [20, 21, 22]]
 
 
 def test_sglang_arguments() -> None:
@@ -86,3 +90,55 @@ def test_lmdeploy_engine_imports() -> None:
     from dllm_rollout.engines import LMDeployEngine
 
     assert LMDeployEngine is not None
+
+
+def _fields_equal(a: RolloutBatch, b: RolloutBatch) -> dict[str, bool]:
+    """Per RolloutBatch field: whether `a` and `b` hold the same value (tensors exactly)."""
+    out = {}
+    for f in dataclasses.fields(RolloutBatch):
+        x, y = getattr(a, f.name), getattr(b, f.name)
+        if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
+            out[f.name] = x.dtype == y.dtype and torch.equal(x, y)
+        elif f.name == "extras":
+            out[f.name] = x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x)
+        else:
+            out[f.name] = x == y
+    return out
+
+
+# seed 7: both tiny block models end some rows with EOS inside the response
+NATIVE = dict(max_new_tokens=12, steps=4, block_length=4, temperature=1.0, seed=7, eos_handling="truncate")
+
+
+def test_an_engine_batch_of_the_native_tokens_is_the_native_batch(tiny_block_model: torch.nn.Module) -> None:
+    """An engine that returns every token (no stop at EOS) assembles the native decoder's batch."""
+    traits = tiny_block_model.traits  # type: ignore[union-attr]
+    native = generate(tiny_block_model, PROMPTS3, stop_at_eos=False, **NATIVE)  # type: ignore[arg-type]
+    assert native.config is not None
+    engine = batch_from_token_lists(PROMPTS3, native.response_ids.tolist(), native.seeds, native.config,
+                                    eos_id=traits.eos_token_id, pad_id=traits.pad_token_id)
+    assert _fields_equal(engine, native) == {f.name: True for f in dataclasses.fields(RolloutBatch)}
+
+
+def test_an_engine_batch_cut_at_eos_counts_what_the_native_batch_counts(tiny_block_model: torch.nn.Module) -> None:
+    """An engine stops at EOS (stop token kept): the same counted tokens and every other field equal;
+    past the EOS it holds padding where the native decoder holds the rest of the EOS block."""
+    traits = tiny_block_model.traits  # type: ignore[union-attr]
+    native = generate(tiny_block_model, PROMPTS3, **NATIVE)  # type: ignore[arg-type]
+    assert native.config is not None and not bool(native.response_mask.all())  # some row stopped at EOS
+    cut = [row[: int(n)] for row, n in zip(native.response_ids.tolist(), native.response_mask.sum(-1))]
+    engine = batch_from_token_lists(PROMPTS3, cut, native.seeds, native.config,
+                                    eos_id=traits.eos_token_id, pad_id=traits.pad_token_id)
+    same = _fields_equal(engine, native)
+    del same["response_ids"]
+    assert same == {f.name: True for f in dataclasses.fields(RolloutBatch) if f.name != "response_ids"}
+    counted = native.response_mask
+    assert torch.equal(engine.response_ids[counted], native.response_ids[counted])
+    assert bool((engine.response_ids[~counted] == traits.pad_token_id).all())
+
+
+def test_one_assembly_refuses_unknown_records() -> None:
+    ids = torch.ones(1, 2, dtype=torch.long)
+    with pytest.raises(ValueError, match="not RolloutBatch records"):
+        rollout_batch(ids, ids.bool(), ids, torch.zeros(1, dtype=torch.long), CFG, eos_id=62,
+                      records={"step_map": ids})

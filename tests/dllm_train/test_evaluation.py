@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from dllm_rollout import SamplingConfig
 from dllm_train import PhaseSpec, Run, benchmark_validator, read_metrics
 from tests.tiny_rl import TOK, tiny_model
 
@@ -22,7 +23,7 @@ class _NoState:
 def test_benchmark_validator_feeds_phase_metrics(tmp_path: Path) -> None:
     tok, model = TOK, tiny_model("llada")
     validate = benchmark_validator(model, tok, ["gsm8k", "sudoku"], limit=2, batch_size=2,
-                                   decoding={"max_new_tokens": 8, "steps": 8, "block_length": 8})
+                                   rollout=SamplingConfig(max_new_tokens=8, steps=8, block_length=8))
     run = Run(tmp_path, model, progress=False)
     run.run_phase(PhaseSpec(order=0, name="rl", steps=2, step_fn=lambda i: {"x": float(i)}, owner=_NoState(),
                             eval_fn=validate, eval_every=2))
@@ -52,3 +53,24 @@ def test_validation_rows_are_the_callers_limit(monkeypatch: pytest.MonkeyPatch) 
     with pytest.raises(ValueError, match="limit must be >= 1"):
         benchmark_validator(model, tok, ["gsm8k"], limit=0)
 
+
+
+def test_validation_decodes_the_preset_at_the_rollout_lengths(monkeypatch: pytest.MonkeyPatch) -> None:
+    import dllm_train.evaluation as evaluation
+
+    seen: list[SamplingConfig] = []
+
+    def spy(*args: Any, decoding: SamplingConfig, **kwargs: Any) -> Any:
+        seen.append(decoding)
+        return type("Result", (), {"accuracy": 0.5, "mean_score": 0.5})()
+
+    monkeypatch.setattr(evaluation, "run_benchmark", spy)
+    model = tiny_model("sdar")
+    block = int(model.traits.block_length)
+    # block diffusion: 2 steps per block, fewer than the 16 blocks a masked decoder would need
+    rollout = SamplingConfig(max_new_tokens=16 * block, steps=2, block_length=block, temperature=1.0, top_k=50,
+                             block_diffusion=True, eos_handling="truncate")
+    benchmark_validator(model, TOK, ["gsm8k", "sudoku"], limit=1, rollout=rollout)()
+    preset = SamplingConfig(max_new_tokens=16 * block, steps=2, block_length=block, cache="prefix",
+                            block_diffusion=True)
+    assert seen == [preset, preset]  # dare_local's greedy prefix-cache decoding, the rollout's lengths

@@ -1,7 +1,7 @@
 """`dare eval --engine lmdeploy`: the benchmark runner's generate function served by an engine.
 
-The preset's decoding (the keyword arguments `dllm_eval.run_benchmark` passes to its generate
-function) becomes a `SamplingConfig`; `LMDeployEngine` maps it onto the engine's options or refuses
+The preset's decoding (the `SamplingConfig` `dllm_eval.run_benchmark` passes to its generate
+function), in the model's decoding mode; `LMDeployEngine` maps it onto the engine's options or refuses
 what it cannot run as `dllm_rollout.generate` does, naming the setting. One engine serves every
 benchmark whose engine-level settings (block length, steps, unmasking) agree; a benchmark with
 other ones gets an engine of its own (the previous one is closed first).
@@ -9,6 +9,7 @@ other ones gets an engine of its own (the previous one is closed first).
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -42,9 +43,10 @@ class EngineGenerate:
         self.engine.cfg = cfg
         return self.engine
 
-    def __call__(self, model: Any, prompts: list[list[int]], *, seed: Any = None, **kwargs: Any) -> RolloutBatch:
+    def __call__(self, model: Any, prompts: list[list[int]], cfg: SamplingConfig, *,
+                 seed: list[int] | None = None) -> RolloutBatch:
         """Decode `prompts` with the engine (`model` only supplies the decoding mode)."""
-        cfg = SamplingConfig(**kwargs, block_diffusion=model.traits.block_length is not None)
+        cfg = dataclasses.replace(cfg, block_diffusion=model.traits.block_length is not None)
         out: RolloutBatch = self._engine_for(cfg).generate(prompts, seed)
         return out
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import logging
 import time
 from pathlib import Path
@@ -73,6 +72,12 @@ def check_eval_args(args: argparse.Namespace) -> None:
                          f"{args.block_length}")
 
 
+def _overrides(args: argparse.Namespace) -> dict[str, int]:
+    """The SamplingConfig fields `--max-new-tokens`, `--steps` and `--block-length` set (both harnesses)."""
+    flags = {"max_new_tokens": args.max_new_tokens, "steps": args.steps, "block_length": args.block_length}
+    return {k: v for k, v in flags.items() if v is not None}
+
+
 def add_eval_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("eval", help="evaluate a checkpoint on benchmarks")
     p.add_argument("checkpoint", help="checkpoint folder (config.json, safetensors, tokenizer files)")
@@ -118,11 +123,13 @@ def run_eval(args: argparse.Namespace) -> int:
     if args.harness == "opencompass":
         from dllm_eval.opencompass.driver import run_opencompass
 
-        return run_opencompass(args.checkpoint, names, preset=presets, limit=args.limit, output_dir=out)
+        return run_opencompass(args.checkpoint, names, preset=presets, limit=args.limit, output_dir=out,
+                               seed=args.seed, decoding=_overrides(args))
     from dllm_eval import (get_benchmark, get_preset, infer_family, render_table, rescore, run_benchmark,
                            weights_fingerprint, write_result)
     from dllm_eval.presets import for_model
     from dllm_models import load_model, load_tokenizer
+    from dllm_rollout import configure
 
     if args.adapter is not None:
         from dllm_models.lora import check_peft_adapter
@@ -150,10 +157,7 @@ def run_eval(args: argparse.Namespace) -> int:
         bench = get_benchmark(name)
         block: int | None = getattr(model.traits, "block_length", None)
         decoding = for_model(bench.decoding(preset, family), block)
-        overrides = {k: v for k, v in (("max_new_tokens", args.max_new_tokens), ("steps", args.steps),
-                                       ("block_length", args.block_length)) if v is not None}
-        if overrides:
-            decoding = dataclasses.replace(decoding, **overrides)
+        decoding = configure(decoding, **_overrides(args))
         from dare.inputs import eval_prompt_warnings
 
         for warning in eval_prompt_warnings(model, tokenizer, bench, preset, decoding.max_new_tokens, limit=args.limit):

@@ -75,9 +75,7 @@ def validator(cfg: CheckpointRun, model: Any, tokenizer: Any) -> Callable[[], di
     evals = [e.strip() for e in data.eval_files.split(",") if e.strip()]
     if not evals:
         return None
-    r = cfg.rollout
-    return benchmark_validator(model, tokenizer, evals, limit=data.eval_max_rows or None, decoding={
-        "max_new_tokens": r.max_new_tokens, "steps": r.steps, "block_length": r.block_length})
+    return benchmark_validator(model, tokenizer, evals, limit=data.eval_max_rows or None, rollout=cfg.rollout)
 
 
 def finish(cfg: CheckpointRun, output_dir: Path, run: Run, model: Any, tokenizer: Any, *, steps: int,

@@ -3,7 +3,7 @@
 from dllm_eval.benchmarks import BENCHMARKS, Benchmark, get_benchmark
 from dllm_eval.data import DATASETS, Row, load_rows
 from dllm_eval.manifest import weights_fingerprint
-from dllm_eval.presets import PRESETS, DecodingSettings, Preset, get_preset
+from dllm_eval.presets import PRESETS, Preset, get_preset
 from dllm_eval.reproduce import D1FileScore, score_d1_file
 from dllm_eval.rewards import (
     REWARD_MODES,
@@ -60,7 +60,6 @@ __all__ = [
     "SampleResult",
     "CodeRewardConfig",
     "D1FileScore",
-    "DecodingSettings",
     "ExecutionResult",
     "Preset",
     "RewardResult",

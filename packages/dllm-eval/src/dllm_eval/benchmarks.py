@@ -6,8 +6,10 @@ import json
 from dataclasses import dataclass
 from typing import Literal
 
+from dllm_rollout import SamplingConfig
+
 from dllm_eval.data import Message, Row, load_rows
-from dllm_eval.presets import DecodingSettings, Preset, did_you_mean, get_preset
+from dllm_eval.presets import Preset, did_you_mean, get_preset
 from dllm_eval.rewards import RewardResult, compute_reward
 
 __all__ = ["BENCHMARKS", "Benchmark", "get_benchmark"]
@@ -67,7 +69,7 @@ class Benchmark:
         return [dict(m) for m in p.shots.get(self.name, ())] + msgs
 
     def decoding(self, preset: Preset | str = "dare_local", family: str | None = None
-                 ) -> DecodingSettings:
+                 ) -> SamplingConfig:
         """Decoding settings of this benchmark under ``preset`` for a model ``family``."""
         return _preset(preset).decoding_for(self.name, self.group, family)
 

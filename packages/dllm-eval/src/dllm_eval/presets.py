@@ -19,7 +19,9 @@ from __future__ import annotations
 import dataclasses
 import difflib
 from dataclasses import dataclass, field
-from typing import Iterable, Literal
+from typing import Iterable
+
+from dllm_rollout import SamplingConfig, configure
 
 from dllm_eval.data import Message
 from dllm_eval.prompts import (
@@ -34,52 +36,11 @@ from dllm_eval.prompts import (
     OC_MATH_TEMPLATE,
 )
 
-__all__ = ["D1_MATH_SYSTEM_PROMPT", "GROUPS", "PRESETS", "REWARD_MODE_NAMES", "DecodingSettings",
-           "Preset", "did_you_mean", "get_preset"]
+__all__ = ["D1_MATH_SYSTEM_PROMPT", "GROUPS", "PRESETS", "REWARD_MODE_NAMES", "Preset", "did_you_mean",
+           "for_model", "get_preset"]
 
 GROUPS: tuple[str, ...] = ("math", "code", "puzzle")
 REWARD_MODE_NAMES: tuple[str, ...] = ("default", "dare", "d1")
-
-Remasking = Literal["low_confidence", "random"]
-
-
-@dataclass(frozen=True, kw_only=True)
-class DecodingSettings:
-    """Arguments of the generation call (units in names; ``steps`` = total denoising steps)."""
-
-    max_new_tokens: int
-    steps: int
-    block_length: int
-    temperature: float = 0.0
-    remasking: Remasking = "low_confidence"
-    threshold: float | None = None
-    cache: str | None = None
-    top_p: float | None = None
-
-    def __post_init__(self) -> None:
-        if self.max_new_tokens <= 0 or self.steps <= 0 or self.block_length <= 0:
-            raise ValueError(
-                "max_new_tokens, steps and block_length must be > 0, got "
-                f"{self.max_new_tokens}, {self.steps}, {self.block_length}"
-            )
-        if self.max_new_tokens % self.block_length:
-            raise ValueError(
-                f"max_new_tokens={self.max_new_tokens} must be a multiple of "
-                f"block_length={self.block_length}"
-            )
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if self.remasking not in ("low_confidence", "random"):
-            raise ValueError(
-                f"remasking={self.remasking!r}; use 'low_confidence' or 'random'"
-            )
-        if self.threshold is not None and not 0 < self.threshold <= 1:
-            raise ValueError(f"threshold must be in (0, 1] or None, got {self.threshold}")
-        if self.top_p is not None and not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1] or None, got {self.top_p}")
-        if self.cache not in (None, "prefix", "dual"):
-            raise ValueError(f"cache={self.cache!r}; use None, 'prefix' or 'dual'")
-
 
 D1_MATH_SYSTEM_PROMPT = D1_GSM8K_PROMPT
 """d1's GSM8K instruction (kept under its old name)."""
@@ -91,7 +52,8 @@ class Preset:
 
     Args:
         name: registry key.
-        decoding: settings per benchmark group (``math``, ``code``, ``puzzle``).
+        decoding: ``dllm_rollout.SamplingConfig`` per benchmark group (``math``, ``code``,
+            ``puzzle``), written for masked-diffusion models (see :func:`for_model`).
         benchmark_decoding: settings for single benchmarks, overriding their group's.
         family_decoding: per model family (``dream``, ...), fields replaced in the decoding
             settings (e.g. DARE validates Dream at temperature 0.2, top-p 0.95).
@@ -114,8 +76,8 @@ class Preset:
     """
 
     name: str
-    decoding: dict[str, DecodingSettings]
-    benchmark_decoding: dict[str, DecodingSettings] = field(default_factory=dict)
+    decoding: dict[str, SamplingConfig]
+    benchmark_decoding: dict[str, SamplingConfig] = field(default_factory=dict)
     family_decoding: dict[str, dict[str, float]] = field(default_factory=dict)
     instruction: dict[str, str] = field(default_factory=dict)
     templates: dict[str, str] = field(default_factory=dict)
@@ -150,36 +112,33 @@ class Preset:
                                  "only 'temperature' and 'top_p' may vary by family")
 
     def decoding_for(self, benchmark: str, group: str, family: str | None = None
-                     ) -> DecodingSettings:
+                     ) -> SamplingConfig:
         """Decoding settings of ``benchmark`` (in ``group``) for a model of ``family``."""
         settings = self.benchmark_decoding.get(benchmark, self.decoding[group])
-        changes = self.family_decoding.get(family or "", {})
-        if not changes:
-            return settings
-        return dataclasses.replace(settings,
-                                   temperature=changes.get("temperature", settings.temperature),
-                                   top_p=changes.get("top_p", settings.top_p))
+        return configure(settings, **self.family_decoding.get(family or "", {}))
 
 
-def for_model(settings: DecodingSettings, block_length: int | None) -> DecodingSettings:
+def for_model(settings: SamplingConfig, block_length: int | None) -> SamplingConfig:
     """A preset's decoding as a model of block size `block_length` runs it.
 
     Masked-diffusion models (`block_length` None) take the settings as they are. A block-diffusion
-    model decodes on its own block grid, so the preset's block becomes the model's, its total
-    steps become steps per block at the preset's tokens per step (e.g. d1's length / 2 steps: two
-    tokens a step), and the decoding uses the exact KV cache of finished blocks ("prefix") unless
-    the preset names a cache.
+    model decodes on its own block grid (`block_diffusion=True`), so the preset's block becomes the
+    model's, its total steps become steps per block at the preset's tokens per step (e.g. d1's
+    length / 2 steps: two tokens a step), and the decoding uses the exact KV cache of finished
+    blocks ("prefix") unless the preset names a cache.
     """
-    if block_length is None or settings.block_length == block_length:
+    if block_length is None:
         return settings
+    if settings.block_length == block_length:
+        return dataclasses.replace(settings, block_diffusion=True)
     per_block = max(1, round(block_length * settings.steps / settings.max_new_tokens))
     length = -(-settings.max_new_tokens // block_length) * block_length
     return dataclasses.replace(settings, max_new_tokens=length, block_length=block_length, steps=per_block,
-                               cache=settings.cache or "prefix")
+                               cache=settings.cache or "prefix", block_diffusion=True)
 
 
-def _d(length: int, steps: int, block: int, **kw: object) -> DecodingSettings:
-    return DecodingSettings(max_new_tokens=length, steps=steps, block_length=block,
+def _d(length: int, steps: int, block: int, **kw: object) -> SamplingConfig:
+    return SamplingConfig(max_new_tokens=length, steps=steps, block_length=block,
                             **kw)  # type: ignore[arg-type]
 
 

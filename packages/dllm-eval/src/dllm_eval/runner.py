@@ -9,24 +9,28 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Protocol, Sequence
+from typing import Any, Mapping, Protocol, Sequence
 
 import torch
+from dllm_rollout import SamplingConfig, generate
 
 from dllm_eval.benchmarks import Benchmark, get_benchmark
 from dllm_eval.data import Message, Row
 from dllm_eval.manifest import build_manifest
-from dllm_eval.presets import DecodingSettings, Preset, get_preset
+from dllm_eval.presets import Preset, get_preset
 
 __all__ = ["BenchmarkResult", "ChatTokenizer", "GenerateFn", "SampleResult", "infer_family",
            "render_table", "rescore", "run_benchmark", "write_result"]
 
 logger = logging.getLogger(__name__)
 
-GenerateFn = Callable[..., Any]
-"""``generate(model, prompts: list[list[int]], *, max_new_tokens, steps, block_length,
-temperature, remasking, cache, threshold, seed)`` returning an object with ``.response_ids``
-(LongTensor ``[B, max_new_tokens]``), as ``dllm_rollout.generate``."""
+
+class GenerateFn(Protocol):
+    """A generation function, as ``dllm_rollout.generate``: ``generate(model, prompts, cfg,
+    seed=seeds)`` returns an object with ``.response_ids`` (LongTensor ``[B, cfg.max_new_tokens]``)."""
+
+    def __call__(self, model: Any, prompts: list[list[int]], cfg: SamplingConfig, *,
+                 seed: list[int] | None) -> Any: ...
 
 
 class ChatTokenizer(Protocol):
@@ -122,12 +126,6 @@ def infer_family(model: Any) -> str | None:
     return None
 
 
-def _default_generate() -> GenerateFn:
-    from dllm_rollout import generate  # type: ignore[attr-defined,unused-ignore]
-
-    return generate  # type: ignore[no-any-return,unused-ignore]
-
-
 def _ids(out: Any) -> list[int]:
     if isinstance(out, Mapping):
         out = out["input_ids"]
@@ -196,13 +194,14 @@ def rescore(result: BenchmarkResult, mode: str, *, score_workers: int = 4) -> Be
                            manifest={**result.manifest, "reward_mode": mode}, reward_mode=mode)
 
 
-def _generate_kwargs(settings: DecodingSettings) -> dict[str, Any]:
-    kwargs = {k: getattr(settings, k) for k in ("max_new_tokens", "steps", "block_length",
-                                                 "temperature", "remasking", "cache",
-                                                 "threshold")}
-    if settings.top_p is not None:
-        kwargs["top_p"] = settings.top_p
-    return kwargs
+def _in_model_mode(settings: SamplingConfig, model: Any) -> SamplingConfig:
+    """`settings` in the decoding mode of `model` (masked or block diffusion, as `generate` sets it),
+    so the manifest records what runs; unchanged for a model without `traits`."""
+    traits = getattr(model, "traits", None)
+    if traits is None:
+        return settings
+    block = getattr(traits, "block_length", None) is not None
+    return settings if settings.block_diffusion == block else dataclasses.replace(settings, block_diffusion=block)
 
 
 def run_benchmark(
@@ -216,7 +215,7 @@ def run_benchmark(
     seed: int | None = 0,
     output_dir: str | Path | None = None,
     generate_fn: GenerateFn | None = None,
-    decoding: DecodingSettings | None = None,
+    decoding: SamplingConfig | None = None,
     score_workers: int = 4,
     hash_weights: bool = True,
     reward_mode: str | None = None,
@@ -244,7 +243,8 @@ def run_benchmark(
         seed: base seed; sample ``i`` is generated with ``seed + i`` (None = unseeded).
         output_dir: where to write outputs; nothing is written when None.
         generate_fn: generation function (see :data:`GenerateFn`).
-        decoding: overrides the preset's decoding settings for this benchmark.
+        decoding: the decoding settings (``dllm_rollout.SamplingConfig``) for this benchmark,
+            instead of the preset's.
         score_workers: threads used for scoring (code rewards run in the sandbox).
         hash_weights: include the weights' fingerprint in the manifest
             (:func:`dllm_eval.manifest.weights_fingerprint`, computed on the model's device).
@@ -266,8 +266,8 @@ def run_benchmark(
     pre = get_preset(preset) if isinstance(preset, str) else preset
     mode = reward_mode or pre.reward_mode
     fam = family or infer_family(model)
-    settings = decoding or bench.decoding(pre, fam)
-    gen = generate_fn or _default_generate()
+    settings = _in_model_mode(decoding or bench.decoding(pre, fam), model)
+    gen: GenerateFn = generate_fn or generate
     all_rows: list[Row] = bench.load(limit=limit, preset=pre)
     encoded = [_encode(tokenizer, bench.messages(row, pre), pre.assistant_prefill)
                for row in all_rows]
@@ -286,7 +286,7 @@ def run_benchmark(
             seed + row.index * repeats + rep
             for row, rep in zip(rows[start:start + batch_size], rep_ids[start:start + batch_size])]
         t0 = time.perf_counter()
-        out = gen(model, batch, **_generate_kwargs(settings), seed=seeds)
+        out = gen(model, batch, settings, seed=seeds)
         ids = out.response_ids.tolist()  # waits for the device
         generate_s += time.perf_counter() - t0
         mask = getattr(out, "response_mask", None)  # the contract promises response_ids only

@@ -1,7 +1,7 @@
 """dllm_rollout: diffusion LM samplers, KV-cached decoding and engine adapters."""
 
 from dllm_rollout.batch import RolloutBatch, response_mask
-from dllm_rollout.config import SamplingConfig
+from dllm_rollout.config import SamplingConfig, configure
 from dllm_rollout.consistency import consistency_gap
 from dllm_rollout.generate import decode, generate
 from dllm_rollout.masked import transfer_quota
@@ -13,6 +13,7 @@ __all__ = [
     "RolloutBatch",
     "SamplingConfig",
     "TreeRollout",
+    "configure",
     "consistency_gap",
     "decode",
     "filter_logits",

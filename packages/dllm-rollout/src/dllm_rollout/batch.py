@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 
 import torch
 
 from dllm_rollout.config import SamplingConfig
+from dllm_rollout.prompts import left_pad
 from dllm_rollout.record import Recorder
 
 
@@ -99,6 +101,50 @@ def response_mask(response: torch.Tensor, eos_id: int, eos_handling: str) -> tor
     return before == 0
 
 
+RECORDS = ("unmask_step", "step_logp", "ref_step_logp", "step_canvas", "step_x0", "step_confidence")
+"""The optional trajectory records of a RolloutBatch, by field name."""
+
+
+def rollout_batch(
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    response: torch.Tensor,
+    seeds: torch.Tensor,
+    cfg: SamplingConfig,
+    *,
+    eos_id: int,
+    counted: torch.Tensor | None = None,
+    records: Mapping[str, torch.Tensor] | None = None,
+    extras: dict[str, torch.Tensor] | None = None,
+) -> RolloutBatch:
+    """The one assembly of a RolloutBatch, for decoders and engines alike.
+
+    Args:
+        prompt_ids, prompt_mask: [B, P] left-padded prompts; seeds: [B].
+        response: [B, R] response ids (R = `cfg.max_new_tokens`).
+        cfg: the settings that produced the batch.
+        eos_id: the model's EOS id.
+        counted: [B, R] bool, the response mask when the caller's rule differs from
+            `cfg.eos_handling` (engines); None: `response_mask(response, eos_id, cfg.eos_handling)`.
+        records: trajectory records by field name (a subset of `RECORDS`), each [B, R] or [B, S, R].
+        extras: further per-sample tensors (`RolloutBatch.extras`).
+    """
+    found = dict(records or {})
+    unknown = sorted(set(found) - set(RECORDS))
+    if unknown:
+        raise ValueError(f"records {unknown} are not RolloutBatch records; valid: {list(RECORDS)}")
+    return RolloutBatch(
+        prompt_ids=prompt_ids,
+        prompt_mask=prompt_mask,
+        response_ids=response,
+        response_mask=response_mask(response, eos_id, cfg.eos_handling) if counted is None else counted,
+        seeds=seeds,
+        config=cfg,
+        extras={} if extras is None else extras,
+        **found,
+    )
+
+
 def decoded_batch(
     prompt_ids: torch.Tensor,
     prompt_mask: torch.Tensor,
@@ -128,24 +174,51 @@ def decoded_batch(
     """
     r = cfg.max_new_tokens
     idx = offsets[:, None] + torch.arange(r, device=region.device)[None]
-    response = region.gather(1, idx)
     recs = rec.take(offsets, r, mask_id)
-    keep = cfg.record_trajectory
-    return RolloutBatch(
-        prompt_ids=prompt_ids,
-        prompt_mask=prompt_mask,
-        response_ids=response,
-        response_mask=response_mask(response, eos_id, cfg.eos_handling),
-        seeds=seeds,
-        unmask_step=recs["unmask_step"] if keep else None,
-        step_logp=recs["step_logp"] if keep else None,
-        ref_step_logp=recs.get("ref_step_logp"),
-        step_canvas=recs.get("step_canvas"),
-        step_x0=recs.get("step_x0"),
-        step_confidence=recs.get("step_confidence"),
-        config=cfg,
-        extras={} if extras is None else extras,
-    )
+    if not cfg.record_trajectory:
+        recs = {k: v for k, v in recs.items() if k not in ("unmask_step", "step_logp")}
+    return rollout_batch(prompt_ids, prompt_mask, region.gather(1, idx), seeds, cfg, eos_id=eos_id,
+                         records=recs, extras=extras)
+
+
+def batch_from_token_lists(
+    prompts: Sequence[Sequence[int]],
+    responses: Sequence[Sequence[int]],
+    seeds: torch.Tensor,
+    cfg: SamplingConfig,
+    *,
+    eos_id: int,
+    pad_id: int,
+    unmask_steps: Sequence[Sequence[int]] | None = None,
+) -> RolloutBatch:
+    """An engine's token lists as a batch: prompts left-padded, responses right-padded with `pad_id`.
+
+    Engines stop at EOS, so the response mask always counts the returned tokens through the first
+    EOS (docs/generation.md#rollout-output), whatever `cfg.eos_handling` says.
+
+    Args:
+        prompts, responses: B lists of token ids (responses longer than R = `cfg.max_new_tokens`
+            are cut).
+        seeds: [B] the seeds the engine was given.
+        eos_id, pad_id: the model's EOS and padding ids.
+        unmask_steps: optional 0-based step per response token (engine step maps), -1 after the end.
+    """
+    if len(prompts) != len(responses):
+        raise ValueError(f"{len(prompts)} prompts but {len(responses)} engine outputs")
+    ids, mask = left_pad(prompts, pad_id)
+    r = cfg.max_new_tokens
+    resp = torch.full((len(responses), r), pad_id, dtype=torch.long)
+    filled = torch.zeros((len(responses), r), dtype=torch.bool)
+    steps = torch.full((len(responses), r), -1, dtype=torch.long)
+    for i, toks in enumerate(responses):
+        n = min(len(toks), r)
+        resp[i, :n] = torch.as_tensor(list(toks)[:n], dtype=torch.long)
+        filled[i, :n] = True
+        if unmask_steps is not None:
+            steps[i, :n] = torch.as_tensor(list(unmask_steps[i])[:n], dtype=torch.long)
+    records = {"unmask_step": steps} if unmask_steps is not None else None
+    return rollout_batch(ids, mask, resp, seeds, cfg, eos_id=eos_id,
+                         counted=response_mask(resp, eos_id, "truncate") & filled, records=records)
 
 
 def _pad_to(t: torch.Tensor, dim: int, size: int, fill: float | int | bool, *, left: bool = False) -> torch.Tensor:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 from dataclasses import dataclass
+from typing import Any
 
 LLADA_REMASKING = ("low_confidence", "random")
 DREAM_REMASKING = ("origin", "maskgit_plus", "topk_margin", "entropy")
@@ -57,7 +60,8 @@ class SamplingConfig:
             filled (LLaDA2.1's `max_post_steps`); ignored without editing.
         record_trajectory: record per token the step it was committed at and its log-prob.
         record_steps: record per step the canvas, the proposals and their confidences.
-        block_diffusion: set by `generate` from `model.traits.block_length`.
+        block_diffusion: masked (False) or block diffusion (True); the model decides it: `generate`
+            sets it from `model.traits.block_length`.
         max_rows: decode at most this many rows at a time (0: the whole batch in one call), so
             decoding memory is bounded; exact, since every row has its own seed. The trainer's
             rollout worker reads it (`dllm_train.RolloutWorker`).
@@ -176,3 +180,26 @@ class SamplingConfig:
         if self.block_diffusion:
             return self.steps
         return max(1, self.steps // self.num_blocks)
+
+
+def configure(base: SamplingConfig | None = None, /, **settings: Any) -> SamplingConfig:
+    """`base` with `settings` replaced, or a new config of `settings` when `base` is None.
+
+    Args:
+        base: the settings to start from (None: only `settings`, which must then hold
+            max_new_tokens, steps and block_length).
+        settings: SamplingConfig fields by name.
+
+    Raises:
+        TypeError: for a name that is not a SamplingConfig field (the error names it, its value and
+            the closest field); ValueError: for a bad combination (`SamplingConfig.__post_init__`).
+    """
+    names = [f.name for f in dataclasses.fields(SamplingConfig)]
+    for key, value in settings.items():
+        if key not in names:
+            close = difflib.get_close_matches(key, names, n=1, cutoff=0.6)
+            hint = f"did you mean {close[0]!r}?" if close else f"the settings are {names}"
+            raise TypeError(f"{key}={value!r} is not a decoding setting (a SamplingConfig field); {hint}")
+    if base is None:
+        return SamplingConfig(**settings)
+    return dataclasses.replace(base, **settings) if settings else base

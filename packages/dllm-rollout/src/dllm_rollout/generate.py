@@ -9,7 +9,7 @@ import torch
 
 from dllm_rollout.batch import RolloutBatch
 from dllm_rollout.block import decode_blocks
-from dllm_rollout.config import SamplingConfig
+from dllm_rollout.config import SamplingConfig, configure
 from dllm_rollout.masked import decode_masked
 from dllm_rollout.prompts import left_pad, sample_seeds
 
@@ -32,25 +32,11 @@ def decode(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, seed
 def generate(
     model: Any,
     prompts: Sequence[Sequence[int]],
+    cfg: SamplingConfig | None = None,
     *,
-    max_new_tokens: int,
-    steps: int,
-    block_length: int,
-    temperature: float = 0.0,
-    remasking: str = "low_confidence",
-    cache: str | None = None,
-    threshold: float | None = None,
     seed: int | Sequence[int] | None = None,
-    eos_handling: str = "keep",
-    record_trajectory: bool = False,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    alg_temp: float | None = None,
-    stop_at_eos: bool = True,
-    record_steps: bool = False,
     ref_model: Any = None,
-    editing_threshold: float | None = None,
-    max_post_steps: int = 16,
+    **settings: Any,
 ) -> RolloutBatch:
     """Generate responses for prompts of any lengths with a diffusion LM.
 
@@ -61,46 +47,34 @@ def generate(
     docs/generation.md#sdar, #llada2),
     where `steps` counts denoising steps per block and `block_length` must equal the model's.
 
+    The decoding settings are one `SamplingConfig`: pass it as `cfg`, or its fields as keywords
+    (`generate(model, prompts, max_new_tokens=256, steps=256, block_length=32)`), or both (the
+    keywords replace the config's fields). The model sets `block_diffusion`; `ref_model` turns
+    on `record_trajectory`.
+
     Args:
         model: a dllm_models family module (has `traits` and a padded-batch forward).
         prompts: B lists of token ids, any lengths (left-padded internally).
-        max_new_tokens: response length.
-        steps: total denoising steps (masked) or steps per block (block diffusion).
-        block_length: block size (masked: divides max_new_tokens; block diffusion: the model's).
-        temperature: sampling temperature (0 = argmax).
-        remasking: "low_confidence", "random", or Dream's "origin", "maskgit_plus",
-            "topk_margin", "entropy".
-        cache: None, "prefix" or "dual" (masked, approximate); None or "prefix" (block, exact).
-        threshold: confidence threshold for parallel decoding (commits at least one per step).
+        cfg: the decoding settings (None: `settings` alone).
         seed: an int (per-sample seeds derived from it), one seed per prompt, or None.
-        eos_handling: "keep" or "truncate" (which response tokens `response_mask` counts).
-        record_trajectory: record unmask steps and per-step log-probs.
-        top_k, top_p: restrict the proposal distribution (Dream order: top-p, then top-k).
-        alg_temp: Dream: sample positions from softmax(confidence / alg_temp).
-        stop_at_eos: block diffusion: stop a row after a block that produced EOS.
-        record_steps: record canvases, proposals and confidences of every step.
         ref_model: a second model scored on the same canvases (`ref_step_logp`).
-        editing_threshold: block diffusion: LLaDA2.1 token editing (needs `threshold`); None: off.
-        max_post_steps: with editing, at most this many steps per block after its last mask.
+        settings: SamplingConfig fields by name (see its docstring); any other name raises
+            TypeError naming it.
 
     Returns:
         RolloutBatch with `response_ids` [B, max_new_tokens].
     """
     native = model.traits.block_length
-    if native is not None and block_length != native:
+    settings["block_diffusion"] = native is not None
+    if ref_model is not None:
+        settings["record_trajectory"] = True
+    cfg = configure(cfg, **settings)
+    if native is not None and cfg.block_length != native:
         raise ValueError(
-            f"block_length ({block_length}) must equal the model's block_length ({native}) for "
+            f"block_length ({cfg.block_length}) must equal the model's block_length ({native}) for "
             "block diffusion: its attention mask uses that grid; build the model with another "
             "block size to decode with one"
         )
-    cfg = SamplingConfig(
-        max_new_tokens=max_new_tokens, steps=steps, block_length=block_length,
-        temperature=temperature, top_k=top_k, top_p=top_p, remasking=remasking, alg_temp=alg_temp,
-        cache=cache, threshold=threshold, eos_handling=eos_handling, stop_at_eos=stop_at_eos,
-        editing_threshold=editing_threshold, max_post_steps=max_post_steps,
-        record_trajectory=record_trajectory or ref_model is not None, record_steps=record_steps,
-        block_diffusion=native is not None,
-    )
     device = next(model.parameters()).device
     ids, mask = left_pad(prompts, model.traits.pad_token_id, device)
     return decode(model, ids, mask, sample_seeds(seed, len(prompts)), cfg, ref_model)

@@ -7,9 +7,14 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from dllm_eval import DecodingSettings, get_benchmark, get_preset, run_benchmark
+from dllm_eval import get_benchmark, get_preset, run_benchmark
+from dllm_rollout import SamplingConfig
 
 logger = logging.getLogger(__name__)
+
+VALIDATION_FROM_ROLLOUT = ("max_new_tokens", "steps", "block_length")
+"""The SamplingConfig fields held-out validation takes from the run's rollout; the others (greedy,
+cache, ...) are the evaluation preset's, and the model sets `block_diffusion`."""
 
 
 def benchmark_validator(
@@ -21,7 +26,7 @@ def benchmark_validator(
     preset: str = "dare_local",
     batch_size: int = 16,
     seed: int = 0,
-    decoding: dict[str, Any] | None = None,
+    rollout: SamplingConfig | None = None,
 ) -> Callable[[], dict[str, float]]:
     """An `eval_fn` for a training phase: held-out accuracy on dllm_eval benchmarks.
 
@@ -38,7 +43,8 @@ def benchmark_validator(
         preset: evaluation protocol preset.
         batch_size: prompts per generation call.
         seed: base seed of the per-sample seeds.
-        decoding: DecodingSettings fields overriding the preset (e.g. max_new_tokens).
+        rollout: the run's rollout settings: each benchmark decodes with its preset's settings at
+            the rollout's lengths (`VALIDATION_FROM_ROLLOUT`); None: the preset's.
 
     Returns:
         A callable returning {"eval/<name>_accuracy": ..., "eval/<name>_score": ...}.
@@ -50,9 +56,12 @@ def benchmark_validator(
     logger.info("validation scores %s of %s", "every row" if limit is None else f"the first {limit} rows",
                 ", ".join(b.name for b in benches))
 
-    def settings(bench: Any) -> DecodingSettings:
-        base: DecodingSettings = bench.decoding(resolved)
-        return dataclasses.replace(base, **decoding) if decoding else base
+    def settings(bench: Any) -> SamplingConfig:
+        base: SamplingConfig = bench.decoding(resolved)
+        if rollout is None:
+            return base
+        lengths = {k: getattr(rollout, k) for k in VALIDATION_FROM_ROLLOUT}
+        return dataclasses.replace(base, **lengths, block_diffusion=model.traits.block_length is not None)
 
     def validate() -> dict[str, float]:
         was_training = model.training

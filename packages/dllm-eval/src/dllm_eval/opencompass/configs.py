@@ -8,7 +8,8 @@ prompts equal the native runner's) and returns a plain OpenCompass config dict:
   prompt template with one ``HUMAN``/``BOT`` item per chat turn (derived from the rows' role
   sequence) plus a sample-index meta item, ``ZeroRetriever``, ``GenInferencer`` and
   ``DLLMRewardEvaluator`` (``dllm_eval`` rewards, offline);
-- one ``DLLMModel`` per distinct decoding setting (OpenCompass models carry the decoding, so
+- one ``DLLMModel`` per distinct decoding setting (OpenCompass models carry the decoding, its
+  ``dllm_rollout.SamplingConfig`` as a plain dict under ``decoding``, so
   benchmarks of different preset groups, e.g. math 512 and puzzle 256, get different model
   entries), paired with their datasets through ``model_dataset_combinations``;
 - ``NaivePartitioner`` + ``LocalRunner`` for inference and evaluation, ``work_dir``.
@@ -26,8 +27,10 @@ import re
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from dllm_rollout import SamplingConfig, configure
+
 from dllm_eval.benchmarks import get_benchmark
-from dllm_eval.presets import DecodingSettings, get_preset
+from dllm_eval.presets import get_preset
 
 __all__ = ["DATASET_TYPE", "EVALUATOR_TYPE", "MODEL_TYPE", "build_config", "dataset_abbr",
            "decoding_for", "model_abbr", "write_config", "write_jsonl"]
@@ -47,15 +50,16 @@ def dataset_abbr(benchmark: str, preset: str) -> str:
 
 
 def decoding_for(benchmark: str, preset: str,
-                 overrides: Mapping[str, Any] | None = None) -> DecodingSettings:
-    """The preset's decoding settings for ``benchmark`` with ``overrides`` (non-None) applied."""
+                 overrides: Mapping[str, Any] | None = None) -> SamplingConfig:
+    """The preset's decoding settings for ``benchmark`` with ``overrides`` (SamplingConfig fields;
+    None values are skipped) applied."""
     base = get_benchmark(benchmark).decoding(preset)
-    changes = {k: v for k, v in (overrides or {}).items() if v is not None}
-    return dataclasses.replace(base, **changes) if changes else base
+    return configure(base, **{k: v for k, v in (overrides or {}).items() if v is not None})
 
 
-def model_abbr(checkpoint: str | Path, decoding: DecodingSettings) -> str:
-    """OpenCompass model name: checkpoint folder name + decoding settings."""
+def model_abbr(checkpoint: str | Path, decoding: SamplingConfig) -> str:
+    """OpenCompass model name: checkpoint folder name + decoding settings (so two settings never
+    share a name)."""
     name = re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(checkpoint).resolve().name) or "model"
     abbr = (f"{name}_L{decoding.max_new_tokens}_S{decoding.steps}_B{decoding.block_length}"
             f"_T{decoding.temperature:g}")
@@ -65,6 +69,11 @@ def model_abbr(checkpoint: str | Path, decoding: DecodingSettings) -> str:
         abbr += f"_{decoding.cache}"
     if decoding.threshold is not None:
         abbr += f"_th{decoding.threshold:g}"
+    named = {"max_new_tokens", "steps", "block_length", "temperature", "remasking", "cache", "threshold"}
+    for f in dataclasses.fields(decoding):  # any other setting that differs from its default
+        value = getattr(decoding, f.name)
+        if f.name not in named and value != f.default:
+            abbr += f"_{f.name}{value}"
     return abbr
 
 
@@ -99,7 +108,7 @@ def write_jsonl(benchmark: str, preset: str, path: str | Path, *,
 
 
 def _dataset_cfg(benchmark: str, preset: str, jsonl: Path, roles: Sequence[str],
-                 decoding: DecodingSettings, score_workers: int) -> dict[str, Any]:
+                 decoding: SamplingConfig, score_workers: int) -> dict[str, Any]:
     turns = [{"role": _OC_ROLE[r], "prompt": "{%s%d}" % (_TURN, i)} for i, r in enumerate(roles)]
     meta = {"role": "DLLM_SAMPLE", "prompt": "{%s}" % _SAMPLE}
     return {
@@ -180,7 +189,7 @@ def build_config(
                     "abbr": abbr,
                     "type": MODEL_TYPE,
                     "path": str(ckpt),
-                    **dataclasses.asdict(settings),
+                    "decoding": dataclasses.asdict(settings),
                     "seed": seed,
                     "device": device,
                     "dtype": dtype,

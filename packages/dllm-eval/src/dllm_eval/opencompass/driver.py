@@ -13,7 +13,7 @@ import subprocess
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-__all__ = ["OFFLINE_ENV", "PROJECT_ENV_VAR", "build_command", "find_project", "run_opencompass"]
+__all__ = ["DECODING_FLAGS", "OFFLINE_ENV", "PROJECT_ENV_VAR", "build_command", "find_project", "run_opencompass"]
 
 PROJECT_ENV_VAR = "DARE_OPENCOMPASS_PROJECT"
 """Environment variable naming the OpenCompass uv project folder (overrides the search)."""
@@ -29,8 +29,9 @@ OFFLINE_ENV: dict[str, str] = {
 """Set in the child's environment: the ``HF_*``/``TRANSFORMERS_*`` offline switches always, the
 others unless already set."""
 
-_DECODING_FLAGS = ("max_new_tokens", "steps", "block_length", "temperature", "remasking",
-                   "cache", "threshold")
+DECODING_FLAGS = ("max_new_tokens", "steps", "block_length", "temperature", "remasking",
+                  "cache", "threshold")
+"""The SamplingConfig fields ``python -m dllm_eval.opencompass.run`` takes as flags (``--max-new-tokens``, ...)."""
 
 
 def find_project(start: str | os.PathLike[str] | None = None) -> Path:
@@ -96,8 +97,8 @@ def build_command(
     if not hash_weights:
         cmd.append("--no-hash-weights")
     for key, value in (decoding or {}).items():
-        if key not in _DECODING_FLAGS:
-            raise ValueError(f"unknown decoding override {key!r}; valid: {list(_DECODING_FLAGS)}")
+        if key not in DECODING_FLAGS:
+            raise ValueError(f"unknown decoding override {key!r}; valid: {list(DECODING_FLAGS)}")
         if value is not None:
             cmd += [f"--{key.replace('_', '-')}", str(value)]
     return cmd

@@ -18,14 +18,14 @@ Differences from DARE's adapters (docs/data.md#opencompass-adapters), on purpose
 from __future__ import annotations
 
 import logging
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
+from dllm_rollout import SamplingConfig, configure
 from opencompass.models.base import BaseModel  # type: ignore[import-not-found,unused-ignore]
 from opencompass.registry import MODELS  # type: ignore[import-not-found,unused-ignore]
 
 from dllm_eval.opencompass.chat import ChatParser, encode_messages, to_messages
-from dllm_eval.presets import DecodingSettings
 from dllm_eval.runner import _decode, _eos_ids
 
 __all__ = ["DLLMModel", "loaded_models"]
@@ -46,26 +46,21 @@ class DLLMModel(BaseModel):  # type: ignore[misc,unused-ignore]
 
     Args:
         path: checkpoint folder (config.json, safetensors, tokenizer files).
-        max_new_tokens, steps, block_length, temperature, remasking, cache, threshold:
-            ``dllm_rollout.generate`` settings (see ``dllm_eval.presets.DecodingSettings``).
+        decoding: the decoding settings, ``dllm_rollout.SamplingConfig`` fields by name (as
+            ``configs.build_config`` writes them: ``dataclasses.asdict`` of the config).
         seed: base seed; sample ``i`` uses ``seed + i`` (None = unseeded).
         device: torch device (default: cuda if available, else cpu).
         dtype: parameter dtype (default: the checkpoint's).
         max_seq_len: OpenCompass's prompt-length bound (only used by OpenCompass itself).
-        generation_kwargs: extra keyword arguments of ``dllm_rollout.generate`` (e.g. top_k).
+        generation_kwargs: further SamplingConfig fields replacing those of ``decoding`` (e.g.
+            top_k), as OpenCompass models take them.
     """
 
     def __init__(
         self,
         path: str,
         *,
-        max_new_tokens: int,
-        steps: int,
-        block_length: int,
-        temperature: float = 0.0,
-        remasking: str = "low_confidence",
-        cache: str | None = None,
-        threshold: float | None = None,
+        decoding: Mapping[str, Any],
         seed: int | None = 0,
         device: str | None = None,
         dtype: str | None = None,
@@ -83,11 +78,8 @@ class DLLMModel(BaseModel):  # type: ignore[misc,unused-ignore]
         from dllm_models import load_model, load_tokenizer
 
         self.template_parser = ChatParser()
-        # Validates the combination (multiple of block length, ranges) like the presets do.
-        self.decoding = DecodingSettings(
-            max_new_tokens=max_new_tokens, steps=steps, block_length=block_length,
-            temperature=temperature, remasking=remasking,  # type: ignore[arg-type,unused-ignore]
-            cache=cache, threshold=threshold)
+        # One config, validated as the presets' are.
+        self.decoding: SamplingConfig = configure(None, **{**decoding, **self.generation_kwargs})
         self.seed = seed
         self.tokenizer = load_tokenizer(path)
         self.eos_ids = _eos_ids(self.tokenizer)
@@ -132,10 +124,7 @@ class DLLMModel(BaseModel):  # type: ignore[misc,unused-ignore]
             seeds = [self.seed + (p["sample"] if p["sample"] is not None else i)
                      for i, p in enumerate(parsed)]
         with torch.no_grad():
-            out = rollout_generate(
-                self.model, prompts, max_new_tokens=d.max_new_tokens, steps=d.steps,
-                block_length=d.block_length, temperature=d.temperature, remasking=d.remasking,
-                cache=d.cache, threshold=d.threshold, seed=seeds, **self.generation_kwargs)
+            out = rollout_generate(self.model, prompts, d, seed=seeds)
         texts = [_decode(self.tokenizer, row, self.eos_ids) for row in out.response_ids.tolist()]
         return [_cut(t, stopping_criteria) for t in texts]
 

@@ -31,6 +31,7 @@ from dllm_eval.opencompass.configs import (
     model_abbr,
     write_config,
 )
+from dllm_eval.opencompass.driver import DECODING_FLAGS
 
 __all__ = ["main", "parse_args"]
 
@@ -67,9 +68,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
-    keys = ("max_new_tokens", "steps", "block_length", "temperature", "remasking", "cache",
-            "threshold")
-    return {k: getattr(args, k) for k in keys if getattr(args, k) is not None}
+    return {k: getattr(args, k) for k in DECODING_FLAGS if getattr(args, k) is not None}
 
 
 def _run_opencompass(config_path: Path, work_dir: Path) -> None:

@@ -4,7 +4,7 @@ The engines themselves are imported lazily inside each module's engine class, so
 package never needs sglang or lmdeploy.
 """
 
-from dllm_rollout.engines.common import batch_from_token_lists
+from dllm_rollout.batch import batch_from_token_lists
 from dllm_rollout.engines.lmdeploy import LMDeployEngine, batch_from_lmdeploy, lmdeploy_engine_config, lmdeploy_gen_config
 from dllm_rollout.engines.sglang import SGLangEngine, batch_from_sglang, sglang_algorithm, sglang_sampling_params
 

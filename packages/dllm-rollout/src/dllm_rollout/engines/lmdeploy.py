@@ -38,9 +38,8 @@ from typing import Any
 
 import torch
 
-from dllm_rollout.batch import RolloutBatch
+from dllm_rollout.batch import RolloutBatch, batch_from_token_lists
 from dllm_rollout.config import SamplingConfig
-from dllm_rollout.engines.common import batch_from_token_lists
 from dllm_rollout.prompts import sample_seeds
 
 

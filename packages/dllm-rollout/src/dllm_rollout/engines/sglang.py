@@ -14,9 +14,8 @@ from typing import Any
 
 import torch
 
-from dllm_rollout.batch import RolloutBatch
+from dllm_rollout.batch import RolloutBatch, batch_from_token_lists
 from dllm_rollout.config import SamplingConfig
-from dllm_rollout.engines.common import batch_from_token_lists
 from dllm_rollout.prompts import sample_seeds
 
 DEFAULT_THRESHOLD = 0.95
