@@ -37,7 +37,7 @@ from rollout_bench import _model  # noqa: E402
 
 from dllm_rollout import SamplingConfig, decode, fast, sampling  # noqa: E402
 from dllm_rollout.block import grid_canvas  # noqa: E402
-from dllm_rollout.fast import block_forward  # noqa: E402
+from dllm_rollout.head import block_forward  # noqa: E402
 
 
 def _wall(fn: Callable[[], Any], device: str) -> float:

@@ -133,7 +133,7 @@ def profile_native(folder: Path, prompts: list[list[int]], new: int, device: str
     """
     from torch.profiler import ProfilerActivity, profile
 
-    import dllm_rollout.fast as fast
+    import dllm_rollout.graphs as graphs
     from dllm_models import load_model
     from dllm_rollout import generate
 
@@ -142,7 +142,7 @@ def profile_native(folder: Path, prompts: list[list[int]], new: int, device: str
     generate(model, prompts, **kw)  # type: ignore[arg-type]
     _sync()
     events: list[tuple[Any, Any]] = []
-    call = fast.GraphedStep.__call__
+    call = graphs.GraphedStep.__call__
 
     def timed(self: Any, *inputs: Any) -> Any:
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -153,12 +153,12 @@ def profile_native(folder: Path, prompts: list[list[int]], new: int, device: str
         return out
 
     if device == "cuda":
-        fast.GraphedStep.__call__ = timed  # type: ignore[method-assign]
+        graphs.GraphedStep.__call__ = timed  # type: ignore[method-assign]
     t0 = time.perf_counter()
     generate(model, prompts, **kw)  # type: ignore[arg-type]
     _sync()
     wall = time.perf_counter() - t0
-    fast.GraphedStep.__call__ = call  # type: ignore[method-assign]
+    graphs.GraphedStep.__call__ = call  # type: ignore[method-assign]
     inside = sum(a.elapsed_time(b) for a, b in events) / 1e3
     print(json.dumps({"profile_rows": len(prompts), "profile_new": new, "wall_s": round(wall, 3),
                       "graphed_calls": len(events), "graphed_gpu_s": round(inside, 3),

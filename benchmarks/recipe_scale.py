@@ -244,13 +244,13 @@ class ForwardCounter:
     `StopDecode` before forward `limit + 1`.
 
     A forward pre-hook on the model sees eager forwards; forwards replayed from a CUDA graph
-    (`dllm_rollout.fast.GraphedStep`) run no Python, so `GraphedStep.__call__` is wrapped for the
+    (`dllm_rollout.graphs.GraphedStep`) run no Python, so `GraphedStep.__call__` is wrapped for the
     counter's lifetime: one forward per call, the hook silent inside it (its capture runs the model
     twice), and the limit checked before the call, never inside a capture.
     """
 
     def __init__(self, model: torch.nn.Module, limit: int = 0) -> None:
-        from dllm_rollout.fast import GraphedStep
+        from dllm_rollout.graphs import GraphedStep
 
         self.calls = 0
         self.tokens = 0

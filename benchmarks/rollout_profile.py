@@ -85,7 +85,7 @@ def _parts(model: Any, ids: torch.Tensor, attn: torch.Tensor, pos: torch.Tensor,
         head = output_head(model)
         blk = h[:, -min(32, h.shape[1]):] if cache is None else h
         if cache is None:
-            from dllm_rollout.fast import block_forward
+            from dllm_rollout.head import block_forward
 
             n = ids.shape[1]
             out[f"{tag} forward, head on last 32 columns"] = _time(

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 import torch
 
-from dllm_rollout import fast, generate
-from dllm_rollout.fast import GraphedStep
+from dllm_rollout import generate, graphs
+from dllm_rollout.graphs import GraphedStep
 
 pytestmark = pytest.mark.gpu
 
@@ -33,9 +33,9 @@ def _decode_both(monkeypatch: pytest.MonkeyPatch, model: torch.nn.Module, **kwar
         captured.append(self)
 
     monkeypatch.setattr(GraphedStep, "_capture", spy)
-    monkeypatch.setattr(fast, "CUDA_GRAPHS", True)
+    monkeypatch.setattr(graphs, "CUDA_GRAPHS", True)
     graphed = generate(model, PROMPTS, seed=4, record_trajectory=True, **kwargs)
-    monkeypatch.setattr(fast, "CUDA_GRAPHS", False)
+    monkeypatch.setattr(graphs, "CUDA_GRAPHS", False)
     eager = generate(model, PROMPTS, seed=4, record_trajectory=True, **kwargs)
     return graphed, eager, len(captured)
 

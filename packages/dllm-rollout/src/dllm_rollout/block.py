@@ -26,7 +26,9 @@ import torch
 from dllm_rollout.batch import RolloutBatch, decoded_batch
 from dllm_rollout.config import SamplingConfig
 from dllm_rollout.editing import EDITS, rows_to_step, step_edits, still_open
-from dllm_rollout.fast import GraphedStep, StaticBlockCache, block_forward
+from dllm_rollout.graphs import GraphedStep
+from dllm_rollout.head import block_forward
+from dllm_rollout.static_cache import StaticBlockCache
 from dllm_rollout.masked import transfer_quota
 from dllm_rollout.noise import RowNoise
 from dllm_rollout.progress import check_progress

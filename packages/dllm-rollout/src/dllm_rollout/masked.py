@@ -20,7 +20,8 @@ from dllm_models.protocol import KVCache
 
 from dllm_rollout.batch import RolloutBatch, decoded_batch
 from dllm_rollout.config import LLADA_REMASKING, SamplingConfig
-from dllm_rollout.fast import GraphedStep, block_forward, graph_pool, head_columns, raw_columns
+from dllm_rollout.graphs import GraphedStep, graph_pool
+from dllm_rollout.head import block_forward, head_columns, raw_columns
 from dllm_rollout.noise import RowNoise
 from dllm_rollout.progress import check_progress
 from dllm_rollout.record import Recorder

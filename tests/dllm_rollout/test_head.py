@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dllm_rollout.fast import GraphedStep, block_forward
+from dllm_rollout.graphs import GraphedStep
+from dllm_rollout.head import block_forward
 from tests.dllm_rollout.conftest import tiny
 
 
