@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import torch
 
-from dllm_rollout import generate, tree_generate
+from dllm_rollout import SamplingConfig, generate, tree_generate
 
 
 def test_tree_shares_trunk_and_branches(tiny_llada: torch.nn.Module) -> None:
-    tree = tree_generate(tiny_llada, [[1, 2, 3], [4, 5]], branch_steps=[2], branching=3, max_new_tokens=8,
-                         steps=4, block_length=4, seed=0)
+    cfg = SamplingConfig(max_new_tokens=8, steps=4, block_length=4, temperature=1.0)
+    tree = tree_generate(tiny_llada, [[1, 2, 3], [4, 5]], cfg, branch_steps=[2], branching=3, seed=0)
     assert tree.leaves.batch_size == 6 and tree.node_response.shape == (8, 8)
     assert tree.node_parent.tolist() == [-1, -1, 0, 0, 0, 1, 1, 1]
     assert tree.node_is_leaf.tolist() == [False, False] + [True] * 6
@@ -24,7 +24,7 @@ def test_tree_shares_trunk_and_branches(tiny_llada: torch.nn.Module) -> None:
 
 
 def test_tree_without_branches_is_generate(tiny_llada: torch.nn.Module) -> None:
-    tree = tree_generate(tiny_llada, [[1, 2, 3]], branch_steps=[], branching=2, max_new_tokens=8, steps=4,
-                         block_length=4, seed=4, temperature=0.0)
+    cfg = SamplingConfig(max_new_tokens=8, steps=4, block_length=4, temperature=0.0)
+    tree = tree_generate(tiny_llada, [[1, 2, 3]], cfg, branch_steps=[], branching=2, seed=4)
     plain = generate(tiny_llada, [[1, 2, 3]], max_new_tokens=8, steps=4, block_length=4)
     assert torch.equal(tree.leaves.response_ids, plain.response_ids)

@@ -283,10 +283,8 @@ class DTreeRPO(RLAlgorithm[TrainingRows]):
             raise ValueError(f"d-TreeRPO: rl.group_size must be branching ** depth = {g}, "
                              f"got a batch of {prompt_ids.shape[0]} rows")
         prompts = [row[m].tolist() for row, m in zip(prompt_ids[::g], prompt_mask[::g])]
-        tree = tree_generate(model, prompts, branch_steps=self._branch_steps(sampling.steps), branching=self.branching,
-                             max_new_tokens=sampling.max_new_tokens, steps=sampling.steps,
-                             block_length=sampling.block_length, temperature=sampling.temperature, seed=int(seeds[0]),
-                             remasking=sampling.remasking, eos_handling=sampling.eos_handling)
+        tree = tree_generate(model, prompts, sampling, branch_steps=self._branch_steps(sampling.steps),
+                             branching=self.branching, seed=int(seeds[0]))
         path = [tree.leaf_node]
         while True:
             up = tree.node_parent[path[0]]

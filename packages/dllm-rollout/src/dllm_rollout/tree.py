@@ -8,7 +8,7 @@ complete responses.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -44,33 +44,30 @@ class TreeRollout:
 def tree_generate(
     model: Any,
     prompts: Sequence[Sequence[int]],
+    cfg: SamplingConfig,
     *,
     branch_steps: Sequence[int],
     branching: int,
-    max_new_tokens: int,
-    steps: int,
-    block_length: int,
-    temperature: float = 1.0,
     seed: int | None = None,
-    **sampling: Any,
 ) -> TreeRollout:
     """Branch each prompt's rollout into `branching` children at every step in `branch_steps`.
 
     Args:
         model: a masked-diffusion model (block diffusion is not supported here yet).
         prompts: B lists of token ids.
+        cfg: the decoding settings, the same object every decoder takes (`record_trajectory` is
+            turned on: the tree is built from the step records).
         branch_steps: increasing global steps (0 < s < steps) at which every node splits.
         branching: children per split.
         seed: base seed; the node at depth d, index i gets seed mix(seed, d * 2**20 + i).
-        **sampling: further SamplingConfig fields (remasking, top_k, top_p, cache, ...).
 
     Returns:
         TreeRollout with B * branching ** len(branch_steps) leaves.
     """
     if model.traits.block_length is not None:
         raise ValueError("tree_generate supports masked diffusion only; block diffusion is not implemented")
-    cfg = SamplingConfig(max_new_tokens=max_new_tokens, steps=steps, block_length=block_length,
-                         temperature=temperature, record_trajectory=True, **sampling)
+    cfg = replace(cfg, record_trajectory=True)
+    steps, block_length = cfg.steps, cfg.block_length
     bounds = list(branch_steps)
     if bounds != sorted(set(bounds)) or (bounds and not 0 < bounds[0] <= bounds[-1] < steps):
         raise ValueError(f"branch_steps must be increasing steps in (0, {steps}), got {bounds}")
