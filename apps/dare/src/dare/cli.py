@@ -8,6 +8,7 @@ import os
 import shlex
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,18 +39,18 @@ def _setup_logging(verbose: bool) -> None:
     root.setLevel(logging.INFO if not verbose else logging.DEBUG)
 
 
-def _run_recipe(cfg: RunConfig, out: Path, *, progress: bool) -> dict[str, Any]:
-    """Run a checkpoint recipe through the pipeline of its kind (RL, SFT, preference)."""
+def _pipeline(cfg: RunConfig) -> Callable[..., dict[str, Any]]:
+    """The pipeline of a checkpoint recipe's kind: `run_rl_recipe`, `run_sft_recipe` or `run_preference_recipe`."""
     if isinstance(cfg, RLRecipeConfig):
         from dare.pipeline import run_rl_recipe
 
-        return run_rl_recipe(cfg, out, progress=progress)
+        return run_rl_recipe
     from dare.offline_pipeline import run_preference_recipe, run_sft_recipe
 
     if isinstance(cfg, SFTRecipeConfig):
-        return run_sft_recipe(cfg, out, progress=progress)
+        return run_sft_recipe
     assert isinstance(cfg, PreferenceRecipeConfig), type(cfg)  # the last of `dare.config.KINDS`
-    return run_preference_recipe(cfg, out, progress=progress)
+    return run_preference_recipe
 
 
 def _resolved(args: argparse.Namespace) -> RunConfig:
@@ -68,7 +69,7 @@ def _train(args: argparse.Namespace) -> int:
         args.resolved_output_dir = str(out)  # for the resume hint of an interrupted run
         logging.getLogger(__name__).info("output folder: %s", out)
         if not isinstance(cfg, QuickstartConfig):
-            summary = _run_recipe(cfg, out, progress=not args.no_progress)
+            summary = _pipeline(cfg)(cfg, out, progress=not args.no_progress)
             print(f"finished {summary['steps']} steps; outputs in {out}")
             return 0
         from dare.quickstart import run_quickstart

@@ -28,7 +28,7 @@ from dare.config import CheckpointRun, RLRecipeConfig, RunConfig
 from dare.inputs import check_checkpoint, check_family_name, check_rl_data, train_file_entries
 from dare.rl_data import rl_prompts
 from dare.rl_backend import rl_backend
-from dare.run_folder import open_run_folder, release_run_folder
+from dare.run_folder import writing_run_folder
 from dare.sinks import curve_keys, curves_title, open_wandb_run
 from dllm_eval import DATASETS, Row, score
 from dllm_models import load_model, load_tokenizer, save_model
@@ -149,49 +149,47 @@ def rank_setup(cfg: RLRecipeConfig, reward: RowReward) -> Any:
                      engine_folder=cfg.checkpoint.checkpoint)
 
 
-def run_rl_recipe(cfg: RLRecipeConfig, output_dir: Path, *, progress: bool = True) -> dict[str, Any]:
-    """Run (or resume) an RL recipe on `trainer.backend` (local, or Ray ranks); returns the summary it writes."""
+def _rl_inputs(cfg: RLRecipeConfig) -> tuple[Any, list[tuple[list[int], Row]]]:
+    """The tokenizer and the encoded prompts of an RL recipe, every input checked before anything is
+    written or the model loads."""
     check_inputs(cfg, cfg.algorithm)
     check_rl_data(cfg.data.train_files, names=DATASETS)
     tokenizer = load_tokenizer(cfg.checkpoint.checkpoint)
-    data = rl_prompts(cfg, tokenizer)  # every cell checked before anything is written or the model loads
+    return tokenizer, rl_prompts(cfg, tokenizer)
+
+
+def run_rl_recipe(cfg: RLRecipeConfig, output_dir: Path, *, progress: bool = True) -> dict[str, Any]:
+    """Run (or resume) an RL recipe on `trainer.backend` (local, or Ray ranks); returns the summary it writes."""
+    tokenizer, data = _rl_inputs(cfg)
     t0 = time.perf_counter()
     set_num_threads(cfg)
-    open_run_folder(cfg, output_dir)  # every input check above passed: the first write
-    try:
-        return _train_rl(cfg, output_dir, data, tokenizer, t0=t0, progress=progress)
-    finally:
-        release_run_folder(output_dir)
-
-
-def _train_rl(cfg: RLRecipeConfig, output_dir: Path, data: list[tuple[list[int], Row]], tokenizer: Any, *, t0: float,
-              progress: bool) -> dict[str, Any]:
     rl = cfg.rl
-    wandb_run = open_wandb_run(cfg, output_dir)
-    model = policy_with_adapters(cfg, driver_device(cfg))
-    reward = RowReward({str(i): row for i, (_, row) in enumerate(data)})
-    seed = cfg.trainer.seed
+    with writing_run_folder(cfg, output_dir):  # every input check passed: the first write
+        wandb_run = open_wandb_run(cfg, output_dir)
+        model = policy_with_adapters(cfg, driver_device(cfg))
+        reward = RowReward({str(i): row for i, (_, row) in enumerate(data)})
+        seed = cfg.trainer.seed
 
-    def prompts(step: int) -> PromptBatch:
-        g = torch.Generator().manual_seed(derive_seed(seed, "rl-data", step))
-        pick = torch.randint(len(data), (rl.prompts_per_step,), generator=g).tolist()
-        return PromptBatch([data[i][0] for i in pick], [str(i) for i in pick], rl.group_size)
+        def prompts(step: int) -> PromptBatch:
+            g = torch.Generator().manual_seed(derive_seed(seed, "rl-data", step))
+            pick = torch.randint(len(data), (rl.prompts_per_step,), generator=g).tolist()
+            return PromptBatch([data[i][0] for i in pick], [str(i) for i in pick], rl.group_size)
 
-    step_fn, owner, shutdown = rl_backend(  # before `Run` loads a resumed checkpoint into `model`
-        cfg, model, prompts=prompts, algorithm=cfg.algorithm,
-        reward_fn=reward, detokenize=detokenizer(tokenizer),
-        rank_setup=functools.partial(rank_setup, cfg, reward))
-    validate = validator(cfg, model, tokenizer)
-    run = Run.from_trainer(output_dir, model, cfg.trainer, tokenizer=tokenizer, progress=progress,
-                           wandb_run=wandb_run)
-    try:
-        run.run_phase(PhaseSpec(
-            order=0, name="rl", steps=cfg.trainer.max_steps, step_fn=step_fn, owner=owner,
-            eval_fn=validate, eval_every=cfg.trainer.eval_every, save_every=cfg.trainer.save_every,
-            on_end=(lambda: {"final_eval": validate()}) if validate is not None else None,
-            log_keys=("reward_mean", "loss", "clip_frac", "response_length"),
-        ))
-    finally:
-        shutdown()
-    return finish(cfg, output_dir, run, model, tokenizer, steps=cfg.trainer.max_steps,
-                  curves=("reward_mean", "response_length", "loss", "clip_frac"), t0=t0)
+        step_fn, owner, shutdown = rl_backend(  # before `Run` loads a resumed checkpoint into `model`
+            cfg, model, prompts=prompts, algorithm=cfg.algorithm,
+            reward_fn=reward, detokenize=detokenizer(tokenizer),
+            rank_setup=functools.partial(rank_setup, cfg, reward))
+        validate = validator(cfg, model, tokenizer)
+        run = Run.from_trainer(output_dir, model, cfg.trainer, tokenizer=tokenizer, progress=progress,
+                               wandb_run=wandb_run)
+        try:
+            run.run_phase(PhaseSpec(
+                order=0, name="rl", steps=cfg.trainer.max_steps, step_fn=step_fn, owner=owner,
+                eval_fn=validate, eval_every=cfg.trainer.eval_every, save_every=cfg.trainer.save_every,
+                on_end=(lambda: {"final_eval": validate()}) if validate is not None else None,
+                log_keys=("reward_mean", "loss", "clip_frac", "response_length"),
+            ))
+        finally:
+            shutdown()
+        return finish(cfg, output_dir, run, model, tokenizer, steps=cfg.trainer.max_steps,
+                      curves=("reward_mean", "response_length", "loss", "clip_frac"), t0=t0)

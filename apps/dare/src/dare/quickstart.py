@@ -13,7 +13,7 @@ import torch
 
 from dare.config import QuickstartConfig
 from dare.rl_backend import rl_backend
-from dare.run_folder import open_run_folder, release_run_folder
+from dare.run_folder import writing_run_folder
 from dare.sinks import curves_title, open_wandb_run
 from dare.tasks.addition import AdditionTask, build_tokenizer, exact_match_reward
 from dllm_algorithms import SFT
@@ -87,11 +87,8 @@ def run_quickstart(cfg: QuickstartConfig, output_dir: Path, *, progress: bool = 
     t0 = time.perf_counter()
     if cfg.trainer.num_threads:
         torch.set_num_threads(cfg.trainer.num_threads)
-    open_run_folder(cfg, output_dir)
-    try:
+    with writing_run_folder(cfg, output_dir):
         return _train(cfg, output_dir, t0=t0, progress=progress)
-    finally:
-        release_run_folder(output_dir)
 
 
 def _train(cfg: QuickstartConfig, output_dir: Path, *, t0: float, progress: bool) -> dict[str, Any]:

@@ -255,5 +255,15 @@ def open_run_folder(cfg: RunConfig, output_dir: Path) -> None:
     os.replace(tmp, output_dir / "config.json")
 
 
+@contextlib.contextmanager
+def writing_run_folder(cfg: RunConfig, output_dir: Path) -> Iterator[None]:
+    """`open_run_folder` for the block; the lock is released when it ends, also on an error."""
+    open_run_folder(cfg, output_dir)
+    try:
+        yield
+    finally:
+        release_run_folder(output_dir)
+
+
 __all__ = ["LOCK", "RESUMABLE", "check_run_folder", "config_change_allowed", "config_changes", "holds_a_run",
-           "lock_run_folder", "open_run_folder", "release_run_folder"]
+           "lock_run_folder", "open_run_folder", "release_run_folder", "writing_run_folder"]
