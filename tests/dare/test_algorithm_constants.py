@@ -26,3 +26,12 @@ def test_a_correctness_flag_is_an_unknown_key(recipe: str, key: str, name: str, 
     field = key.split("=")[0]
     assert len(lines) == 1 and lines[0].startswith(f"dare: error: unknown config key '{field}'"), lines
     assert f"algorithm {name!r} has [" in lines[0]
+
+
+def test_a_renamed_key_names_its_new_spelling(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # DMPO's masks per sequence are `mc_num`, as in every other algorithm (it was `num_replicates`)
+    with pytest.raises(SystemExit) as err:
+        main(["train", "llada-dmpo", "algorithm.num_replicates=2", "--output-dir", f"{tmp_path}/run"])
+    assert err.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "(renamed: use 'algorithm.mc_num')" in lines[0], lines

@@ -62,7 +62,7 @@ def _direct(alg: Any, model: Any, batch: Any, plan: Any, advantages: torch.Tenso
 
 
 def _two_updates(name: str) -> dict[str, Any]:
-    alg: Any = RecordingSPG(num_iterations=2) if name == "SPG" else RecordingDMPO(num_iterations=2, num_replicates=2)
+    alg: Any = RecordingSPG(num_iterations=2) if name == "SPG" else RecordingDMPO(num_iterations=2, mc_num=2)
     model = tiny_model("llada")
     _MODEL[:] = [model]
     from tests.dllm_algorithms import cases

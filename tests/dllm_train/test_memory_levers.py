@@ -96,7 +96,7 @@ def test_a_lora_dmpo_run_reads_its_rollout_reference_without_a_copy() -> None:
     from dllm_models import BaseWeightsView
 
     model = _lora(tiny_model("llada"))
-    rl = local_rl(model, da.DMPO(num_replicates=2, num_iterations=1))
+    rl = local_rl(model, da.DMPO(mc_num=2, num_iterations=1))
     ref = rl.rank.rollout.ref_model
     assert isinstance(ref, BaseWeightsView) and ref.model is model
     assert torch.isfinite(torch.tensor(rl.step(0)["loss"]))

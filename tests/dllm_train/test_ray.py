@@ -115,7 +115,7 @@ RAY_CASES = [
     # FSDP2's CPUOffloadPolicy on the reference), and two off-policy updates per batch
     pytest.param("llada", ESPO(mc_num=2, num_iterations=2), {"reference_offload": True}, id="espo-llada"),
     # the rollout scores its canvases with an unsharded frozen copy of the initial policy
-    pytest.param("llada", DMPO(num_replicates=2, num_iterations=1), {}, id="dmpo-llada", marks=pytest.mark.slow),
+    pytest.param("llada", DMPO(mc_num=2, num_iterations=1), {}, id="dmpo-llada", marks=pytest.mark.slow),
     # block diffusion: BD3LM rows under FSDP2
     pytest.param("sdar", BGPO(mc_num=2), {}, id="bgpo-sdar", marks=pytest.mark.slow),
     # complementary masks, one forward
@@ -187,9 +187,9 @@ def test_ray_lora_dmpo_reads_its_rollout_reference_from_the_replicas_base_weight
     # (dllm_models.BaseWeightsView), not a third full copy of the model on every rank
     from tests.dllm_train.distributed_helpers import algorithm_rank_setup
 
-    metrics, reports, weights = _ray_run("llada", DMPO(num_replicates=2, num_iterations=1), lora_rank=4)
+    metrics, reports, weights = _ray_run("llada", DMPO(mc_num=2, num_iterations=1), lora_rank=4)
     assert all(math.isfinite(v) for m in metrics for v in m.values()), metrics
-    init = algorithm_rank_setup("llada", DMPO(num_replicates=2, num_iterations=1), 4).model.state_dict()
+    init = algorithm_rank_setup("llada", DMPO(mc_num=2, num_iterations=1), 4).model.state_dict()
     moved = {k for k, v in weights.items() if not torch.equal(init[k], v)}
     assert moved and all("lora_" in k for k in moved), sorted(moved)[:5]  # the base (the reference) stayed frozen
     assert all(r["max_abs_gap"] == 0.0 for r in reports), reports

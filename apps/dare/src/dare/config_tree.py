@@ -15,9 +15,16 @@ from collections.abc import Collection, Sequence
 from typing import Any
 
 
+RENAMED = {"num_replicates": "mc_num"}
+"""Config keys renamed for one spelling per concept: old name -> new name (DMPO's masks per sequence)."""
+
+
 def did_you_mean(word: str, choices: Collection[str], prefix: str = "") -> str:
     """The hint ` (did you mean 'x'?)` for the closest of `choices` to `word` (difflib), else "";
-    the suggestion is written with `prefix` before it (a dotted key's section)."""
+    the suggestion is written with `prefix` before it (a dotted key's section). A renamed key
+    (`RENAMED`) names its new spelling."""
+    if RENAMED.get(word) in choices:
+        return f" (renamed: use {prefix + RENAMED[word]!r})"
     close = difflib.get_close_matches(word, [str(c) for c in choices], n=1, cutoff=0.6)
     return f" (did you mean {prefix + close[0]!r}?)" if close else ""
 

@@ -40,7 +40,7 @@ class DMPO(RLAlgorithm[WeightedMasks]):
 
     Attributes:
         alpha: reward temperature of the importance weights (0: softmax of the rewards; -1: raw rewards).
-        num_replicates: antithetic masks per sequence (even), mask ratio in [0.1, 1).
+        mc_num: antithetic masks per sequence (even), mask ratio in [0.1, 1).
         baseline: weight baseline: "individual" (w - w-), "group", "model" or "none".
         coeff: kappa in [0, 1] scaling the weights' logits (ignored when ess_target > 0).
         ess_target: > 0: kappa chosen so the weights' effective sample size meets this target.
@@ -48,7 +48,7 @@ class DMPO(RLAlgorithm[WeightedMasks]):
     """
 
     alpha: float = 0.04
-    num_replicates: int = 4
+    mc_num: int = 4
     baseline: str = "individual"
     coeff: float = 1.0
     ess_target: float = 0.0
@@ -60,8 +60,8 @@ class DMPO(RLAlgorithm[WeightedMasks]):
     replays_trajectory = True
 
     def __post_init__(self) -> None:
-        if self.num_replicates % 2:
-            raise ValueError(f"algorithm.num_replicates must be even (antithetic pairs), got {self.num_replicates}")
+        if self.mc_num % 2:
+            raise ValueError(f"algorithm.mc_num must be even (antithetic pairs), got {self.mc_num}")
         if self.num_iterations < 1:
             raise ValueError(f"algorithm.num_iterations must be >= 1, got {self.num_iterations}")
 
@@ -86,7 +86,7 @@ class DMPO(RLAlgorithm[WeightedMasks]):
                  if self.ess_target > 0 else self.coeff)
         w, w_neg = dmpo_weights(scores, log_rnd, groups, alpha=self.alpha, coeff=coeff)
         weights = dmpo_baseline(w, groups, kind=self.baseline, neg_weights=w_neg)
-        plans = [iid_masks(inputs(batch)[3], self.num_replicates, t_min=0.1, t_max=1.0, antithetic=True,
+        plans = [iid_masks(inputs(batch)[3], self.mc_num, t_min=0.1, t_max=1.0, antithetic=True,
                            generator=generator) for _ in range(self.num_iterations)]
         return WeightedMasks(weights=weights, plans=plans)
 
