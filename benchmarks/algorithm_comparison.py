@@ -292,11 +292,11 @@ def run_pair(task: str, family: str, names: list[str], args: argparse.Namespace)
             print(f"  {label:34s} seed {seed}: {100 * before:5.1f} % -> {100 * r['after']:5.1f} %, "
                   f"reward {statistics.fmean(r['rewards'][:5]):.3f} -> {statistics.fmean(r['rewards'][-5:]):.3f}, "
                   f"{r['seconds']:.0f} s", flush=True)
-        out = Path(args.out)  # written after every algorithm: a stopped run keeps what finished
-        out.mkdir(parents=True, exist_ok=True)
-        result = {"task": task, "family": family, "before": before, "test_rows": len(data.test), **record,
-                  "settings": {k: v for k, v in vars(args).items()}, "budget": BUDGET, "runs": runs}
-        (out / f"{task}-{family}{args.tag}.json").write_text(json.dumps(result, indent=1))
+            out = Path(args.out)  # written after every run: a stopped process keeps the seeds that finished
+            out.mkdir(parents=True, exist_ok=True)
+            result = {"task": task, "family": family, "before": before, "test_rows": len(data.test), **record,
+                      "settings": {k: v for k, v in vars(args).items()}, "budget": BUDGET, "runs": runs}
+            (out / f"{task}-{family}{args.tag}.json").write_text(json.dumps(result, indent=1))
     plot(out / f"{task}-{family}{args.tag}.png", plot_title(result), runs)
     return result
 
