@@ -303,7 +303,8 @@ def run_pair(task: str, family: str, names: list[str], args: argparse.Namespace)
 
 def plot_title(result: dict[str, Any]) -> str:
     s = result["settings"]
-    return f"{result['task']}, {result['family']}: {s['prompts']}x{s['group']} samples/step, {s['seeds']} seeds"
+    seeds = max(len(v) for v in result["runs"].values())  # merged files: the seeds of the runs, not of one process
+    return f"{result['task']}, {result['family']}: {s['prompts']}x{s['group']} samples/step, {seeds} seeds"
 
 
 def merge(paths: list[str], out: Path) -> None:
