@@ -23,11 +23,19 @@ SDAR: block diffusion on the global grid of 4 (the 16-token prompt is 4 blocks, 
         --algorithms d1,cj-grpo --seeds 3 --steps 40 --num-test 0               # a reduced run
     uv run python benchmarks/algorithm_comparison.py                            # everything
     python3 benchmarks/algorithm_comparison.py --device cuda ...                # on a GPU (not yet measured)
+
+Variants. An entry of `--algorithms` may carry settings in brackets, and is named by them in the
+table: `d1[prompt_mask_prob=0]`, `dmpo[baseline=group,num_iterations=1]`, `spg[optim.lr=6.67e-5]`.
+A plain key is a field of the algorithm's class (replacing the budget below), `optim.<field>` a
+field of `dllm_train.OptimConfig`, and `task=<task>` applies the `algorithm.*` settings of DARE's
+recipe scripts for that task (`dare.recipes.task_settings`; the batch's group size and lengths
+stay the benchmark's). Every value goes through the class's own validation.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import copy
 import dataclasses
 import json
@@ -41,6 +49,7 @@ import torch
 
 from comparison_tasks import RESPONSE_LEN, SPLITS, TASKS, TaskData, build_tokenizer, read_rows, reward, verify
 from dare.algorithms import ALGORITHMS, get_algorithm
+from dare.recipes import task_settings
 from dllm_models import build_model
 from dllm_rollout import SamplingConfig, decode, left_pad
 from dllm_algorithms import SFT
@@ -136,11 +145,66 @@ def coin_flip(text: str, key: str) -> float:
     return float(zlib.crc32(text.encode()) % 2)
 
 
-def rl_run(name: str, warm: Any, data: TaskData, family: str, seed: int, args: argparse.Namespace, *,
+def split_specs(text: str) -> list[str]:
+    """`--algorithms` split at the commas outside brackets: "d1[a=1,b=2],spg" -> ["d1[a=1,b=2]", "spg"]."""
+    out, depth, cur = [], 0, ""
+    for ch in text:
+        depth += {"[": 1, "]": -1}.get(ch, 0)
+        if ch == "," and depth == 0:
+            out.append(cur.strip())
+            cur = ""
+        else:
+            cur += ch
+    return [c for c in [*out, cur.strip()] if c]
+
+
+def parse_spec(spec: str) -> tuple[str, dict[str, Any]]:
+    """("d1", {"prompt_mask_prob": 0}) of "d1[prompt_mask_prob=0]"; values are Python literals or strings."""
+    base, bracket, rest = spec.partition("[")
+    if not bracket:
+        return spec, {}
+    if not rest.endswith("]"):
+        raise ValueError(f"--algorithms entry {spec!r}: expected name[key=value,...]")
+    fields: dict[str, Any] = {}
+    for item in filter(None, (x.strip() for x in rest[:-1].split(","))):
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise ValueError(f"--algorithms entry {spec!r}: {item!r} is not key=value")
+        try:
+            fields[key.strip()] = ast.literal_eval(value.strip())
+        except (ValueError, SyntaxError):
+            fields[key.strip()] = value.strip()
+    return base.strip(), fields
+
+
+def configure(spec: str, family: str, lr: float) -> tuple[Any, OptimConfig, dict[str, Any]]:
+    """(algorithm, optimizer settings, every field set beyond the class defaults) of one `--algorithms` entry."""
+    name, fields = parse_spec(spec)
+    changes: dict[str, Any] = dict(BUDGET.get(name, {}))
+    task = fields.pop("task", None)
+    if task is not None:
+        changes.update({k.removeprefix("algorithm."): v for k, v in task_settings(family, name, str(task)).items()
+                        if k.startswith("algorithm.")})
+    optim_changes = {k.removeprefix("optim."): v for k, v in fields.items() if k.startswith("optim.")}
+    changes.update({k: v for k, v in fields.items() if not k.startswith("optim.")})
+    alg = get_algorithm(name)
+    for owner, names, given in (("algorithm " + name, {f.name for f in dataclasses.fields(alg)}, changes),
+                                ("OptimConfig", {f.name for f in dataclasses.fields(OptimConfig)}, optim_changes)):
+        bad = sorted(set(given) - names)
+        if bad:
+            raise ValueError(f"--algorithms entry {spec!r}: {bad} are not fields of {owner}; "
+                             f"choose from {sorted(names)}")
+    optim = dataclasses.replace(OptimConfig(lr=lr, grad_clip=1.0), **optim_changes)
+    return (dataclasses.replace(alg, **changes), optim,  # type: ignore[type-var]
+            {**changes, **{f"optim.{k}": v for k, v in optim_changes.items()}})
+
+
+def rl_run(spec: str, warm: Any, data: TaskData, family: str, seed: int, args: argparse.Namespace, *,
            control: bool = False) -> dict[str, Any]:
-    """`args.steps` RL steps of algorithm `name` from a copy of `warm`; rewards, accuracy, time."""
+    """`args.steps` RL steps of algorithm entry `spec` from a copy of `warm`; rewards, accuracy, time."""
     model = copy.deepcopy(warm)
-    alg = dataclasses.replace(get_algorithm(name), **BUDGET.get(name, {}))  # type: ignore[type-var]
+    name = parse_spec(spec)[0]
+    alg, optim, fields = configure(spec, family, args.lr)
 
     def prompts(step: int) -> PromptBatch:
         ids, keys = data.rl_prompts(args.prompts, derive_seed(seed, "rl-data", step))
@@ -155,7 +219,7 @@ def rl_run(name: str, warm: Any, data: TaskData, family: str, seed: int, args: a
     rl = LocalRL(model, prompts=prompts,
                  sampling=dataclasses.replace(sampling(family, temperature=1.0), **SAMPLING_CHANGES.get(name, {})),
                  reward_fn=control_reward if control else reward, detokenize=data.detokenize, algorithm=alg,
-                 optim=OptimConfig(lr=args.lr, grad_clip=1.0),
+                 optim=optim,
                  trainer=TrainerConfig(max_steps=args.steps, seed=seed, consistency_every=0))
     t0 = time.perf_counter()
     rewards = []
@@ -165,7 +229,8 @@ def rl_run(name: str, warm: Any, data: TaskData, family: str, seed: int, args: a
         rewards.append(statistics.fmean(task_rewards) if control else metrics["reward_mean"])
         task_rewards.clear()
     seconds = time.perf_counter() - t0
-    return {"rewards": rewards, "seconds": seconds, "after": accuracy(model, data, data.test, family)}
+    return {"seed": seed, "fields": fields, "lr": optim.lr, "rewards": rewards, "seconds": seconds,
+            "after": accuracy(model, data, data.test, family)}
 
 
 def mean_std(xs: list[float]) -> tuple[float, float]:
@@ -221,25 +286,26 @@ def run_pair(task: str, family: str, names: list[str], args: argparse.Namespace)
     for name in (["control"] if args.control == "only" else [*names, *control]):
         label = f"control ({args.control_algorithm}, coin-flip reward)" if name == "control" else name
         runs[label] = []
-        for seed in range(args.seeds):
+        for seed in range(args.first_seed, args.first_seed + args.seeds):
             r = rl_run(args.control_algorithm if name == "control" else name, warm, data, family, seed, args,
                        control=name == "control")
             runs[label].append(r)
             print(f"  {label:34s} seed {seed}: {100 * before:5.1f} % -> {100 * r['after']:5.1f} %, "
                   f"reward {statistics.fmean(r['rewards'][:5]):.3f} -> {statistics.fmean(r['rewards'][-5:]):.3f}, "
                   f"{r['seconds']:.0f} s", flush=True)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    result = {"task": task, "family": family, "before": before, "test_rows": len(data.test), **record,
-              "settings": {k: v for k, v in vars(args).items()}, "budget": BUDGET, "runs": runs}
-    (out / f"{task}-{family}{args.tag}.json").write_text(json.dumps(result, indent=1))
+            out = Path(args.out)  # written after every run: a stopped process keeps the seeds that finished
+            out.mkdir(parents=True, exist_ok=True)
+            result = {"task": task, "family": family, "before": before, "test_rows": len(data.test), **record,
+                      "settings": {k: v for k, v in vars(args).items()}, "budget": BUDGET, "runs": runs}
+            (out / f"{task}-{family}{args.tag}.json").write_text(json.dumps(result, indent=1))
     plot(out / f"{task}-{family}{args.tag}.png", plot_title(result), runs)
     return result
 
 
 def plot_title(result: dict[str, Any]) -> str:
     s = result["settings"]
-    return f"{result['task']}, {result['family']}: {s['prompts']}x{s['group']} samples/step, {s['seeds']} seeds"
+    seeds = max(len(v) for v in result["runs"].values())  # merged files: the seeds of the runs, not of one process
+    return f"{result['task']}, {result['family']}: {s['prompts']}x{s['group']} samples/step, {seeds} seeds"
 
 
 def merge(paths: list[str], out: Path) -> None:
@@ -249,7 +315,8 @@ def merge(paths: list[str], out: Path) -> None:
     for r in results[1:]:
         if (r["task"], r["family"], r["before"]) != (first["task"], first["family"], first["before"]):
             raise ValueError(f"{paths}: results of different tasks, families or warm starts cannot be merged")
-        first["runs"].update(r["runs"])
+        for label, seeds in r["runs"].items():  # the same entry split over processes by --first-seed: its seeds joined
+            first["runs"].setdefault(label, []).extend(seeds)
     out.mkdir(parents=True, exist_ok=True)
     name = f"{first['task']}-{first['family']}"
     (out / f"{name}.json").write_text(json.dumps(first, indent=1))
@@ -277,8 +344,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--task", default="all", help=f"one of {TASKS} or all")
     ap.add_argument("--family", default="all", help=f"one of {FAMILIES} or all")
-    ap.add_argument("--algorithms", default=None, help="comma-separated (default: every one defined for the family)")
-    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--algorithms", default=None, help="comma-separated (default: every one defined for the family); "
+                    "an entry may carry settings: name[field=value,optim.lr=...,task=countdown] (see above)")
+    ap.add_argument("--seeds", type=int, default=3, help="seeds per algorithm")
+    ap.add_argument("--first-seed", type=int, default=0, help="the seeds are first-seed .. first-seed + seeds - 1")
     ap.add_argument("--steps", type=int, default=60, help="RL steps per run")
     ap.add_argument("--prompts", type=int, default=16, help="prompts per RL step")
     ap.add_argument("--group", type=int, default=8, help="samples per prompt")
@@ -323,10 +392,12 @@ def main(argv: list[str] | None = None) -> None:
     for task in tasks:
         for family in families:
             defined = sorted(n for n, e in ALGORITHMS.items() if family in e.families)
-            names = args.algorithms.split(",") if args.algorithms else defined
-            bad = [n for n in names if n not in defined]
+            names = split_specs(args.algorithms) if args.algorithms else defined
+            bad = [n for n in names if parse_spec(n)[0] not in defined]
             if bad:
                 raise ValueError(f"algorithms {bad} are not defined for family {family!r}; choose from {defined}")
+            for n in names:  # a bad field fails now, not after the runs before it
+                configure(n, family, args.lr)
             t0 = time.perf_counter()
             result = run_pair(task, family, names, args)
             print(f"\n{task} / {family} (warm start: {result['sft_steps']} SFT steps at lr {result['sft_lr']:g}; "

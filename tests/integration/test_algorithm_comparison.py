@@ -41,3 +41,19 @@ def test_tiny_comparison_runs_every_task_and_family(tmp_path: Path) -> None:
             for seeds in result["runs"].values():
                 assert len(seeds) == 2 and all(len(s["rewards"]) == 2 and 0 <= s["after"] <= 1 for s in seeds)
             assert (tmp_path / f"{task}-{family}.png").stat().st_size > 0
+
+
+def test_variants_set_algorithm_optimizer_and_task_fields_through_their_classes() -> None:
+    from algorithm_comparison import configure, parse_spec, split_specs
+
+    assert split_specs("d1[prompt_mask_prob=0,optim.lr=1e-4],spg") == ["d1[prompt_mask_prob=0,optim.lr=1e-4]", "spg"]
+    assert parse_spec("dmpo[baseline=group,num_iterations=1]") == ("dmpo", {"baseline": "group", "num_iterations": 1})
+    alg, optim, fields = configure("d1[prompt_mask_prob=0,optim.lr=1e-4]", "llada", 2e-4)
+    assert (alg.prompt_mask_prob, optim.lr, optim.grad_clip) == (0, 1e-4, 1.0)
+    assert fields == {"prompt_mask_prob": 0, "optim.lr": 1e-4}
+    alg, optim, fields = configure("espo[task=countdown]", "llada", 2e-4)  # DARE's countdown ESPO: beta 0.003, no clip
+    assert (alg.kl_coef, alg.clip_low, alg.clip_high, alg.mc_num, optim.lr) == (0.003, 0.0, 0.0, 2, 2e-4)
+    with pytest.raises(ValueError, match=r"\['promt_mask_prob'\] are not fields of algorithm d1"):
+        configure("d1[promt_mask_prob=0]", "llada", 2e-4)
+    with pytest.raises(ValueError, match="algorithm.mc_num must be even"):  # the class's own validation
+        configure("dmpo[mc_num=3]", "llada", 2e-4)

@@ -201,6 +201,8 @@ class SPG(RLAlgorithm[list[MaskPlan]]):
         negative: estimator for negative advantages: "mix", "eubo", "elbo" or "zero".
         block_length: block size of the masks (None: the rollout's block length).
         num_iterations: optimizer steps per rollout batch, each on its own mask set.
+        prompt_mask_prob: iid masking rate of the prompt and the earlier (clean) blocks (SPG's
+            `use_mask_prompt`, at 0.15; 0 leaves them unmasked).
     """
 
     mc_num: int = 1
@@ -209,19 +211,22 @@ class SPG(RLAlgorithm[list[MaskPlan]]):
     negative: str = "mix"
     block_length: int | None = None
     num_iterations: int = 1
+    prompt_mask_prob: float = 0.15
     families: ClassVar[tuple[str, ...]] = MASKED
     needs_old = False
 
     def __post_init__(self) -> None:
         if self.num_iterations < 1:
             raise ValueError(f"algorithm.num_iterations must be >= 1, got {self.num_iterations}")
+        if not 0.0 <= self.prompt_mask_prob <= 1.0:
+            raise ValueError(f"algorithm.prompt_mask_prob must be in [0, 1], got {self.prompt_mask_prob}")
 
     def prepare(self, batch: RLBatch, generator: torch.Generator) -> list[MaskPlan]:
         rollout = batch.rollout
         _, _, prompt_valid, response_valid = inputs(batch)
         blk = self.block_length or (rollout.config.block_length if rollout.config else 32)
         return [spg_block_masks(prompt_valid, response_valid, self.mc_num, response_start=rollout.prompt_ids.shape[1],
-                                block_length=blk, generator=generator) for _ in range(self.num_iterations)]
+                                block_length=blk, prompt_mask_prob=self.prompt_mask_prob, generator=generator) for _ in range(self.num_iterations)]
 
     def values(self, scorer: ValuesScorer, batch: RLBatch, data: list[MaskPlan], iteration: int) -> torch.Tensor:
         masks = data[iteration]
