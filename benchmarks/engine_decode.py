@@ -182,16 +182,11 @@ def engine_cfg(new: int) -> Any:
 
 
 def agreement(a: list[list[int]], b: list[list[int]]) -> dict[str, float]:
-    """Share of equal tokens and mean common-prefix length of two response lists."""
-    same = total = 0
-    prefix = []
-    for x, y in zip(a, b):
-        n = min(len(x), len(y))
-        eq = [x[i] == y[i] for i in range(n)]
-        same += sum(eq)
-        total += n
-        prefix.append(next((i for i, e in enumerate(eq) if not e), n))
-    return {"token_agreement": round(same / max(total, 1), 4), "mean_common_prefix": round(sum(prefix) / len(prefix), 1)}
+    """Share of equal tokens and mean common-prefix length of two response lists (`token_agreement`)."""
+    from dllm_train.engine_rollout import token_agreement
+
+    share, prefix = token_agreement(a, b)
+    return {"token_agreement": round(share, 4), "mean_common_prefix": round(prefix, 1)}
 
 
 def engine_checks(engine: Any, folder: Path, prompts: list[list[int]], device: str) -> dict[str, Any]:

@@ -58,8 +58,8 @@ def check_engine_support(family: str, algorithm: RLAlgorithm[Any] | None, sampli
                          f"set rollout.engine=native")
 
 
-def token_agreement(a: Sequence[Sequence[int]], b: Sequence[Sequence[int]]) -> dict[str, float]:
-    """Share of equal tokens of two lists of responses, and the mean length of their common prefix."""
+def token_agreement(a: Sequence[Sequence[int]], b: Sequence[Sequence[int]]) -> tuple[float, float]:
+    """(share of equal tokens, mean length of the common prefix) of two lists of responses, row by row."""
     same = total = 0
     prefix: list[int] = []
     for x, y in zip(a, b, strict=True):
@@ -68,7 +68,7 @@ def token_agreement(a: Sequence[Sequence[int]], b: Sequence[Sequence[int]]) -> d
         same += sum(eq)
         total += n
         prefix.append(next((i for i, e in enumerate(eq) if not e), n))
-    return {"probe_token_agreement": same / max(total, 1), "probe_common_prefix": sum(prefix) / max(len(prefix), 1)}
+    return same / max(total, 1), sum(prefix) / max(len(prefix), 1)
 
 
 def release_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -124,13 +124,13 @@ class EngineRolloutWorker:
             self.engine.wake(weights.items())
         return time.perf_counter() - t0
 
-    def generate(self, prompts: Sequence[Sequence[int]], seeds: torch.Tensor) -> RolloutBatch:
-        """Hand the current weights to the engine, check them, decode `prompts`, put the engine to sleep.
+    def _serve_policy(self) -> tuple[float, int]:
+        """Hand the policy's current weights to the engine (merged adapters) and check that it serves
+        exactly them; returns (hand-off seconds, tensors compared).
 
         Raises:
             RuntimeError: when the engine does not serve exactly the policy's weights.
         """
-        device = next(self.model.parameters()).device
         with torch.no_grad(), merged_adapters(self.model):
             weights = release_weights(self.model)
             handoff_s = self._hand_over(weights)
@@ -140,12 +140,22 @@ class EngineRolloutWorker:
                 f"the {self.sampling.engine} engine does not serve the policy's weights after the hand-off: "
                 f"{len(check.mismatched)} of {check.total} tensors differ or are unknown "
                 f"(e.g. {list(check.mismatched[:3])}); the rollout would come from other weights")
+        return handoff_s, check.compared
+
+    def generate(self, prompts: Sequence[Sequence[int]], seeds: torch.Tensor) -> RolloutBatch:
+        """Hand the current weights to the engine, check them, decode `prompts`, put the engine to sleep.
+
+        Raises:
+            RuntimeError: when the engine does not serve exactly the policy's weights.
+        """
+        device = next(self.model.parameters()).device
+        handoff_s, checked = self._serve_policy()
         t0 = time.perf_counter()
         batch = self.engine.generate(prompts, [int(s) for s in seeds.tolist()])
         decode_s = time.perf_counter() - t0
         self.engine.sleep()
         self.last_metrics = {"engine_handoff_s": handoff_s, "engine_decode_s": decode_s,
-                             "engine_weights_exact": 1.0, "engine_tensors_checked": float(check.compared)}
+                             "engine_weights_exact": 1.0, "engine_tensors_checked": float(checked)}
         moved: RolloutBatch = map_tensors(batch, lambda t: t.to(device))
         return moved
 
@@ -175,15 +185,16 @@ class EngineRolloutWorker:
         device = next(self.model.parameters()).device
         was_training = self.model.training
         self.model.eval()
+        self._serve_policy()
+        served = self.engine.generate(prompts, seeds.tolist(), cfg=cfg).response_ids.tolist()
+        self.engine.sleep()
         with torch.no_grad(), merged_adapters(self.model):
-            weights = release_weights(self.model)
-            self._hand_over(weights)
-            served = self.engine.generate(prompts, seeds.tolist(), cfg=cfg).response_ids.tolist()
-            self.engine.sleep()
             native = decode(self.model, ids.to(device), mask.to(device), seeds.to(device),
                             replace(cfg, engine="native")).response_ids.tolist()
         self.model.train(was_training)
-        return {**token_agreement(native, served), "probe_rows": float(rows), "probe_tokens": float(cfg.max_new_tokens)}
+        agree, prefix = token_agreement(native, served)
+        return {"probe_token_agreement": agree, "probe_common_prefix": prefix, "probe_rows": float(rows),
+                "probe_tokens": float(cfg.max_new_tokens)}
 
     def load_weights(self, state: dict[str, torch.Tensor]) -> None:
         """Weight hand-off into the policy copy (Ray replicas); the engine reads it at the next rollout."""
