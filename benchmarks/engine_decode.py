@@ -8,10 +8,12 @@ run); lmdeploy runs through `dllm_rollout.engines.LMDeployEngine` (the adapter `
 
 Printed per (rows, new tokens): seconds, tokens/s, native / lmdeploy, and the greedy agreement
 (share of response tokens equal, and the mean length of the common prefix).
+Engines: `native`, `native_nofold` (separate store passes, `dllm_rollout.block.FOLD_STORE` off),
+`native_sdpa` (the decode-attention kernel off), `native_lora` / `native_lora_unmerged`, `lmdeploy`.
 With `--engine-checks`: the weight hand-off (load changed weights -> output changes; restore ->
 output back), sleep/wake, the exact served-weights check, and the per-row settings reproduction.
 
-    python3 benchmarks/e2e_gpu.py --prepare-devshare --models SDAR-8B-Chat    # here, once
+    python3 benchmarks/e2e_gpu.py --prepare-devshare --runs sdar-bgpo          # here, once
     python3 benchmarks/engine_decode.py --rows 64,128 --new 1024,2048 --engine-checks   # H200
     uv run python benchmarks/engine_decode.py --tiny --engines native            # CPU smoke run
 """
@@ -77,20 +79,23 @@ def _sync() -> None:
 
 
 def native(folder: Path, prompts: list[list[int]], new: int, device: str, *,
-           kernel: bool = True, lora: str = "") -> tuple[float, list[list[int]]]:
+           kernel: bool = True, lora: str = "", fold: bool = True) -> tuple[float, list[list[int]]]:
     """Seconds and responses of the native decoder (after one warm-up call on 2 rows).
 
-    `kernel=False` turns the decode-attention kernel off (dense-mask sdpa, for comparison).
+    `kernel=False` turns the decode-attention kernel off (dense-mask sdpa, for comparison);
+    `fold=False` runs a separate store pass per finished block (`dllm_rollout.block.FOLD_STORE`).
     `lora="merged"`: rank-64 adapters (non-zero B) decoded through the rollout worker (`dare train`'s
     path, adapters folded in); `lora="unmerged"`: the same model through `generate` (adapters applied
     at every call: the worker's path before).
     """
     import dllm_models.attention as attention
+    import dllm_rollout.block as block
     from dllm_models import apply_lora, load_model
     from dllm_rollout import SamplingConfig, generate
     from dllm_train.workers import RolloutWorker
 
     attention.DECODE_KERNEL = kernel
+    block.FOLD_STORE = fold
     model = load_model(folder, dtype=torch.bfloat16, device=device).eval()
     kw: dict[str, Any] = dict(max_new_tokens=new, steps=4, block_length=4, temperature=0.0, cache="prefix",
                               stop_at_eos=False)
@@ -117,6 +122,7 @@ def native(folder: Path, prompts: list[list[int]], new: int, device: str, *,
     seconds = time.perf_counter() - t0
     out = batch.response_ids.tolist()
     attention.DECODE_KERNEL = True
+    block.FOLD_STORE = True
     del model, batch
     gc.collect()
     torch.cuda.empty_cache()
@@ -289,7 +295,8 @@ def main(argv: list[str] | None = None) -> int:
         for r in rows:
             for n in news:
                 lora = {"native_lora": "merged", "native_lora_unmerged": "unmerged"}.get(name, "")
-                s, out = native(folder, prompts_all[:r], n, device, kernel=name != "native_sdpa", lora=lora)
+                s, out = native(folder, prompts_all[:r], n, device, kernel=name != "native_sdpa", lora=lora,
+                                fold=name != "native_nofold")
                 outputs[name, r, n] = out
                 row = {"engine": name, "rows": r, "new": n, "s": round(s, 2), "tok_s": round(r * n / s)}
                 ref = {"native_lora_unmerged": "native_lora", "native_lora": ""}.get(name, "native")

@@ -48,7 +48,7 @@ docs/benchmarks.md, 4.8 TB/s HBM3e datasheet):
   end of its block). Recomputation from activation checkpointing is overhead, not required. The old
   and reference passes (when the step ran them) have floors of 2 x params x tokens (+ 4 x ... pairs).
 
-    python3 benchmarks/e2e_gpu.py --prepare-devshare --models SDAR-8B-Chat,LLaDA-8B-Instruct,Dream-v0-Instruct-7B
+    python3 benchmarks/e2e_gpu.py --prepare-devshare --runs sdar-bgpo,llada-d1,dream-d1
     python3 benchmarks/recipe_scale.py --recipes sdar-bgpo --lmdeploy --json $OUT/recipe_scale_sdar.json  # H200
     python3 benchmarks/recipe_scale.py --recipes llada-d1 --max-forwards 64 --json $OUT/recipe_scale_llada_d1.json
     python3 benchmarks/recipe_scale.py --recipes llada-cj-grpo --json $OUT/recipe_scale_llada_cj.json

@@ -325,3 +325,31 @@ def test_attention_mask_survives_fsdp_input_casting() -> None:
     cast = _apply_to_tensors(lambda t: t.clone(), mask)
     assert isinstance(cast, AttentionMask) and torch.equal(cast.block_ids, mask.block_ids)
     assert cast.cache == {"k": 1}
+
+
+@pytest.mark.parametrize("heads", [(4, 4), (8, 2)])
+def test_key_limit_is_per_query_visibility_in_every_backend(heads: tuple[int, int]) -> None:
+    """`key_limit` (a forward over two blocks of an in-place cache): query i sees keys < limit[i] and
+    the visible ones only; sdpa (plain and grouped), eager and flex compute that function."""
+    from dllm_models.attention import BACKENDS, AttentionMask
+
+    g = torch.Generator().manual_seed(5)
+    hq, hkv = heads
+    b, lq, lk, d = 3, 8, 40, 16
+    q = torch.randn(b, hq, lq, d, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(b, hkv, lk, d, generator=g, dtype=torch.float64) for _ in range(2))
+    pad = torch.rand(b, lk, generator=g) < 0.8
+    pad[:, 24:32] = True
+    limit = torch.tensor([28] * 4 + [32] * 4)
+    mask = AttentionMask(key_padding=pad, key_limit=limit)
+    kk, vv = k.repeat_interleave(hq // hkv, 1), v.repeat_interleave(hq // hkv, 1)
+    scores = (q @ kk.transpose(-1, -2)) / d**0.5
+    allowed = pad[:, None, None, :] & (torch.arange(lk)[None, :] < limit[:, None])[None, None]
+    want = torch.softmax(scores.masked_fill(~allowed, float("-inf")), -1) @ vv
+    for name in ("sdpa", "eager", "flex"):
+        got = BACKENDS[name](q, k, v, mask)
+        tol = 1e-6 if name == "eager" else 1e-12  # eager's softmax runs in float32
+        torch.testing.assert_close(got, want, rtol=0, atol=tol, msg=name)
+    # without the limit the first four queries would see keys 28..31
+    free = BACKENDS["sdpa"](q, k, v, AttentionMask(key_padding=pad))
+    assert (free[:, :, :4] - want[:, :, :4]).abs().max() > 1e-3

@@ -24,8 +24,9 @@ import dllm_models.attention as A
 from dllm_models.kernels.decode_attention import decode_attention, decode_attention_fits
 
 def reference(q, k, v, pad):
-    out = torch.nn.functional.scaled_dot_product_attention(
-        q.double(), k.double(), v.double(), attn_mask=None if pad is None else pad[:, None, None, :])
+    # pad: [B, N] (the same keys for every query) or [B, M, N]
+    mask = None if pad is None else (pad[:, None, None, :] if pad.dim() == 2 else pad[:, None])
+    out = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double(), attn_mask=mask)
     return out.nan_to_num(0.0)
 
 g = torch.Generator().manual_seed(0)
@@ -43,6 +44,28 @@ for b, h, m, n, d in [(3, 2, 16, 200, 32), (2, 2, 12, 130, 64), (2, 1, 8, 64, 32
     full = decode_attention(q, k, v, None)
     assert (full.double() - reference(q, k, v, None)).abs().max().item() < 1e-5
 
+# per-query key limits (a forward over two blocks): folded row r * Lq + i sees keys < limit[i]
+for b, h, lq, rep, n, d in [(2, 2, 8, 4, 150, 32), (3, 1, 4, 2, 70, 64)]:
+    q = torch.randn(b, h, rep * lq, d, generator=g)
+    k, v = (torch.randn(b, h, n, d, generator=g) for _ in range(2))
+    pad = torch.rand(b, n, generator=g) < 0.8
+    pad[:, :64] = False                      # a hidden first tile: a row meets its first key later
+    limit = torch.tensor([n - lq] * (lq // 2) + [n] * (lq - lq // 2))
+    limit[0] = 60                            # a query that sees no key at all: zeros
+    allowed = pad[:, None, None, :] & (torch.arange(n)[None, :] < limit.repeat(rep)[:, None])[None, None]
+    out = decode_attention(q, k, v, pad, limit)
+    ref = reference(q, k, v, allowed[:, 0])
+    assert not out.isnan().any()
+    err = (out.double() - ref).abs().max().item()
+    assert err < 1e-5, ("limit", b, h, lq, n, d, err)
+    q4 = q.reshape(b, h * rep, lq, d)
+    mask = A.AttentionMask(key_padding=pad, key_limit=limit)
+    A.DECODE_KERNEL = True
+    on = A._sdpa_grouped(q4, k, v, mask)
+    A.DECODE_KERNEL = False
+    off = A._sdpa_grouped(q4, k, v, mask)
+    assert (on - off.nan_to_num(0.0)).abs().max().item() < 1e-5
+
 # the kernel computes the grouped path's function (every query of a row sees the same keys)
 q = torch.randn(2, 8, 4, 32, generator=g)
 k = torch.randn(2, 2, 40, 32, generator=g)
@@ -55,7 +78,8 @@ A.DECODE_KERNEL = False
 off = A._sdpa_grouped(q, k, v, mask)
 assert (on - off).abs().max().item() < 1e-5
 
-# a whole cached tiny SDAR decode: same tokens with the kernel on and off
+# a whole cached tiny SDAR decode (folded store passes: two-block forwards with key limits):
+# same tokens with the kernel on and off
 from tests.dllm_models.tiny_configs import build_tiny
 from dllm_rollout import generate
 model = build_tiny("sdar")
@@ -111,3 +135,24 @@ def test_decode_attention_matches_sdpa_on_gpu(dtype: torch.dtype) -> None:
     assert (out - ref).abs().max().item() < tol
     sdpa = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=pad[:, None, None, :]).double()
     assert (out - ref).abs().max().item() <= 2 * (sdpa - ref).abs().max().item() + 1e-6
+
+
+@pytest.mark.gpu
+def test_decode_attention_key_limit_on_gpu() -> None:
+    """A two-block forward (8 queries, the first 4 limited to the finished block) at SDAR-8B's shape."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from dllm_models.kernels.decode_attention import decode_attention
+
+    g = torch.Generator(device="cuda").manual_seed(1)
+    b, h, lq, rep, n, d = 128, 8, 8, 4, 1100, 128
+    q = torch.randn(b, h, rep * lq, d, generator=g, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(b, h, n, d, generator=g, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    pad = torch.zeros(b, n, dtype=torch.bool, device="cuda")
+    pad[:, 64:708] = True
+    limit = torch.tensor([704] * 4 + [708] * 4, device="cuda")
+    allowed = pad[:, None, :] & (torch.arange(n, device="cuda")[None, :] < limit.repeat(rep)[:, None])[None]
+    out = decode_attention(q, k, v, pad, limit).double()
+    ref = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double(),
+                                                           attn_mask=allowed[:, None])
+    assert (out - ref).abs().max().item() < 1.5e-2

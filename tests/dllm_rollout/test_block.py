@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from dllm_rollout import consistency_gap, generate
-from dllm_rollout.block import grid_canvas
+from dllm_rollout.block import grid_canvas, grid_layout
 
 # lengths 5, 10, 3 with block 4: prompt tails of 1, 2 and 3 tokens share the first decode block
 PROMPTS = [[1, 2, 3, 4, 5], [7, 8, 9, 10, 11, 12, 13, 14, 15, 16], [20, 21, 22]]
@@ -92,3 +92,84 @@ def test_block_sample_replays_alone(tiny_block_model: torch.nn.Module, kwargs: d
 def test_block_length_must_match_model(tiny_block_model: torch.nn.Module) -> None:
     with pytest.raises(ValueError, match="block_length"):
         generate(tiny_block_model, PROMPTS, max_new_tokens=8, steps=4, block_length=8)
+
+
+def _forwards(model: torch.nn.Module) -> tuple[list[str], object]:
+    """Record the model's forwards through a pre-hook: "pair" for a two-block forward (a KV cache
+    with a key limit), else "one"."""
+    kinds: list[str] = []
+
+    def hook(_m: torch.nn.Module, args: tuple[object, ...], kwargs: dict[str, object]) -> None:
+        past = kwargs.get("past_key_values")
+        kinds.append("pair" if getattr(past, "key_limit", None) is not None else "one")
+
+    return kinds, model.register_forward_pre_hook(hook, with_kwargs=True)
+
+
+@pytest.mark.parametrize("prompts", [PROMPTS, [[1, 2], [3]]])  # the second: no full prompt block (r0 = 0)
+@pytest.mark.parametrize("kwargs", [
+    {},
+    {"threshold": 0.3},
+    {"temperature": 1.0, "top_k": 8, "steps": 2},
+    {"threshold": 0.7, "editing_threshold": 0.5, "max_post_steps": 2},
+])
+def test_folded_store_pass_equals_separate_store_passes(
+    tiny_block_model: torch.nn.Module, prompts: list[list[int]], kwargs: dict[str, object],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The store pass folded into the next block's first step: same tokens, same step log-probs (float64),
+    one forward fewer per finished block, of two blocks' width."""
+    import dllm_rollout.block as block
+
+    if "editing_threshold" in kwargs and tiny_block_model.traits.family != "llada2":
+        pytest.skip("editing is LLaDA2.1's decoding")
+    model = tiny_block_model.double()
+    args: dict[str, object] = {"max_new_tokens": 10, "steps": 4, "block_length": 4, "seed": 3,
+                               "stop_at_eos": False, "record_trajectory": True, "cache": "prefix"}
+    args.update(kwargs)
+    out, widths = {}, {}
+    for fold in (False, True):
+        monkeypatch.setattr(block, "FOLD_STORE", fold)
+        seen, handle = _forwards(model)
+        out[fold] = generate(model, prompts, **args)  # type: ignore[arg-type]
+        handle.remove()  # type: ignore[attr-defined]
+        widths[fold] = seen
+    assert torch.equal(out[False].response_ids, out[True].response_ids)
+    assert out[False].step_logp is not None and out[True].step_logp is not None
+    torch.testing.assert_close(out[False].step_logp, out[True].step_logp, rtol=0, atol=1e-10)
+    assert "pair" not in widths[False]
+    # each store pass after the cache exists is now half of the next block's first forward
+    # (the first block's stays separate when no prompt block precedes it: it creates the cache)
+    pairs = widths[True].count("pair")
+    full, blocks, _ = grid_layout(torch.tensor([len(p) for p in prompts]), 4, 10)
+    assert pairs == blocks - 1 - (full == 0) >= 1
+    assert len(widths[False]) - len(widths[True]) == pairs
+
+
+def test_folded_store_pass_is_block_causal(tiny_block_model: torch.nn.Module) -> None:
+    """The finished block's queries in a two-block forward must not see the next block: changing the
+    next block's tokens leaves the finished block's cached keys unchanged."""
+    from dllm_models.protocol import KVCache
+    from dllm_rollout.static_cache import StaticBlockCache
+
+    model = tiny_block_model.double()
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]])
+    pos = torch.arange(12)[None]
+    cached = {}
+    for nxt in ([13, 14, 15, 16], [30, 31, 32, 33]):
+        canvas = ids.clone()
+        canvas[0, 8:] = torch.tensor(nxt)
+        pre = model(canvas[:, :4], position_ids=pos[:, :4], use_cache=True).past_key_values
+        static = StaticBlockCache(pre, 1, 12, 4)
+        static.store(0, pre)
+        static.show(4, 8)
+        static.show_pair(4, 8, 12)
+        assert isinstance(static.pair, KVCache)
+        model(canvas[:, 4:12], position_ids=pos[:, 4:12], past_key_values=static.pair)
+        cached[nxt[0]] = [k[:, :, 4:8].clone() for k in static.cache.keys]
+        # the reference: the finished block [4, 8) alone against the prompt block
+        ref = model(canvas[:, 4:8], position_ids=pos[:, 4:8], past_key_values=pre, use_cache=True).past_key_values
+        for got, want in zip(cached[nxt[0]], ref.keys):
+            torch.testing.assert_close(got, want[:, :, -4:], rtol=0, atol=1e-12)
+    for a, b in zip(cached[13], cached[30]):
+        assert torch.equal(a, b)

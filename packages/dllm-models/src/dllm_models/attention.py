@@ -36,7 +36,8 @@ class AttentionMask:
     """Which keys each query may see.
 
     Queries are the last Lq of the Lk key positions (a KV cache precedes them); per-position
-    fields below are indexed by key position.
+    fields below are indexed by key position. A call writing into a canvas-wide cache
+    (`KVCache.write_columns`) has its queries elsewhere: `key_limit` then says what each sees.
 
     Attributes:
         key_padding: bool [B, Lk], True for real keys; None means all keys are real.
@@ -53,6 +54,9 @@ class AttentionMask:
             noisy copies share one clean copy in a segment (`bd3lm_mask(copies=...)`; needs
             is_clean; its value on clean positions is never read). A noisy query then sees, among
             the noisy keys, only those of its own copy and block. None: one noisy copy per segment.
+        key_limit: long [Lq]: query i sees only key positions < key_limit[i] (the same for every
+            row; with an in-place cache, block-causal visibility over canvas columns for a call
+            that covers several blocks). None: no limit.
     """
 
     key_padding: torch.Tensor | None = None
@@ -61,6 +65,7 @@ class AttentionMask:
     max_seqlen: int | None = None
     is_clean: torch.Tensor | None = None
     copy_ids: torch.Tensor | None = None
+    key_limit: torch.Tensor | None = None
     # per-mask memo of derived structures (flex BlockMask, segment ids); shared by all layers.
     # An init field, so FSDP2's input casting (dataclasses.replace over forward args) can copy it.
     cache: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False, hash=False)
@@ -113,7 +118,15 @@ class AttentionMask:
                                    == self.copy_ids[:, -q_len:].to(device)[:, :, None])
                 rule = (kc & ((qc & (kb <= qb)) | (~qc & (kb < qb)))) | (~kc & ~qc & same)
             mask = rule[:, None] if mask is None else (mask & rule[:, None])
+        if self.key_limit is not None:
+            limit = _limit_mask(self.key_limit[-q_len:], k_len, device)[None, None]
+            mask = limit if mask is None else (mask & limit)
         return mask
+
+
+def _limit_mask(key_limit: torch.Tensor, k_len: int, device: torch.device) -> torch.Tensor:
+    """bool [Lq, Lk]: key position j < key_limit[i]."""
+    return torch.arange(k_len, device=device)[None, :] < key_limit.to(device)[:, None]
 
 
 def bd3lm_mask(
@@ -194,19 +207,24 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask
 
 
 def _sdpa_grouped(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask) -> torch.Tensor:
-    """Grouped-query attention when every query of a row sees the same keys (key padding at most).
+    """Grouped-query attention when the keys a query sees depend on its row and `key_limit` only.
 
-    The n_rep query heads of each KV head are folded into the query axis ([B, Hkv, n_rep * Lq, D]),
-    so one plain attention call serves the group: no K/V copies and no GQA-specific kernel. At a
-    few queries per row (a cached decoding step) the Triton kernel `decode_attention` serves it
-    where it runs: it reads only the visible keys (`DLLM_MODELS_DECODE_ATTENTION=0` switches it off).
+    The n_rep query heads of each KV head are folded into the query axis ([B, Hkv, n_rep * Lq, D];
+    folded query r * Lq + i is query i of head r), so one plain attention call serves the group:
+    no K/V copies and no GQA-specific kernel. At a few queries per row (a cached decoding step)
+    the Triton kernel `decode_attention` serves it where it runs: it reads only the visible keys
+    (`DLLM_MODELS_DECODE_ATTENTION=0` switches it off).
     """
     b, hq, lq, d = q.shape
     hkv = k.shape[1]
     folded = q.reshape(b, hkv, (hq // hkv) * lq, d)
     if DECODE_KERNEL and decode_attention_fits(folded, k):
-        return decode_attention(folded, k, v, mask.key_padding).reshape(b, hq, lq, d)
-    dense = mask.dense(1, k.shape[2], q.device)  # [B, 1, 1, Lk] or None: the same for every query
+        return decode_attention(folded, k, v, mask.key_padding, mask.key_limit).reshape(b, hq, lq, d)
+    # [B, 1, 1, Lk] or None: the key padding, the same for every query of a row
+    dense = None if mask.key_padding is None else mask.key_padding[:, None, None, -k.shape[2]:].to(q.device, torch.bool)
+    if mask.key_limit is not None:  # [1, 1, n_rep * Lq, Lk]
+        limit = _limit_mask(mask.key_limit[-lq:].repeat(hq // hkv), k.shape[2], q.device)[None, None]
+        dense = limit if dense is None else (dense & limit)
     out = F.scaled_dot_product_attention(folded, k, v, attn_mask=dense, is_causal=False)
     return out.reshape(b, hq, lq, d)
 
@@ -223,6 +241,10 @@ def _eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMas
 
 
 def _flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask) -> torch.Tensor:
+    if mask.key_limit is not None:
+        # a decoding call over several blocks of an in-place cache: a few queries, no backward;
+        # sdpa computes the same function without a BlockMask per call
+        return _sdpa(q, k, v, mask)
     from dllm_models.flex import flex_attend
 
     return flex_attend(q, k, v, mask)

@@ -48,19 +48,24 @@ class KVCache:
       forward writes its own keys/values into columns `write_columns` of every layer (in place,
       no allocation) and its queries attend over all W columns, seeing exactly the columns marked
       in `key_padding` (the caller marks them: for block diffusion the finished blocks and the
-      call's own block). Every call then has the same shapes, which CUDA graphs need.
+      call's own block). Every call then has the same shapes, which CUDA graphs need. A call may
+      cover several blocks (a finished block and the next one): `key_limit` then keeps each
+      query block-causal.
 
     Attributes:
         keys, values: one [B, Hkv, Lc, D] tensor per layer.
         key_padding: bool [B, Lc], True on real cached positions (None: all real). With
             `write_columns`, the visibility of every column to every query of the call.
         write_columns: long [n] canvas columns of the call's n positions (in-place mode), or None.
+        key_limit: long [n] (in-place mode): the call's query i sees only columns < key_limit[i]
+            (in addition to key_padding); None: every visible column.
     """
 
     keys: list[torch.Tensor]
     values: list[torch.Tensor]
     key_padding: torch.Tensor | None = None
     write_columns: torch.Tensor | None = None
+    key_limit: torch.Tensor | None = None
 
     def layer(self, i: int) -> LayerPast:
         """What layer `i` attends to in addition to its own keys."""

@@ -13,12 +13,18 @@ columns into it.
 With the model's block-causal mask, a finished block never attends to later blocks, so its keys
 and values are final once it is finished: caching them (`cache="prefix"`) is exact and equals
 recomputing every finished block at every step (`cache=None`, LLaDA2's HF generate) up to
-floating-point rounding. After a block is finished its final K/V are computed by one more forward
-(the "store" pass that SDAR's reference performs).
+floating-point rounding. After a block is finished its final K/V take one more forward over it
+(the "store" pass that SDAR's reference and lmdeploy perform). Here that forward is folded into
+the next block's first step: one forward over [finished block ; next block], block-causal per
+query, writes the finished block's final K/V and gives the next block's logits (the head runs on
+the next block only). The finished block's queries see exactly what a store pass sees, so the
+function is the same; it saves one forward per block, its weight and cache reads and its head.
+`DLLM_ROLLOUT_FOLD_STORE=0` (or `dllm_rollout.block.FOLD_STORE = False`) runs separate store passes.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -26,14 +32,16 @@ import torch
 from dllm_rollout.batch import RolloutBatch, decoded_batch
 from dllm_rollout.config import SamplingConfig
 from dllm_rollout.editing import EDITS, rows_to_step, step_edits, still_open
-from dllm_rollout.graphs import GraphedStep
-from dllm_rollout.head import block_forward
+from dllm_rollout.graphs import GraphedStep, graph_pool
+from dllm_rollout.head import block_forward, head_columns
 from dllm_rollout.static_cache import StaticBlockCache
 from dllm_rollout.masked import transfer_quota
 from dllm_rollout.noise import RowNoise
 from dllm_rollout.progress import check_progress
 from dllm_rollout.record import Recorder
 from dllm_rollout.sampling import propose_scored, select
+
+FOLD_STORE = os.environ.get("DLLM_ROLLOUT_FOLD_STORE", "1") != "0"
 
 
 def grid_layout(prompt_lengths: torch.Tensor, block_length: int, max_new_tokens: int) -> tuple[int, int, torch.Tensor]:
@@ -157,7 +165,7 @@ def decode_blocks(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
             open_rows = still_open(active, still.any(-1), edits)
             step += 1
         if cached is not None and end < width:
-            cached.store(start, end)
+            cached.finish(start, end)
         if cfg.stop_at_eos:
             region = canvas[:, r0:end]
             col = torch.arange(end - r0, device=device)[None]
@@ -187,7 +195,8 @@ class _CachedBlocks:
     keys/values in place, so every step has the same shapes and runs as one CUDA graph
     (`GraphedStep`). Decode-region columns are always real tokens (rows are padded by whole blocks
     before the region), so a step passes no attention mask of its own; padding lives in the
-    cache's key padding.
+    cache's key padding. With `FOLD_STORE` a finished block's store pass is the first half of the
+    next block's first step (module doc), a second graph of 2 x block columns.
     """
 
     def __init__(self, model: Any, canvas: torch.Tensor, attn: torch.Tensor, pos: torch.Tensor, r0: int,
@@ -195,7 +204,11 @@ class _CachedBlocks:
         self.model, self.canvas, self.attn, self.pos, self.block = model, canvas, attn, pos, block
         self.static: StaticBlockCache | None = None
         self.shown = -1  # start column of the block the cache currently writes
-        self.step: GraphedStep | None = GraphedStep(self._forward)
+        self.pending = -1  # start column of a finished block whose store pass is still to run
+        pool = graph_pool(canvas.device)  # one memory pool: the two graphs run one after another
+        self.step: GraphedStep | None = GraphedStep(self._forward, pool=pool)
+        self.pair_step: GraphedStep | None = GraphedStep(self._pair_forward, pool=pool)
+        self.head = torch.arange(block, 2 * block, device=canvas.device)  # the next block's columns
         if r0 > 0:
             # prompt blocks: keys/values only, the head runs on no column
             out = block_forward(model, canvas[:, :r0], 0, 0, attention_mask=attn[:, :r0],
@@ -204,17 +217,26 @@ class _CachedBlocks:
             self.static.store(0, out.past_key_values, attn[:, :r0])
 
     def release(self) -> None:
-        """Drop the cache and the graph now: the step holds a bound method of this object, a
+        """Drop the cache and the graphs now: a step holds a bound method of this object, a
         reference cycle that would keep the cache alive until the next garbage collection."""
-        self.static, self.step = None, None
+        self.static, self.step, self.pair_step = None, None, None
 
     def _forward(self, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         assert self.static is not None
         logits: torch.Tensor = self.model(ids, position_ids=pos, past_key_values=self.static.cache).logits
         return logits
 
+    def _pair_forward(self, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """[finished block ; next block]: writes both blocks' keys/values, logits of the next one."""
+        assert self.static is not None
+        with head_columns(self.model, self.head):
+            logits: torch.Tensor = self.model(ids, position_ids=pos, past_key_values=self.static.pair).logits
+        return logits
+
     def _run(self, start: int, end: int, *, keep: bool = False) -> tuple[torch.Tensor, Any]:
         """Logits of block [start, end); with `keep` and no cache yet also the block's own KVCache."""
+        if self.pending >= 0:
+            return self._run_pair(self.pending, start, end), None
         ids, pos = self.canvas[:, start:end], self.pos[:, start:end]
         if self.static is None:  # no finished block yet: nothing to attend to but the block
             out = self.model(ids, attention_mask=self.attn[:, start:end], position_ids=pos, use_cache=keep)
@@ -226,17 +248,30 @@ class _CachedBlocks:
         logits: torch.Tensor = self.step(ids, pos)
         return logits, None
 
+    def _run_pair(self, prev: int, start: int, end: int) -> torch.Tensor:
+        """The folded store pass of [prev, start) and the first step of [start, end)."""
+        assert self.static is not None and self.pair_step is not None, "released"
+        if end - start != self.block:
+            raise ValueError(f"the step after a folded store must cover one block of {self.block}, got [{start}, {end})")
+        self.static.show_pair(prev, start, end, self.attn[:, start:end])
+        self.shown, self.pending = start, -1
+        logits: torch.Tensor = self.pair_step(self.canvas[:, prev:end], self.pos[:, prev:end])
+        return logits
+
     def logits(self, start: int, end: int) -> torch.Tensor:
         """[B, bl, V] logits of block [start, end) (a graph buffer: read before the next call)."""
         return self._run(start, end)[0]
 
-    def store(self, start: int, end: int) -> None:
-        """Cache the final keys/values of the finished block [start, end) (SDAR's "store" pass)."""
+    def finish(self, start: int, end: int) -> None:
+        """Block [start, end) is finished: cache its final keys/values (SDAR's "store" pass), now or,
+        with `FOLD_STORE`, as part of the next block's first step."""
+        if FOLD_STORE and self.static is not None:
+            self.pending = start
+            return
         _, kv = self._run(start, end, keep=True)
         if self.static is None:
             self.static = StaticBlockCache(kv, self.canvas.shape[0], self.canvas.shape[1], self.block)
             self.static.store(start, kv, self.attn[:, start:end])
-
 
 
 def _tail_extras(region: torch.Tensor, offsets: torch.Tensor, cfg: SamplingConfig, rec: Recorder,

@@ -3,7 +3,9 @@
 Every forward writes its block's keys/values into it in place (`KVCache.write_columns`). Columns
 of later blocks are hidden by the cache's key padding, so attention sees exactly the finished
 blocks and the current one (masked keys get weight 0), and every cached step has the same shapes:
-one CUDA graph (`dllm_rollout.graphs`) serves the whole decode.
+one CUDA graph (`dllm_rollout.graphs`) serves the whole decode. A second view (`pair`) serves the
+forwards that cover two blocks, a finished block and the next one, with a block-causal key limit
+per query: again one shape, so one more graph.
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ class StaticBlockCache:
     Attributes:
         cache: the KVCache handed to the model; `cache.key_padding` [B, W] is True on visible,
             real columns; `cache.write_columns` [n] the columns the next forward writes.
+        pair: the same tensors for a forward of two blocks [prev, prev + 2n): `write_columns` [2n]
+            and `key_limit` [2n] (queries of the first block see columns < prev + n, those of
+            the second < prev + 2n); set by `show_pair`.
     """
 
     def __init__(self, like: Any, batch: int, width: int, block: int) -> None:
@@ -42,6 +47,10 @@ class StaticBlockCache:
         padding = torch.zeros((batch, width), dtype=torch.bool, device=keys[0].device)
         columns = torch.zeros(block, dtype=torch.long, device=keys[0].device)
         self.cache = KVCache(keys, values, padding, write_columns=columns)
+        pair_columns = torch.zeros(2 * block, dtype=torch.long, device=keys[0].device)
+        limit = torch.zeros(2 * block, dtype=torch.long, device=keys[0].device)
+        self.pair = KVCache(keys, values, padding, write_columns=pair_columns, key_limit=limit)
+        self.block = block
 
     def store(self, start: int, kv: Any, real: torch.Tensor | None = None) -> None:
         """Copy the keys/values of columns [start, start + n) from `kv` and mark them visible.
@@ -65,3 +74,18 @@ class StaticBlockCache:
             self.cache.key_padding[:, start:end] = real
         if end - start == self.cache.write_columns.numel():
             torch.arange(start, end, out=self.cache.write_columns)
+
+    def show_pair(self, prev: int, start: int, end: int, real: torch.Tensor | None = None) -> None:
+        """Set up `pair` for a forward of the finished block [prev, start) and the block [start, end).
+
+        Marks [start, end) visible (where `real`) and makes it the single-block forwards' columns
+        too, as `show` does.
+        """
+        assert self.pair.write_columns is not None and self.pair.key_limit is not None
+        n = self.block
+        if start - prev != n or end - start != n:
+            raise ValueError(f"show_pair needs two adjacent blocks of {n} columns, got [{prev}, {start}), [{start}, {end})")
+        self.show(start, end, real)
+        torch.arange(prev, end, out=self.pair.write_columns)
+        self.pair.key_limit[:n].fill_(start)
+        self.pair.key_limit[n:].fill_(end)

@@ -130,7 +130,13 @@ def _in_place_inputs(
             f"KVCache.write_columns has {past_key_values.write_columns.numel()} columns, input_ids has "
             f"{input_ids.shape[1]} positions: list one canvas column per input position"
         )
-    return AttentionMask(key_padding=past_key_values.key_padding), position_ids
+    limit = past_key_values.key_limit
+    if limit is not None and limit.numel() != input_ids.shape[1]:
+        raise ValueError(
+            f"KVCache.key_limit has {limit.numel()} entries, input_ids has {input_ids.shape[1]} positions: "
+            "give one key limit per input position"
+        )
+    return AttentionMask(key_padding=past_key_values.key_padding, key_limit=limit), position_ids
 
 
 def _explicit_inputs(

@@ -8,7 +8,8 @@ This kernel computes the same function (softmax(q k^T / sqrt(D)) v over the visi
 program per (row, KV head): it walks the columns in tiles of BLOCK_N, skips every tile with no
 visible column without loading its keys or values, and keeps the softmax online in float32
 (FlashAttention's recurrence, Dao et al. 2022, arXiv 2205.14135), so a step reads only the keys
-it uses. Set TRITON_INTERPRET=1 before importing to run it on CPU (tests).
+it uses. A call may also give each query a key limit (`key_limit`: query i sees columns < limit[i]),
+which keeps a call over two blocks (a finished block and the next one) block-causal. Set TRITON_INTERPRET=1 before importing to run it on CPU (tests).
 """
 
 from __future__ import annotations
@@ -25,9 +26,9 @@ if HAS_TRITON:
 
     @triton.jit  # type: ignore[untyped-decorator,unused-ignore]
     def _decode_attention_kernel(  # type: ignore[no-untyped-def]
-        q_ptr, k_ptr, v_ptr, pad_ptr, o_ptr, sm_scale, m_rows, n_cols,
+        q_ptr, k_ptr, v_ptr, pad_ptr, lim_ptr, o_ptr, sm_scale, m_rows, n_cols, q_len,
         sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd, spb, spn, sob, soh, som, sod,
-        HAS_PAD: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+        HAS_PAD: tl.constexpr, HAS_LIM: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     ):
         b = tl.program_id(0).to(tl.int64)
         h = tl.program_id(1).to(tl.int64)
@@ -36,6 +37,8 @@ if HAS_TRITON:
         cols0 = tl.arange(0, BLOCK_N)
         q = tl.load(q_ptr + b * sqb + h * sqh + rows[:, None] * sqm + dims[None, :] * sqd,
                     mask=rows[:, None] < m_rows, other=0.0)
+        if HAS_LIM:  # folded row r * q_len + i is query i
+            limit = tl.load(lim_ptr + rows % q_len, mask=rows < m_rows, other=0)
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
@@ -51,10 +54,15 @@ if HAS_TRITON:
             if tl.max(seen.to(tl.int32), axis=0) > 0:
                 k = tl.load(k_base + cols[None, :] * skn + dims[:, None] * skd, mask=seen[None, :], other=0.0)
                 s = tl.dot(q, k, input_precision=PRECISION) * sm_scale
-                s = tl.where(seen[None, :], s, float("-inf"))
+                if HAS_LIM:
+                    s = tl.where(seen[None, :] & (cols[None, :] < limit[:, None]), s, float("-inf"))
+                else:
+                    s = tl.where(seen[None, :], s, float("-inf"))
                 m_new = tl.maximum(m_i, tl.max(s, axis=1))
-                alpha = tl.exp(m_i - m_new)
-                p = tl.exp(s - m_new[:, None])
+                # a row that has seen no key yet keeps m = -inf: shift by 0 there, so p = 0, not NaN
+                m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+                alpha = tl.exp(m_i - m_use)
+                p = tl.exp(s - m_use[:, None])
                 l_i = l_i * alpha + tl.sum(p, axis=1)
                 v = tl.load(v_base + cols[:, None] * svn + dims[None, :] * svd, mask=seen[:, None], other=0.0)
                 acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
@@ -76,12 +84,15 @@ def decode_attention_fits(q: torch.Tensor, k: torch.Tensor) -> bool:
 
 
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                     key_padding: torch.Tensor | None) -> torch.Tensor:
-    """softmax(q k^T / sqrt(D)) v over the visible keys, every query of a row seeing the same keys.
+                     key_padding: torch.Tensor | None, key_limit: torch.Tensor | None = None) -> torch.Tensor:
+    """softmax(q k^T / sqrt(D)) v over the visible keys.
 
     Args:
-        q: [B, H, M, D] queries (query heads of a KV head folded into M); k, v: [B, H, N, D].
+        q: [B, H, M, D] queries (query heads of a KV head folded into M = n_rep * Lq, folded row
+            r * Lq + i being query i); k, v: [B, H, N, D].
         key_padding: bool [B, N], True on visible keys (None: all visible).
+        key_limit: long [Lq] (Lq dividing M): query i sees only keys < key_limit[i], the same for
+            every row (None: no limit).
 
     Returns:
         [B, H, M, D] in q's dtype; a row with no visible key gets zeros.
@@ -95,11 +106,18 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         strides = (pad.stride(0), pad.stride(1))
     else:
         pad, strides = q, (0, 0)
+    if key_limit is not None:
+        q_len = key_limit.numel()
+        if m % q_len:
+            raise ValueError(f"key_limit has {q_len} entries, which do not divide the {m} folded query rows")
+        lim = key_limit.to(device=q.device, dtype=torch.int32).contiguous()
+    else:
+        q_len, lim = 1, q
     block_m = max(16, 1 << (m - 1).bit_length())
     _decode_attention_kernel[(b, h)](
-        q, k, v, pad, out, 1.0 / math.sqrt(d), m, n,
+        q, k, v, pad, lim, out, 1.0 / math.sqrt(d), m, n, q_len,
         *q.stride(), *k.stride(), *v.stride(), *strides, *out.stride(),
-        HAS_PAD=key_padding is not None,
+        HAS_PAD=key_padding is not None, HAS_LIM=key_limit is not None,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32", BLOCK_M=block_m, BLOCK_N=64, BLOCK_D=d,
         num_warps=4, num_stages=2,
     )
