@@ -15,10 +15,15 @@ which keeps a call over two blocks (a finished block and the next one) block-cau
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 
 from dllm_models.kernels.logsumexp import HAS_TRITON, runs_on
+
+# columns per tile and pipeline stages (tuning knobs; the defaults were measured on the H200)
+BLOCK_N = int(os.environ.get("DLLM_MODELS_DECODE_BLOCK_N", "64"))
+NUM_STAGES = int(os.environ.get("DLLM_MODELS_DECODE_STAGES", "2"))
 
 if HAS_TRITON:
     import triton  # type: ignore[import-untyped,unused-ignore]
@@ -118,7 +123,7 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         q, k, v, pad, lim, out, 1.0 / math.sqrt(d), m, n, q_len,
         *q.stride(), *k.stride(), *v.stride(), *strides, *out.stride(),
         HAS_PAD=key_padding is not None, HAS_LIM=key_limit is not None,
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", BLOCK_M=block_m, BLOCK_N=64, BLOCK_D=d,
-        num_warps=4, num_stages=2,
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", BLOCK_M=block_m, BLOCK_N=BLOCK_N, BLOCK_D=d,
+        num_warps=4, num_stages=NUM_STAGES,
     )
     return out
