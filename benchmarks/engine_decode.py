@@ -269,6 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default="SDAR-8B-Chat")
     ap.add_argument("--rows", default="128")
     ap.add_argument("--new", default="1024")
+    ap.add_argument("--shapes", default="", help="rows x new pairs, e.g. 128x1024,64x1024 (replaces --rows x --new)")
     ap.add_argument("--engines", default="native,lmdeploy")
     ap.add_argument("--engine-checks", action="store_true")
     ap.add_argument("--profile", type=int, default=0, help="profile one native decode of this many new tokens")
@@ -284,6 +285,10 @@ def main(argv: list[str] | None = None) -> int:
     sharpen_head(folder, args.head_scale)
     rows = [int(x) for x in args.rows.split(",")]
     news = [int(x) for x in args.new.split(",")]
+    shapes = [(r, n) for r in rows for n in news]
+    if args.shapes:
+        shapes = [(int(a), int(b)) for a, b in (x.split("x") for x in args.shapes.split(","))]
+        rows, news = sorted({r for r, _ in shapes}), sorted({n for _, n in shapes})
     data = _default_dir("data") / "rl/train/gsm8k_1.parquet"
     prompts_all = chat_prompts(folder, data, max(rows))
     engines = args.engines.split(",")
@@ -292,18 +297,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.profile:
         profile_native(folder, prompts_all[:max(rows)], args.profile, device)
     for name in [e for e in engines if e.startswith("native")]:
-        for r in rows:
-            for n in news:
-                lora = {"native_lora": "merged", "native_lora_unmerged": "unmerged"}.get(name, "")
-                s, out = native(folder, prompts_all[:r], n, device, kernel=name != "native_sdpa", lora=lora,
-                                fold=name != "native_nofold")
-                outputs[name, r, n] = out
-                row = {"engine": name, "rows": r, "new": n, "s": round(s, 2), "tok_s": round(r * n / s)}
-                ref = {"native_lora_unmerged": "native_lora", "native_lora": ""}.get(name, "native")
-                if ref and name != ref and (ref, r, n) in outputs:
-                    row.update(agreement(outputs[ref, r, n], out))
-                results.append(row)
-                print(json.dumps(row), flush=True)
+        for r, n in shapes:
+            lora = {"native_lora": "merged", "native_lora_unmerged": "unmerged"}.get(name, "")
+            s, out = native(folder, prompts_all[:r], n, device, kernel=name != "native_sdpa", lora=lora,
+                            fold=name != "native_nofold")
+            outputs[name, r, n] = out
+            row = {"engine": name, "rows": r, "new": n, "s": round(s, 2), "tok_s": round(r * n / s)}
+            ref = {"native_lora_unmerged": "native_lora", "native_lora": ""}.get(name, "native")
+            if ref and name != ref and (ref, r, n) in outputs:
+                row.update(agreement(outputs[ref, r, n], out))
+            results.append(row)
+            print(json.dumps(row), flush=True)
     if "lmdeploy" in engines:
         from dllm_rollout.engines import LMDeployEngine
 
@@ -315,28 +319,27 @@ def main(argv: list[str] | None = None) -> int:
                                 engine_options={"max_batch_size": max(rows), "cache_max_entry_count": 0.6,
                                                 "session_len": max(len(p) for p in prompts_all) + max(news) + 8})
         print(json.dumps({"lmdeploy_start_s": round(time.perf_counter() - t0, 1)}), flush=True)
-        for r in rows:
-            for n in news:
-                engine.cfg = engine_cfg(n)
-                engine.generate(prompts_all[:r], cfg=engine_cfg(8))  # warm-up at the measured batch size
-                _sync()
-                t0 = time.perf_counter()
-                try:
-                    out = engine.generate(prompts_all[:r]).response_ids.tolist()
-                except Exception as err:  # noqa: BLE001 - a failed shape is a result; the next one may run
-                    print(json.dumps({"engine": "lmdeploy", "rows": r, "new": n, "error": repr(err)[:300]}), flush=True)
-                    continue
-                s = time.perf_counter() - t0
-                outputs["lmdeploy", r, n] = out
-                row = {"engine": "lmdeploy", "rows": r, "new": n, "s": round(s, 2), "tok_s": round(r * n / s)}
-                if ("native", r, n) in outputs:
-                    row.update(agreement(outputs["native", r, n], out))
-                    nat = next(x for x in results if x["engine"] == "native" and x["rows"] == r and x["new"] == n)
-                    row["native_over_lmdeploy"] = round(nat["tok_s"] / row["tok_s"], 3)
-                results.append(row)
-                print(json.dumps(row), flush=True)
-                print(json.dumps({"lmdeploy_row0": out[0][:24], "native_row0": outputs.get(("native", r, n), [[]])[0][:24],
-                                  "lmdeploy_distinct_tokens": len({t for o in out for t in o})}), flush=True)
+        for r, n in shapes:
+            engine.cfg = engine_cfg(n)
+            engine.generate(prompts_all[:r], cfg=engine_cfg(8))  # warm-up at the measured batch size
+            _sync()
+            t0 = time.perf_counter()
+            try:
+                out = engine.generate(prompts_all[:r]).response_ids.tolist()
+            except Exception as err:  # noqa: BLE001 - a failed shape is a result; the next one may run
+                print(json.dumps({"engine": "lmdeploy", "rows": r, "new": n, "error": repr(err)[:300]}), flush=True)
+                continue
+            s = time.perf_counter() - t0
+            outputs["lmdeploy", r, n] = out
+            row = {"engine": "lmdeploy", "rows": r, "new": n, "s": round(s, 2), "tok_s": round(r * n / s)}
+            if ("native", r, n) in outputs:
+                row.update(agreement(outputs["native", r, n], out))
+                nat = next(x for x in results if x["engine"] == "native" and x["rows"] == r and x["new"] == n)
+                row["native_over_lmdeploy"] = round(nat["tok_s"] / row["tok_s"], 3)
+            results.append(row)
+            print(json.dumps(row), flush=True)
+            print(json.dumps({"lmdeploy_row0": out[0][:24], "native_row0": outputs.get(("native", r, n), [[]])[0][:24],
+                              "lmdeploy_distinct_tokens": len({t for o in out for t in o})}), flush=True)
         if args.engine_checks:
             print(json.dumps({"engine_checks": engine_checks(engine, folder, prompts_all, device)}), flush=True)
         engine.close()

@@ -44,26 +44,29 @@ for b, h, m, n, d in [(3, 2, 16, 200, 32), (2, 2, 12, 130, 64), (2, 1, 8, 64, 32
     full = decode_attention(q, k, v, None)
     assert (full.double() - reference(q, k, v, None)).abs().max().item() < 1e-5
 
-# per-query key limits (a forward over two blocks): folded row r * Lq + i sees keys < limit[i]
+# grouped heads with per-query key limits (a forward over two blocks), queries read through the
+# strides of a transposed projection: query i of head h sees the visible keys < limit[i]
 for b, h, lq, rep, n, d in [(2, 2, 8, 4, 150, 32), (3, 1, 4, 2, 70, 64)]:
-    q = torch.randn(b, h, rep * lq, d, generator=g)
+    q = torch.randn(b, lq, h * rep, d, generator=g).transpose(1, 2)   # [B, Hq, Lq, D], not contiguous
     k, v = (torch.randn(b, h, n, d, generator=g) for _ in range(2))
     pad = torch.rand(b, n, generator=g) < 0.8
     pad[:, :64] = False                      # a hidden first tile: a row meets its first key later
     limit = torch.tensor([n - lq] * (lq // 2) + [n] * (lq - lq // 2))
     limit[0] = 60                            # a query that sees no key at all: zeros
-    allowed = pad[:, None, None, :] & (torch.arange(n)[None, :] < limit.repeat(rep)[:, None])[None, None]
+    allowed = pad[:, None, :] & (torch.arange(n)[None, :] < limit[:, None])[None]   # [B, Lq, N]
     out = decode_attention(q, k, v, pad, limit)
-    ref = reference(q, k, v, allowed[:, 0])
+    assert out.shape == q.shape and out.transpose(1, 2).is_contiguous()
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        q.double(), k.double().repeat_interleave(rep, 1), v.double().repeat_interleave(rep, 1),
+        attn_mask=allowed[:, None]).nan_to_num(0.0)
     assert not out.isnan().any()
     err = (out.double() - ref).abs().max().item()
     assert err < 1e-5, ("limit", b, h, lq, n, d, err)
-    q4 = q.reshape(b, h * rep, lq, d)
     mask = A.AttentionMask(key_padding=pad, key_limit=limit)
     A.DECODE_KERNEL = True
-    on = A._sdpa_grouped(q4, k, v, mask)
+    on = A._sdpa_grouped(q, k, v, mask)
     A.DECODE_KERNEL = False
-    off = A._sdpa_grouped(q4, k, v, mask)
+    off = A._sdpa_grouped(q, k, v, mask)
     assert (on - off.nan_to_num(0.0)).abs().max().item() < 1e-5
 
 # the kernel computes the grouped path's function (every query of a row sees the same keys)
@@ -139,20 +142,22 @@ def test_decode_attention_matches_sdpa_on_gpu(dtype: torch.dtype) -> None:
 
 @pytest.mark.gpu
 def test_decode_attention_key_limit_on_gpu() -> None:
-    """A two-block forward (8 queries, the first 4 limited to the finished block) at SDAR-8B's shape."""
+    """A two-block forward (8 queries, the first 4 limited to the finished block) at SDAR-8B's shape,
+    grouped heads read through a transposed projection's strides."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     from dllm_models.kernels.decode_attention import decode_attention
 
     g = torch.Generator(device="cuda").manual_seed(1)
     b, h, lq, rep, n, d = 128, 8, 8, 4, 1100, 128
-    q = torch.randn(b, h, rep * lq, d, generator=g, device="cuda", dtype=torch.bfloat16)
+    q = torch.randn(b, lq, h * rep, d, generator=g, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
     k, v = (torch.randn(b, h, n, d, generator=g, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     pad = torch.zeros(b, n, dtype=torch.bool, device="cuda")
     pad[:, 64:708] = True
     limit = torch.tensor([704] * 4 + [708] * 4, device="cuda")
-    allowed = pad[:, None, :] & (torch.arange(n, device="cuda")[None, :] < limit.repeat(rep)[:, None])[None]
+    allowed = pad[:, None, :] & (torch.arange(n, device="cuda")[None, :] < limit[:, None])[None]
     out = decode_attention(q, k, v, pad, limit).double()
-    ref = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double(),
-                                                           attn_mask=allowed[:, None])
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        q.double(), k.double().repeat_interleave(rep, 1), v.double().repeat_interleave(rep, 1),
+        attn_mask=allowed[:, None])
     assert (out - ref).abs().max().item() < 1.5e-2

@@ -217,9 +217,9 @@ def _sdpa_grouped(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Atten
     """
     b, hq, lq, d = q.shape
     hkv = k.shape[1]
+    if DECODE_KERNEL and decode_attention_fits(q, k):
+        return decode_attention(q, k, v, mask.key_padding, mask.key_limit)
     folded = q.reshape(b, hkv, (hq // hkv) * lq, d)
-    if DECODE_KERNEL and decode_attention_fits(folded, k):
-        return decode_attention(folded, k, v, mask.key_padding, mask.key_limit).reshape(b, hq, lq, d)
     # [B, 1, 1, Lk] or None: the key padding, the same for every query of a row
     dense = None if mask.key_padding is None else mask.key_padding[:, None, None, -k.shape[2]:].to(q.device, torch.bool)
     if mask.key_limit is not None:  # [1, 1, n_rep * Lq, Lk]

@@ -1,7 +1,7 @@
 """Attention of a few queries per row against a wide, partly visible KV cache (a decoding step).
 
 A cached block-diffusion step attends with Lq = block_length queries per row (and n_rep query heads
-per KV head, folded into the query axis: M = n_rep * Lq rows) over a cache that spans the whole
+per KV head: M = n_rep * Lq rows per program, read through their strides) over a cache that spans the whole
 canvas, of which only some columns are visible (`key_padding`: left padding and the blocks not yet
 decoded are hidden). A dense-mask attention kernel reads every column of the cache at every step.
 This kernel computes the same function (softmax(q k^T / sqrt(D)) v over the visible keys) with one
@@ -22,7 +22,7 @@ import torch
 from dllm_models.kernels.logsumexp import HAS_TRITON, runs_on
 
 # columns per tile and pipeline stages (tuning knobs; the defaults were measured on the H200)
-BLOCK_N = int(os.environ.get("DLLM_MODELS_DECODE_BLOCK_N", "64"))
+BLOCK_N = int(os.environ.get("DLLM_MODELS_DECODE_BLOCK_N", "128"))
 NUM_STAGES = int(os.environ.get("DLLM_MODELS_DECODE_STAGES", "2"))
 
 if HAS_TRITON:
@@ -31,7 +31,7 @@ if HAS_TRITON:
 
     @triton.jit  # type: ignore[untyped-decorator,unused-ignore]
     def _decode_attention_kernel(  # type: ignore[no-untyped-def]
-        q_ptr, k_ptr, v_ptr, pad_ptr, lim_ptr, o_ptr, sm_scale, m_rows, n_cols, q_len,
+        q_ptr, k_ptr, v_ptr, pad_ptr, lim_ptr, o_ptr, sm_scale, m_rows, n_cols, q_len, n_rep,
         sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd, spb, spn, sob, soh, som, sod,
         HAS_PAD: tl.constexpr, HAS_LIM: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     ):
@@ -40,9 +40,11 @@ if HAS_TRITON:
         rows = tl.arange(0, BLOCK_M)
         dims = tl.arange(0, BLOCK_D)
         cols0 = tl.arange(0, BLOCK_N)
-        q = tl.load(q_ptr + b * sqb + h * sqh + rows[:, None] * sqm + dims[None, :] * sqd,
-                    mask=rows[:, None] < m_rows, other=0.0)
-        if HAS_LIM:  # folded row r * q_len + i is query i
+        # row r * q_len + i of KV head h is query i of query head h * n_rep + r
+        head = h * n_rep + rows // q_len
+        q_off = head * sqh + (rows % q_len) * sqm
+        q = tl.load(q_ptr + b * sqb + q_off[:, None] + dims[None, :] * sqd, mask=rows[:, None] < m_rows, other=0.0)
+        if HAS_LIM:
             limit = tl.load(lim_ptr + rows % q_len, mask=rows < m_rows, other=0)
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -73,38 +75,46 @@ if HAS_TRITON:
                 acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
                 m_i = m_new
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-        tl.store(o_ptr + b * sob + h * soh + rows[:, None] * som + dims[None, :] * sod,
+        o_off = head * soh + (rows % q_len) * som
+        tl.store(o_ptr + b * sob + o_off[:, None] + dims[None, :] * sod,
                  out.to(o_ptr.dtype.element_ty), mask=rows[:, None] < m_rows)
 
 
 def decode_attention_fits(q: torch.Tensor, k: torch.Tensor) -> bool:
-    """Whether `decode_attention` serves folded queries `q` [B, H, M, D] against `k` [B, H, N, D].
+    """Whether `decode_attention` serves queries `q` [B, Hq, Lq, D] against `k` [B, Hkv, N, D].
 
-    A few query rows (M <= 64), a power-of-two head size, enough (row, head) programs to fill the
-    GPU, and a device the kernel runs on.
+    A few query rows per KV head (n_rep * Lq <= 64), a power-of-two head size, enough (row, KV head)
+    programs to fill the GPU, and a device the kernel runs on.
     """
-    b, h, m, d = q.shape
-    return (runs_on(q) and m <= 64 and d in (32, 64, 128, 256) and k.shape[2] >= 16
+    b, hq, lq, d = q.shape
+    h = k.shape[1]
+    return (runs_on(q) and hq % h == 0 and (hq // h) * lq <= 64 and d in (32, 64, 128, 256) and k.shape[2] >= 16
             and (b * h >= 128 or not q.is_cuda) and q.dtype in (torch.bfloat16, torch.float16, torch.float32))
 
 
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                      key_padding: torch.Tensor | None, key_limit: torch.Tensor | None = None) -> torch.Tensor:
-    """softmax(q k^T / sqrt(D)) v over the visible keys.
+    """softmax(q k^T / sqrt(D)) v over the visible keys, grouped query heads.
+
+    The n_rep = Hq / Hkv query heads of a KV head and their Lq queries are one program's rows, read
+    and written through their strides: no folded copy of the queries, and the result's memory is
+    [B, Lq, Hq, D] (so `out.transpose(1, 2).reshape(B, Lq, Hq * D)` is a view).
 
     Args:
-        q: [B, H, M, D] queries (query heads of a KV head folded into M = n_rep * Lq, folded row
-            r * Lq + i being query i); k, v: [B, H, N, D].
+        q: [B, Hq, Lq, D] queries, any strides (Hq a multiple of Hkv); k, v: [B, Hkv, N, D].
         key_padding: bool [B, N], True on visible keys (None: all visible).
-        key_limit: long [Lq] (Lq dividing M): query i sees only keys < key_limit[i], the same for
-            every row (None: no limit).
+        key_limit: long [Lq]: query i sees only keys < key_limit[i], the same for every row and head
+            (None: no limit).
 
     Returns:
-        [B, H, M, D] in q's dtype; a row with no visible key gets zeros.
+        [B, Hq, Lq, D] in q's dtype (a transposed view of a [B, Lq, Hq, D] tensor); a query with no
+        visible key gets zeros.
     """
-    b, h, m, d = q.shape
-    n = k.shape[2]
-    out = torch.empty_like(q)
+    b, hq, lq, d = q.shape
+    h, n = k.shape[1], k.shape[2]
+    n_rep = hq // h
+    m = n_rep * lq
+    out = torch.empty((b, lq, hq, d), dtype=q.dtype, device=q.device).transpose(1, 2)
     if key_padding is not None:
         pad = key_padding[:, -n:]
         pad = pad.view(torch.uint8) if pad.dtype == torch.bool else pad.to(torch.uint8)
@@ -112,18 +122,18 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     else:
         pad, strides = q, (0, 0)
     if key_limit is not None:
-        q_len = key_limit.numel()
-        if m % q_len:
-            raise ValueError(f"key_limit has {q_len} entries, which do not divide the {m} folded query rows")
+        if key_limit.numel() != lq:
+            raise ValueError(f"key_limit has {key_limit.numel()} entries for {lq} queries: give one per query")
         lim = key_limit.to(device=q.device, dtype=torch.int32).contiguous()
     else:
-        q_len, lim = 1, q
+        lim = q
     block_m = max(16, 1 << (m - 1).bit_length())
+    block_n = BLOCK_N if d <= 128 else min(BLOCK_N, 64)  # shared memory: two stages of K and V tiles
     _decode_attention_kernel[(b, h)](
-        q, k, v, pad, lim, out, 1.0 / math.sqrt(d), m, n, q_len,
+        q, k, v, pad, lim, out, 1.0 / math.sqrt(d), m, n, lq, n_rep,
         *q.stride(), *k.stride(), *v.stride(), *strides, *out.stride(),
         HAS_PAD=key_padding is not None, HAS_LIM=key_limit is not None,
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", BLOCK_M=block_m, BLOCK_N=BLOCK_N, BLOCK_D=d,
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=d,
         num_warps=4, num_stages=NUM_STAGES,
     )
     return out
