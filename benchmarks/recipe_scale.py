@@ -168,16 +168,29 @@ def decode_floor(cfg: Any, prompt_lens: Sequence[int], shape: Shape, hw: Hardwar
 
         if cfg.cache == "prefix":
             forward(sum(f * bl for f in full), sum(block_pairs(0, f * bl, bl) for f in full), 0)  # prompt blocks
+        # with `FOLD_STORE` a finished block's store pass is part of the next block's first forward,
+        # except the first block's when no row has a full prompt block (that store creates the cache)
+        import dllm_rollout.block as block_decoder
+
+        fold = block_decoder.FOLD_STORE and cfg.cache == "prefix"
+        pending: tuple[int, int] | None = None  # (pairs, cache reads) of a store pass to fold
         for d in range(decode_blocks):
             masks = [bl - t if d == 0 else bl for t in tails]  # the canvas past the response is denoised too
             ctx = [(f + d) * bl for f in full]  # cached positions before the block
-            for _ in range(steps_for(max(masks))):
+            for s in range(steps_for(max(masks))):
                 if cfg.cache == "prefix":
-                    forward(rows * bl, sum(bl * (c + bl) for c in ctx), sum(ctx))
+                    q, pairs, kv = rows * bl, sum(bl * (c + bl) for c in ctx), sum(ctx)
+                    if pending is not None and s == 0:  # [finished block ; this block]
+                        q, pairs, kv, pending = q + rows * bl, pairs + pending[0], pending[1], None
+                    forward(q, pairs, kv)
                 else:  # recompute: the canvas up to the block's end
                     forward(sum(c + bl for c in ctx), sum(block_pairs(0, c + bl, bl) for c in ctx), 0)
             if cfg.cache == "prefix" and d < decode_blocks - 1:  # the store pass of the finished block
-                forward(rows * bl, sum(bl * (c + bl) for c in ctx), sum(ctx))
+                store = (sum(bl * (c + bl) for c in ctx), sum(ctx))
+                if fold and (d > 0 or max(full) > 0):
+                    pending = store
+                else:
+                    forward(rows * bl, *store)
     else:
         blocks = math.ceil(n / bl)
         per_block = max(1, steps // blocks)
