@@ -372,9 +372,17 @@ def run_recipe(recipe: str, args: argparse.Namespace, hw: Hardware, device: str,
     step_fn, local, shutdown = rl_backend(cfg, model, prompts=prompts, algorithm=cfg.algorithm, reward_fn=text_reward,
                                           detokenize=detokenizer(tokenizer), rank_setup=lambda: None)
     try:
-        for w in range(args.warmup):  # flex compilation, autotune, optimizer state, decode graphs
-            step_fn(w)
         rollout = local.rank.rollout
+        if args.rollout_only:  # warm the decoder (autotune, allocator) on a few forwards at the full batch
+            warm = ForwardCounter(model, 4)
+            try:
+                rollout.generate(prompts_full, seeds)
+            except StopDecode:
+                pass
+            finally:
+                warm.close()
+        for w in range(0 if args.rollout_only else args.warmup):  # flex compilation, autotune, optimizer state
+            step_fn(w)
         counter = ForwardCounter(model, args.max_forwards)
         if device == "cuda":
             torch.cuda.reset_peak_memory_stats()
@@ -392,7 +400,8 @@ def run_recipe(recipe: str, args: argparse.Namespace, hw: Hardware, device: str,
             counter.close()
             model.train(was_training)
         floor = decode_floor(rollout.sampling, [len(p) for p in prompts_full], shape, hw, limit=args.max_forwards)
-        row = {**head, "phase": "rollout", "seconds": secs, **floor, "forwards_counted": counter.calls,
+        label = "rollout" if sampling.block_diffusion and sampling.cache == "prefix" else f"rollout (cache={sampling.cache})"
+        row = {**head, "phase": label, "seconds": secs, **floor, "forwards_counted": counter.calls,
                "tokens_counted": counter.tokens,
                "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else None}
         if batch is not None:
@@ -403,28 +412,28 @@ def run_recipe(recipe: str, args: argparse.Namespace, hw: Hardware, device: str,
         rows.append(row)
         del batch
         gc.collect()
-
-        if device == "cuda":
-            torch.cuda.reset_peak_memory_stats()
-        metrics = step_fn(args.warmup)
-        scale = full_rows / args.update_rows
-        alg = cfg.algorithm
-        fwd, fwd_bwd = update_flops(alg, rollout.sampling, [len(p) for p in prompts_full], shape)
-        iters = int(getattr(alg, "num_iterations", 1))
-        # the actor's old pass runs only when the algorithm needs old values the training pass does not give
-        old_pass = bool(alg.needs_old) and not bool(getattr(local.actor, "old_from_training_pass", False))
-        for phase, key, flops in (("old" if old_pass else "old (prepare only)", "old_s", fwd * iters if old_pass else 0.0),
-                                  ("reference", "reference_s", fwd), ("update", "update_s", fwd_bwd * iters)):
-            if key not in metrics:
-                continue
-            measured = float(metrics[key])
-            row = {**head, "phase": phase, "seconds": measured * scale, "measured_s": measured,
-                   "floor_s": flops / hw.flops, "required_tflop": flops / 1e12,
-                   "peak_gib": metrics.get("peak_gib")}
-            if phase == "update":
-                row["update_passes"] = metrics.get("update_passes", float("nan")) * scale
-                row["measured_passes"] = metrics.get("update_passes")
-            rows.append(row)
+        if not args.rollout_only:  # the step on the update rows
+            if device == "cuda":
+                torch.cuda.reset_peak_memory_stats()
+            metrics = step_fn(args.warmup)
+            scale = full_rows / args.update_rows
+            alg = cfg.algorithm
+            fwd, fwd_bwd = update_flops(alg, rollout.sampling, [len(p) for p in prompts_full], shape)
+            iters = int(getattr(alg, "num_iterations", 1))
+            # the actor's old pass runs only when the algorithm needs old values the training pass does not give
+            old_pass = bool(alg.needs_old) and not bool(getattr(local.actor, "old_from_training_pass", False))
+            for phase, key, flops in (("old" if old_pass else "old (prepare only)", "old_s", fwd * iters if old_pass else 0.0),
+                                      ("reference", "reference_s", fwd), ("update", "update_s", fwd_bwd * iters)):
+                if key not in metrics:
+                    continue
+                measured = float(metrics[key])
+                row = {**head, "phase": phase, "seconds": measured * scale, "measured_s": measured,
+                       "floor_s": flops / hw.flops, "required_tflop": flops / 1e12,
+                       "peak_gib": metrics.get("peak_gib")}
+                if phase == "update":
+                    row["update_passes"] = metrics.get("update_passes", float("nan")) * scale
+                    row["measured_passes"] = metrics.get("update_passes")
+                rows.append(row)
     finally:
         shutdown()
     del local, model
@@ -462,6 +471,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-forwards", type=int, default=0,
                     help="time-box the native rollout: stop after this many forwards and extrapolate (0: full decode)")
     ap.add_argument("--lmdeploy", action="store_true", help="also the block families' rollout through lmdeploy")
+    ap.add_argument("--rollout-only", action="store_true",
+                    help="the rollout alone (no warm-up step, no update): decode figures, e.g. per rollout.cache")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="a dotted override applied after the recipe's (as on `dare train`), repeatable")
     ap.add_argument("--tflops", type=float, default=790.0, help="bf16 dense matmul rate, TFLOP/s (docs/benchmarks.md: ~790 measured)")
