@@ -30,7 +30,7 @@ def reference(q, k, v, pad):
     return out.nan_to_num(0.0)
 
 g = torch.Generator().manual_seed(0)
-for b, h, m, n, d in [(3, 2, 16, 200, 32), (2, 2, 12, 130, 64), (2, 1, 8, 64, 32), (1, 3, 20, 17, 32)]:
+for b, h, m, n, d in [(3, 2, 16, 300, 32), (2, 2, 12, 130, 64), (2, 1, 8, 64, 32), (1, 3, 20, 17, 32)]:
     q, k, v = (torch.randn(b, h, x, d, generator=g) for x in (m, n, n))
     pad = torch.rand(b, n, generator=g) < 0.5
     pad[:, : min(70, n - 1)] = False          # left padding: hidden tiles, skipped
@@ -38,15 +38,16 @@ for b, h, m, n, d in [(3, 2, 16, 200, 32), (2, 2, 12, 130, 64), (2, 1, 8, 64, 32
     if b > 1:
         pad[-1] = False                       # a row with no visible key: zeros
     assert decode_attention_fits(q, k)
-    out = decode_attention(q, k, v, pad)
-    err = (out.double() - reference(q, k, v, pad)).abs().max().item()
-    assert err < 1e-5, (b, h, m, n, d, err)
+    for splits in (1, 2, 3):  # columns split over programs, partial states merged
+        out = decode_attention(q, k, v, pad, splits=splits)
+        err = (out.double() - reference(q, k, v, pad)).abs().max().item()
+        assert err < 1e-5, (b, h, m, n, d, splits, err)
     full = decode_attention(q, k, v, None)
     assert (full.double() - reference(q, k, v, None)).abs().max().item() < 1e-5
 
 # grouped heads with per-query key limits (a forward over two blocks), queries read through the
 # strides of a transposed projection: query i of head h sees the visible keys < limit[i]
-for b, h, lq, rep, n, d in [(2, 2, 8, 4, 150, 32), (3, 1, 4, 2, 70, 64)]:
+for b, h, lq, rep, n, d in [(2, 2, 8, 4, 300, 32), (3, 1, 4, 2, 70, 64)]:
     q = torch.randn(b, lq, h * rep, d, generator=g).transpose(1, 2)   # [B, Hq, Lq, D], not contiguous
     k, v = (torch.randn(b, h, n, d, generator=g) for _ in range(2))
     pad = torch.rand(b, n, generator=g) < 0.8
@@ -54,14 +55,15 @@ for b, h, lq, rep, n, d in [(2, 2, 8, 4, 150, 32), (3, 1, 4, 2, 70, 64)]:
     limit = torch.tensor([n - lq] * (lq // 2) + [n] * (lq - lq // 2))
     limit[0] = 60                            # a query that sees no key at all: zeros
     allowed = pad[:, None, :] & (torch.arange(n)[None, :] < limit[:, None])[None]   # [B, Lq, N]
-    out = decode_attention(q, k, v, pad, limit)
-    assert out.shape == q.shape and out.transpose(1, 2).is_contiguous()
     ref = torch.nn.functional.scaled_dot_product_attention(
         q.double(), k.double().repeat_interleave(rep, 1), v.double().repeat_interleave(rep, 1),
         attn_mask=allowed[:, None]).nan_to_num(0.0)
-    assert not out.isnan().any()
-    err = (out.double() - ref).abs().max().item()
-    assert err < 1e-5, ("limit", b, h, lq, n, d, err)
+    for splits in (1, 2):
+        out = decode_attention(q, k, v, pad, limit, splits=splits)
+        assert out.shape == q.shape and out.transpose(1, 2).is_contiguous()
+        assert not out.isnan().any()
+        err = (out.double() - ref).abs().max().item()
+        assert err < 1e-5, ("limit", b, h, lq, n, d, splits, err)
     mask = A.AttentionMask(key_padding=pad, key_limit=limit)
     A.DECODE_KERNEL = True
     on = A._sdpa_grouped(q, k, v, mask)
@@ -131,10 +133,12 @@ def test_decode_attention_matches_sdpa_on_gpu(dtype: torch.dtype) -> None:
     pad[:, :64] = False
     pad[:, 700:] = False
     assert decode_attention_fits(q, k)
-    out = decode_attention(q, k, v, pad).double()
     ref = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double(),
                                                            attn_mask=pad[:, None, None, :])
     tol = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 1.5e-2}[dtype]
+    for splits in (2, 4):
+        assert (decode_attention(q, k, v, pad, splits=splits).double() - ref).abs().max().item() < tol
+    out = decode_attention(q, k, v, pad, splits=1).double()
     assert (out - ref).abs().max().item() < tol
     sdpa = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=pad[:, None, None, :]).double()
     assert (out - ref).abs().max().item() <= 2 * (sdpa - ref).abs().max().item() + 1e-6

@@ -9,7 +9,10 @@ program per (row, KV head): it walks the columns in tiles of BLOCK_N, skips ever
 visible column without loading its keys or values, and keeps the softmax online in float32
 (FlashAttention's recurrence, Dao et al. 2022, arXiv 2205.14135), so a step reads only the keys
 it uses. A call may also give each query a key limit (`key_limit`: query i sees columns < limit[i]),
-which keeps a call over two blocks (a finished block and the next one) block-causal. Set TRITON_INTERPRET=1 before importing to run it on CPU (tests).
+which keeps a call over two blocks (a finished block and the next one) block-causal. With `splits` > 1
+each (row, KV head) is served by several programs over contiguous column ranges, whose partial
+softmax states a second kernel merges (flash-decoding): more parallelism for few rows or long
+caches (`DLLM_MODELS_DECODE_SPLITS`, default 1). Set TRITON_INTERPRET=1 before importing to run it on CPU (tests).
 """
 
 from __future__ import annotations
@@ -24,6 +27,9 @@ from dllm_models.kernels.logsumexp import HAS_TRITON, runs_on
 # columns per tile and pipeline stages (tuning knobs; the defaults were measured on the H200)
 BLOCK_N = int(os.environ.get("DLLM_MODELS_DECODE_BLOCK_N", "128"))
 NUM_STAGES = int(os.environ.get("DLLM_MODELS_DECODE_STAGES", "2"))
+# split each row's columns over this many programs (flash-decoding): more programs for few rows or
+# long caches, partial softmax states merged by a second kernel; 1 = one program per (row, KV head)
+SPLITS = int(os.environ.get("DLLM_MODELS_DECODE_SPLITS", "1"))
 
 if HAS_TRITON:
     import triton  # type: ignore[import-untyped,unused-ignore]
@@ -31,12 +37,14 @@ if HAS_TRITON:
 
     @triton.jit  # type: ignore[untyped-decorator,unused-ignore]
     def _decode_attention_kernel(  # type: ignore[no-untyped-def]
-        q_ptr, k_ptr, v_ptr, pad_ptr, lim_ptr, o_ptr, sm_scale, m_rows, n_cols, q_len, n_rep,
+        q_ptr, k_ptr, v_ptr, pad_ptr, lim_ptr, o_ptr, ws_ptr, sm_scale, m_rows, n_cols, q_len, n_rep, span,
         sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd, spb, spn, sob, soh, som, sod,
         HAS_PAD: tl.constexpr, HAS_LIM: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+        SPLIT: tl.constexpr,
     ):
         b = tl.program_id(0).to(tl.int64)
         h = tl.program_id(1).to(tl.int64)
+        part = tl.program_id(2).to(tl.int64)  # this program's columns: [part * span, (part + 1) * span)
         rows = tl.arange(0, BLOCK_M)
         dims = tl.arange(0, BLOCK_D)
         cols0 = tl.arange(0, BLOCK_N)
@@ -51,7 +59,9 @@ if HAS_TRITON:
         acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
         k_base = k_ptr + b * skb + h * skh
         v_base = v_ptr + b * svb + h * svh
-        for start in range(0, n_cols, BLOCK_N):
+        lo = part * span
+        hi = tl.minimum(lo + span, n_cols)
+        for start in range(lo, hi, BLOCK_N):
             cols = start + cols0
             inside = cols < n_cols
             if HAS_PAD:
@@ -74,7 +84,44 @@ if HAS_TRITON:
                 v = tl.load(v_base + cols[:, None] * svn + dims[None, :] * svd, mask=seen[:, None], other=0.0)
                 acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
                 m_i = m_new
+        if SPLIT:  # the partial state (m, l, unnormalised acc), merged by _merge_kernel
+            base = ((b * tl.num_programs(1) + h) * tl.num_programs(2) + part) * BLOCK_M
+            tl.store(ws_ptr + (base + rows)[:, None] * (BLOCK_D + 2) + dims[None, :], acc)
+            tl.store(ws_ptr + (base + rows) * (BLOCK_D + 2) + BLOCK_D, m_i)
+            tl.store(ws_ptr + (base + rows) * (BLOCK_D + 2) + BLOCK_D + 1, l_i)
+        else:
+            out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+            o_off = head * soh + (rows % q_len) * som
+            tl.store(o_ptr + b * sob + o_off[:, None] + dims[None, :] * sod,
+                     out.to(o_ptr.dtype.element_ty), mask=rows[:, None] < m_rows)
+
+    @triton.jit  # type: ignore[untyped-decorator,unused-ignore]
+    def _merge_kernel(  # type: ignore[no-untyped-def]
+        ws_ptr, o_ptr, m_rows, q_len, n_rep, parts, sob, soh, som, sod,
+        BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+    ):
+        """out = the softmax of all column parts, from their partial states (the same recurrence)."""
+        b = tl.program_id(0).to(tl.int64)
+        h = tl.program_id(1).to(tl.int64)
+        rows = tl.arange(0, BLOCK_M)
+        dims = tl.arange(0, BLOCK_D)
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+        for part in range(0, parts):
+            base = ((b * tl.num_programs(1) + h) * parts + part) * BLOCK_M
+            a_p = tl.load(ws_ptr + (base + rows)[:, None] * (BLOCK_D + 2) + dims[None, :])
+            m_p = tl.load(ws_ptr + (base + rows) * (BLOCK_D + 2) + BLOCK_D)
+            l_p = tl.load(ws_ptr + (base + rows) * (BLOCK_D + 2) + BLOCK_D + 1)
+            m_new = tl.maximum(m_i, m_p)
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp(m_i - m_use)
+            beta = tl.exp(m_p - m_use)
+            l_i = l_i * alpha + l_p * beta
+            acc = acc * alpha[:, None] + a_p * beta[:, None]
+            m_i = m_new
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        head = h * n_rep + rows // q_len
         o_off = head * soh + (rows % q_len) * som
         tl.store(o_ptr + b * sob + o_off[:, None] + dims[None, :] * sod,
                  out.to(o_ptr.dtype.element_ty), mask=rows[:, None] < m_rows)
@@ -93,7 +140,8 @@ def decode_attention_fits(q: torch.Tensor, k: torch.Tensor) -> bool:
 
 
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                     key_padding: torch.Tensor | None, key_limit: torch.Tensor | None = None) -> torch.Tensor:
+                     key_padding: torch.Tensor | None, key_limit: torch.Tensor | None = None, *,
+                     splits: int | None = None) -> torch.Tensor:
     """softmax(q k^T / sqrt(D)) v over the visible keys, grouped query heads.
 
     The n_rep = Hq / Hkv query heads of a KV head and their Lq queries are one program's rows, read
@@ -105,6 +153,8 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         key_padding: bool [B, N], True on visible keys (None: all visible).
         key_limit: long [Lq]: query i sees only keys < key_limit[i], the same for every row and head
             (None: no limit).
+        splits: programs per (row, KV head), each over a contiguous share of the columns, merged by
+            a second kernel (None: `SPLITS`).
 
     Returns:
         [B, Hq, Lq, D] in q's dtype (a transposed view of a [B, Lq, Hq, D] tensor); a query with no
@@ -129,11 +179,18 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         lim = q
     block_m = max(16, 1 << (m - 1).bit_length())
     block_n = BLOCK_N if d <= 128 else min(BLOCK_N, 64)  # shared memory: two stages of K and V tiles
-    _decode_attention_kernel[(b, h)](
-        q, k, v, pad, lim, out, 1.0 / math.sqrt(d), m, n, lq, n_rep,
+    tiles = -(-n // block_n)
+    parts = max(1, min(splits if splits is not None else SPLITS, tiles))
+    span = -(-tiles // parts) * block_n  # columns per part, whole tiles
+    parts = -(-n // span)
+    ws = torch.empty((b, h, parts, block_m, d + 2), dtype=torch.float32, device=q.device) if parts > 1 else out
+    _decode_attention_kernel[(b, h, parts)](
+        q, k, v, pad, lim, out, ws, 1.0 / math.sqrt(d), m, n, lq, n_rep, span,
         *q.stride(), *k.stride(), *v.stride(), *strides, *out.stride(),
         HAS_PAD=key_padding is not None, HAS_LIM=key_limit is not None,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32", BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=d,
-        num_warps=4, num_stages=NUM_STAGES,
+        SPLIT=parts > 1, num_warps=4, num_stages=NUM_STAGES,
     )
+    if parts > 1:
+        _merge_kernel[(b, h)](ws, out, m, lq, n_rep, parts, *out.stride(), BLOCK_M=block_m, BLOCK_D=d, num_warps=4)
     return out
