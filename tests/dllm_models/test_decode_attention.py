@@ -71,6 +71,23 @@ for b, h, lq, rep, n, d in [(2, 2, 8, 4, 300, 32), (3, 1, 4, 2, 70, 64)]:
     off = A._sdpa_grouped(q, k, v, mask)
     assert (on - off.nan_to_num(0.0)).abs().max().item() < 1e-5
 
+# 128 query rows per program (a block of 32 with 4 query heads per KV head), when allowed
+import dllm_models.kernels.decode_attention as DA
+q = torch.randn(2, 32, 8, 32, generator=g).transpose(1, 2)          # [B, Hq=8, Lq=32, D], Hkv = 2
+k, v = (torch.randn(2, 2, 150, 32, generator=g) for _ in range(2))
+pad = torch.rand(2, 150, generator=g) < 0.9
+limit = torch.tensor([118] * 16 + [150] * 16)
+assert not decode_attention_fits(q, k)                                # 128 rows: off by default
+DA.MAX_ROWS = 128
+assert decode_attention_fits(q, k)
+allowed = pad[:, None, :] & (torch.arange(150)[None, :] < limit[:, None])[None]
+ref = torch.nn.functional.scaled_dot_product_attention(
+    q.double(), k.double().repeat_interleave(4, 1), v.double().repeat_interleave(4, 1), attn_mask=allowed[:, None])
+for splits in (1, 2):
+    err = (decode_attention(q, k, v, pad, limit, splits=splits).double() - ref).abs().max().item()
+    assert err < 1e-5, ("128 rows", splits, err)
+DA.MAX_ROWS = 64
+
 # the kernel computes the grouped path's function (every query of a row sees the same keys)
 q = torch.randn(2, 8, 4, 32, generator=g)
 k = torch.randn(2, 2, 40, 32, generator=g)
@@ -165,3 +182,25 @@ def test_decode_attention_key_limit_on_gpu() -> None:
         q.double(), k.double().repeat_interleave(rep, 1), v.double().repeat_interleave(rep, 1),
         attn_mask=allowed[:, None])
     assert (out - ref).abs().max().item() < 1.5e-2
+
+
+@pytest.mark.gpu
+def test_decode_attention_128_rows_on_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Blocks of 32 with 4 query heads per KV head (LLaDA2's decode step): 128 rows per program, 8 warps."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    import dllm_models.kernels.decode_attention as DA
+
+    monkeypatch.setattr(DA, "MAX_ROWS", 128)
+    g = torch.Generator(device="cuda").manual_seed(2)
+    b, h, lq, rep, n, d = 64, 4, 32, 4, 900, 128
+    q = torch.randn(b, lq, h * rep, d, generator=g, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+    k, v = (torch.randn(b, h, n, d, generator=g, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    pad = torch.zeros(b, n, dtype=torch.bool, device="cuda")
+    pad[:, 32:600] = True
+    assert DA.decode_attention_fits(q, k)
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        q.double(), k.double().repeat_interleave(rep, 1), v.double().repeat_interleave(rep, 1),
+        attn_mask=pad[:, None, None, :])
+    for splits in (1, 2):
+        assert (DA.decode_attention(q, k, v, pad, splits=splits).double() - ref).abs().max().item() < 1.5e-2

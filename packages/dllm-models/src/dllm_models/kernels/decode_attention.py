@@ -30,6 +30,9 @@ NUM_STAGES = int(os.environ.get("DLLM_MODELS_DECODE_STAGES", "2"))
 # split each row's columns over this many programs (flash-decoding): more programs for few rows or
 # long caches, partial softmax states merged by a second kernel; 1 = one program per (row, KV head)
 SPLITS = int(os.environ.get("DLLM_MODELS_DECODE_SPLITS", "1"))
+# the most query rows per (row, KV head) program (n_rep x block length): 64 measured on the H200;
+# 128 (blocks of 32 with 4 query heads per KV head: LLaDA2, SDAR b32) runs with 8 warps, not yet measured
+MAX_ROWS = int(os.environ.get("DLLM_MODELS_DECODE_MAX_ROWS", "64"))
 
 if HAS_TRITON:
     import triton  # type: ignore[import-untyped,unused-ignore]
@@ -130,12 +133,12 @@ if HAS_TRITON:
 def decode_attention_fits(q: torch.Tensor, k: torch.Tensor) -> bool:
     """Whether `decode_attention` serves queries `q` [B, Hq, Lq, D] against `k` [B, Hkv, N, D].
 
-    A few query rows per KV head (n_rep * Lq <= 64), a power-of-two head size, enough (row, KV head)
+    A few query rows per KV head (n_rep * Lq <= `MAX_ROWS`, at most 128), a power-of-two head size, enough (row, KV head)
     programs to fill the GPU, and a device the kernel runs on.
     """
     b, hq, lq, d = q.shape
     h = k.shape[1]
-    return (runs_on(q) and hq % h == 0 and (hq // h) * lq <= 64 and d in (32, 64, 128, 256) and k.shape[2] >= 16
+    return (runs_on(q) and hq % h == 0 and (hq // h) * lq <= min(MAX_ROWS, 128) and d in (32, 64, 128, 256) and k.shape[2] >= 16
             and (b * h >= 128 or not q.is_cuda) and q.dtype in (torch.bfloat16, torch.float16, torch.float32))
 
 
@@ -178,7 +181,9 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     else:
         lim = q
     block_m = max(16, 1 << (m - 1).bit_length())
-    block_n = BLOCK_N if d <= 128 else min(BLOCK_N, 64)  # shared memory: two stages of K and V tiles
+    # shared memory: the query tile and two stages of K and V tiles
+    block_n = BLOCK_N if d <= 128 and block_m <= 64 else min(BLOCK_N, 64)
+    warps = 8 if block_m > 64 else 4
     tiles = -(-n // block_n)
     parts = max(1, min(splits if splits is not None else SPLITS, tiles))
     span = -(-tiles // parts) * block_n  # columns per part, whole tiles
@@ -189,8 +194,8 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         *q.stride(), *k.stride(), *v.stride(), *strides, *out.stride(),
         HAS_PAD=key_padding is not None, HAS_LIM=key_limit is not None,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32", BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=d,
-        SPLIT=parts > 1, num_warps=4, num_stages=NUM_STAGES,
+        SPLIT=parts > 1, num_warps=warps, num_stages=NUM_STAGES,
     )
     if parts > 1:
-        _merge_kernel[(b, h)](ws, out, m, lq, n_rep, parts, *out.stride(), BLOCK_M=block_m, BLOCK_D=d, num_warps=4)
+        _merge_kernel[(b, h)](ws, out, m, lq, n_rep, parts, *out.stride(), BLOCK_M=block_m, BLOCK_D=d, num_warps=warps)
     return out
