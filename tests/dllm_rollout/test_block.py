@@ -162,7 +162,6 @@ def test_folded_store_pass_is_block_causal(tiny_block_model: torch.nn.Module) ->
         pre = model(canvas[:, :4], position_ids=pos[:, :4], use_cache=True).past_key_values
         static = StaticBlockCache(pre, 1, 12, 4)
         static.store(0, pre)
-        static.show(4, 8)
         static.show_pair(4, 8, 12)
         assert isinstance(static.pair, KVCache)
         model(canvas[:, 4:12], position_ids=pos[:, 4:12], past_key_values=static.pair)
@@ -173,3 +172,31 @@ def test_folded_store_pass_is_block_causal(tiny_block_model: torch.nn.Module) ->
             torch.testing.assert_close(got, want[:, :, -4:], rtol=0, atol=1e-12)
     for a, b in zip(cached[13], cached[30]):
         assert torch.equal(a, b)
+
+
+def test_a_pending_store_survives_a_block_without_steps(tiny_block_model: torch.nn.Module) -> None:
+    """`finish` twice without a step between: the first block's store pass runs on its own, so its cached
+    keys are those of a separate store pass."""
+    from dllm_rollout.block import _CachedBlocks
+
+    model = tiny_block_model.double()
+    b, w, bl = 1, 16, 4
+    canvas = torch.arange(5, 5 + w)[None].clone()
+    attn = torch.ones(b, w, dtype=torch.bool)
+    pos = torch.arange(w)[None]
+    want = _CachedBlocks(model, canvas, attn, pos, 4, bl)
+    got = _CachedBlocks(model, canvas, attn, pos, 4, bl)
+    for cb, fold in ((want, False), (got, True)):
+        import dllm_rollout.block as block
+
+        old, block.FOLD_STORE = block.FOLD_STORE, fold
+        try:
+            cb.logits(4, 8)
+            cb.finish(4, 8)
+            cb.finish(8, 12)  # block [8, 12) took no step
+            cb.logits(12, 16)
+        finally:
+            block.FOLD_STORE = old
+    assert want.static is not None and got.static is not None
+    for a, c in zip(want.static.cache.keys, got.static.cache.keys):
+        torch.testing.assert_close(a[:, :, 4:12], c[:, :, 4:12], rtol=0, atol=1e-12)

@@ -253,7 +253,7 @@ class _CachedBlocks:
         assert self.static is not None and self.pair_step is not None, "released"
         if end - start != self.block:
             raise ValueError(f"the step after a folded store must cover one block of {self.block}, got [{start}, {end})")
-        self.static.show_pair(prev, start, end, self.attn[:, start:end])
+        self.static.show_pair(prev, start, end, self.attn[:, prev:end])
         self.shown, self.pending = start, -1
         logits: torch.Tensor = self.pair_step(self.canvas[:, prev:end], self.pos[:, prev:end])
         return logits
@@ -265,6 +265,9 @@ class _CachedBlocks:
     def finish(self, start: int, end: int) -> None:
         """Block [start, end) is finished: cache its final keys/values (SDAR's "store" pass), now or,
         with `FOLD_STORE`, as part of the next block's first step."""
+        if self.pending >= 0:  # the block after a pending store took no step: store that one alone
+            prev, self.pending = self.pending, -1
+            self._run(prev, prev + self.block)
         if FOLD_STORE and self.static is not None:
             self.pending = start
             return

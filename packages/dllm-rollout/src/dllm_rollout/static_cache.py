@@ -78,14 +78,15 @@ class StaticBlockCache:
     def show_pair(self, prev: int, start: int, end: int, real: torch.Tensor | None = None) -> None:
         """Set up `pair` for a forward of the finished block [prev, start) and the block [start, end).
 
-        Marks [start, end) visible (where `real`) and makes it the single-block forwards' columns
-        too, as `show` does.
+        Marks [prev, end) visible (where `real`, [B, end - prev]) and makes [start, end) the
+        single-block forwards' columns, as `show` does.
         """
         assert self.pair.write_columns is not None and self.pair.key_limit is not None
         n = self.block
         if start - prev != n or end - start != n:
             raise ValueError(f"show_pair needs two adjacent blocks of {n} columns, got [{prev}, {start}), [{start}, {end})")
-        self.show(start, end, real)
+        self.show(prev, start, None if real is None else real[:, :n])
+        self.show(start, end, None if real is None else real[:, n:])
         torch.arange(prev, end, out=self.pair.write_columns)
         self.pair.key_limit[:n].fill_(start)
         self.pair.key_limit[n:].fill_(end)
