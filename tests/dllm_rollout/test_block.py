@@ -184,14 +184,15 @@ def test_a_pending_store_survives_a_block_without_steps(tiny_block_model: torch.
     canvas = torch.arange(5, 5 + w)[None].clone()
     attn = torch.ones(b, w, dtype=torch.bool)
     pos = torch.arange(w)[None]
-    want = _CachedBlocks(model, canvas, attn, pos, 4, bl)
-    got = _CachedBlocks(model, canvas, attn, pos, 4, bl)
+    want = _CachedBlocks(model, canvas.clone(), attn, pos, 4, bl)
+    got = _CachedBlocks(model, canvas.clone(), attn, pos, 4, bl)
     for cb, fold in ((want, False), (got, True)):
         import dllm_rollout.block as block
 
         old, block.FOLD_STORE = block.FOLD_STORE, fold
         try:
             cb.logits(4, 8)
+            cb.canvas[0, 4:8] = torch.tensor([40, 41, 42, 43])  # the step's commits: the store must see them
             cb.finish(4, 8)
             cb.finish(8, 12)  # block [8, 12) took no step
             cb.logits(12, 16)
