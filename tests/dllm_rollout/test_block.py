@@ -174,9 +174,11 @@ def test_folded_store_pass_is_block_causal(tiny_block_model: torch.nn.Module) ->
         assert torch.equal(a, b)
 
 
-def test_a_pending_store_survives_a_block_without_steps(tiny_block_model: torch.nn.Module) -> None:
+def test_a_pending_store_survives_a_block_without_steps(tiny_block_model: torch.nn.Module,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """`finish` twice without a step between: the first block's store pass runs on its own, so its cached
     keys are those of a separate store pass."""
+    import dllm_rollout.block as block
     from dllm_rollout.block import _CachedBlocks
 
     model = tiny_block_model.double()
@@ -187,17 +189,12 @@ def test_a_pending_store_survives_a_block_without_steps(tiny_block_model: torch.
     want = _CachedBlocks(model, canvas.clone(), attn, pos, 4, bl)
     got = _CachedBlocks(model, canvas.clone(), attn, pos, 4, bl)
     for cb, fold in ((want, False), (got, True)):
-        import dllm_rollout.block as block
-
-        old, block.FOLD_STORE = block.FOLD_STORE, fold
-        try:
-            cb.logits(4, 8)
-            cb.canvas[0, 4:8] = torch.tensor([40, 41, 42, 43])  # the step's commits: the store must see them
-            cb.finish(4, 8)
-            cb.finish(8, 12)  # block [8, 12) took no step
-            cb.logits(12, 16)
-        finally:
-            block.FOLD_STORE = old
+        monkeypatch.setattr(block, "FOLD_STORE", fold)
+        cb.logits(4, 8)
+        cb.canvas[0, 4:8] = torch.tensor([40, 41, 42, 43])  # the step's commits: the store must see them
+        cb.finish(4, 8)
+        cb.finish(8, 12)  # block [8, 12) took no step
+        cb.logits(12, 16)
     assert want.static is not None and got.static is not None
     for a, c in zip(want.static.cache.keys, got.static.cache.keys):
         torch.testing.assert_close(a[:, :, 4:12], c[:, :, 4:12], rtol=0, atol=1e-12)

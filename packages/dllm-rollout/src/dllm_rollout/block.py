@@ -251,8 +251,6 @@ class _CachedBlocks:
     def _run_pair(self, prev: int, start: int, end: int) -> torch.Tensor:
         """The folded store pass of [prev, start) and the first step of [start, end)."""
         assert self.static is not None and self.pair_step is not None, "released"
-        if end - start != self.block:
-            raise ValueError(f"the step after a folded store must cover one block of {self.block}, got [{start}, {end})")
         self.static.show_pair(prev, start, end, self.attn[:, prev:end])
         self.shown, self.pending = start, -1
         logits: torch.Tensor = self.pair_step(self.canvas[:, prev:end], self.pos[:, prev:end])
