@@ -209,11 +209,13 @@ def test_solution_errors_reach_the_tests() -> None:
 
 
 def test_solution_cannot_reach_the_tests() -> None:
-    # the expected value exists only in the runner; a snooping solution finds nothing
+    # the expected value exists only in the runner; a snooping solution finds nothing.
+    # The marker is letters outside hex: a number like 4242 turns up by chance in the
+    # 0x... addresses of the reprs the walk reads (it failed CI once that way).
     snoop = (
         "import gc, os\n"
         "def _look():\n"
-        "    m = str(4241 + 1)  # the marker, never spelled out in this source\n"
+        "    m = 'qz' + 'xw' * 2  # the marker, never spelled out in this source\n"
         "    if any(m in repr(o) for o in gc.get_objects() if isinstance(o, (dict, list))):\n"
         "        return True\n"
         "    return any(m in open(f, errors='replace').read()\n"
@@ -223,7 +225,7 @@ def test_solution_cannot_reach_the_tests() -> None:
         "def f():\n"
         "    return (found, procs)\n"
     )
-    tests = "got = f()\nassert got == (False, ['1']), got\nassert 4242 > 0\n"
+    tests = "got = f()\nassert got == (False, ['1']), got\nassert 'qzxwxw' != ''\n"
     r = execute_tests(snoop, tests, timeout_s=20)  # the gc walk is slow on a loaded machine
     assert r.ok, (r.timed_out, r.stderr)
 
