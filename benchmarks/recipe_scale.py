@@ -309,6 +309,53 @@ def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
     return time.perf_counter() - t0, out
 
 
+def timed_rollout(rollout: Any, prompts: Sequence[Sequence[int]], seeds: torch.Tensor, shape: Shape, hw: Hardware,
+                  args: argparse.Namespace, device: str, head: dict[str, Any]) -> dict[str, Any]:
+    """One rollout of `prompts` through the rollout worker, time-boxed by --max-forwards, against its floor."""
+    model = rollout.model
+    counter = ForwardCounter(model, args.max_forwards)
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    was_training = model.training
+    batch = None
+    _sync()
+    t0 = time.perf_counter()
+    try:
+        batch = rollout.generate(prompts, seeds)
+    except StopDecode:  # time-boxed: the first --max-forwards forwards ran
+        pass
+    finally:
+        _sync()
+        secs = time.perf_counter() - t0
+        counter.close()
+        model.train(was_training)
+    sampling = rollout.sampling
+    floor = decode_floor(sampling, [len(p) for p in prompts], shape, hw, limit=args.max_forwards)
+    label = "rollout" if sampling.block_diffusion and sampling.cache == "prefix" else f"rollout (cache={sampling.cache})"
+    if head.get("variant"):
+        label += f" [{head['variant']}]"
+    row = {**head, "rows": len(prompts), "phase": label, "seconds": secs, **floor, "forwards_counted": counter.calls,
+           "tokens_counted": counter.tokens,
+           "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else None}
+    if batch is not None:
+        row["response_tokens"] = int(batch.response_ids.numel())
+    else:  # extrapolated along the floor's shape: seconds x floor(all) / floor(first forwards)
+        row.update(measured_s=secs, extrapolated=True, floor_measured_part_s=floor["floor_first_s"],
+                   seconds=secs * floor["floor_s"] / floor["floor_first_s"])
+    return row
+
+
+def warm_rollout(rollout: Any, prompts: Sequence[Sequence[int]], seeds: torch.Tensor) -> None:
+    """A few forwards at the measured batch (autotune, allocator), stopped early."""
+    warm = ForwardCounter(rollout.model, 4)
+    try:
+        rollout.generate(prompts, seeds)
+    except StopDecode:
+        pass
+    finally:
+        warm.close()
+
+
 def run_recipe(recipe: str, args: argparse.Namespace, hw: Hardware, device: str, rows: list[dict[str, Any]]) -> None:
     """Append the rows of `recipe` (rollout [lmdeploy], old, reference, update) to `rows` as they come."""
     from dare.pipeline import detokenizer, policy_with_adapters
@@ -374,43 +421,10 @@ def run_recipe(recipe: str, args: argparse.Namespace, hw: Hardware, device: str,
     try:
         rollout = local.rank.rollout
         if args.rollout_only:  # warm the decoder (autotune, allocator) on a few forwards at the full batch
-            warm = ForwardCounter(model, 4)
-            try:
-                rollout.generate(prompts_full, seeds)
-            except StopDecode:
-                pass
-            finally:
-                warm.close()
+            warm_rollout(rollout, prompts_full, seeds)
         for w in range(0 if args.rollout_only else args.warmup):  # flex compilation, autotune, optimizer state
             step_fn(w)
-        counter = ForwardCounter(model, args.max_forwards)
-        if device == "cuda":
-            torch.cuda.reset_peak_memory_stats()
-        was_training = model.training
-        batch = None
-        _sync()
-        t0 = time.perf_counter()
-        try:
-            batch = rollout.generate(prompts_full, seeds)
-        except StopDecode:  # time-boxed: the first --max-forwards forwards ran
-            pass
-        finally:
-            _sync()
-            secs = time.perf_counter() - t0
-            counter.close()
-            model.train(was_training)
-        floor = decode_floor(rollout.sampling, [len(p) for p in prompts_full], shape, hw, limit=args.max_forwards)
-        label = "rollout" if sampling.block_diffusion and sampling.cache == "prefix" else f"rollout (cache={sampling.cache})"
-        row = {**head, "phase": label, "seconds": secs, **floor, "forwards_counted": counter.calls,
-               "tokens_counted": counter.tokens,
-               "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else None}
-        if batch is not None:
-            row["response_tokens"] = int(batch.response_ids.numel())
-        else:  # extrapolated along the floor's shape: seconds x floor(all) / floor(first forwards)
-            row.update(measured_s=secs, extrapolated=True, floor_measured_part_s=floor["floor_first_s"],
-                       seconds=secs * floor["floor_s"] / floor["floor_first_s"])
-        rows.append(row)
-        del batch
+        rows.append(timed_rollout(rollout, prompts_full, seeds, shape, hw, args, device, head))
         gc.collect()
         if not args.rollout_only:  # the step on the update rows
             if device == "cuda":
@@ -434,6 +448,21 @@ def run_recipe(recipe: str, args: argparse.Namespace, hw: Hardware, device: str,
                     row["update_passes"] = metrics.get("update_passes", float("nan")) * scale
                     row["measured_passes"] = metrics.get("update_passes")
                 rows.append(row)
+        for variant in args.variant:  # rollout-only variants on the same loaded policy (no new folder or load)
+            from dllm_train import RolloutWorker
+
+            vcfg = resolve(base, overrides + list(args.set) + [kv for kv in variant.split(",") if kv])
+            assert vcfg.rl is not None
+            vrows = vcfg.rl.prompts_per_step * vcfg.rl.group_size
+            worker = RolloutWorker(model, vcfg.rollout, algorithm=vcfg.algorithm, ref_model=rollout.ref_model)
+            vprompts = [data[i % len(data)][0] for i in range(vcfg.rl.prompts_per_step) for _ in range(vcfg.rl.group_size)]
+            vseeds = torch.arange(vrows)
+            warm_rollout(worker, vprompts, vseeds)
+            vhead = {**head, "variant": variant, "prompt_len_mean": sum(map(len, vprompts)) / vrows,
+                     "max_new_tokens": worker.sampling.max_new_tokens}
+            rows.append(timed_rollout(worker, vprompts, vseeds, shape, hw, args, device, vhead))
+            del worker
+            gc.collect()
     finally:
         shutdown()
     del local, model
@@ -473,6 +502,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lmdeploy", action="store_true", help="also the block families' rollout through lmdeploy")
     ap.add_argument("--rollout-only", action="store_true",
                     help="the rollout alone (no warm-up step, no update): decode figures, e.g. per rollout.cache")
+    ap.add_argument("--variant", action="append", default=[], metavar="KEY=VALUE[,KEY=VALUE]",
+                    help="after the recipe's rows, one more rollout (no update) with these overrides on the same "
+                         "loaded policy, e.g. rollout.cache=dual,rl.prompts_per_step=8; repeatable")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="a dotted override applied after the recipe's (as on `dare train`), repeatable")
     ap.add_argument("--tflops", type=float, default=790.0, help="bf16 dense matmul rate, TFLOP/s (docs/benchmarks.md: ~790 measured)")
