@@ -10,6 +10,15 @@ Printed per (rows, new tokens): seconds, tokens/s, native / lmdeploy, and the gr
 (share of response tokens equal, and the mean length of the common prefix).
 Engines: `native`, `native_nofold` (separate store passes, `dllm_rollout.block.FOLD_STORE` off),
 `native_sdpa` (the decode-attention kernel off), `native_lora` / `native_lora_unmerged`, `lmdeploy`.
+`native_keep` is `native` with finished rows kept in the batch (`dllm_rollout.block.RETIRE_ROWS = 0`).
+
+`--stop-token auto` (or an id) measures rows that stop at different lengths, as a trained model's do:
+random weights almost never emit the real EOS, so a token the random model does emit plays EOS for
+both engines (native: `traits.eos_token_id`, `stop_at_eos`; lmdeploy: `stop_token_ids`). `auto` picks,
+from a pilot greedy decode of the native engine without EOS, the token whose first occurrence per row
+(the full length where it does not occur) has its mean nearest `--stop-mean` (a fraction of the new
+tokens). tokens/s then counts the tokens
+each row generated up to its stop.
 With `--engine-checks`: the weight hand-off (load changed weights -> output changes; restore ->
 output back), sleep/wake, the exact served-weights check, and the per-row settings reproduction.
 
@@ -78,9 +87,38 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
+def pick_stop_token(responses: list[list[int]], mean: float) -> tuple[int, dict[str, float]]:
+    """The token whose first occurrence in each row (the row's length where absent) has its mean
+    nearest `mean` x the response length; with the lengths it gives (mean and median fraction,
+    share of rows that stop)."""
+    n = max(len(r) for r in responses)
+    firsts: dict[int, list[int]] = {}
+    for row in responses:
+        seen: dict[int, int] = {}
+        for i, tok in enumerate(row):
+            seen.setdefault(tok, i)
+        for tok, i in seen.items():
+            firsts.setdefault(tok, []).append(i)
+    best, best_gap, best_stats = -1, float("inf"), {}
+    for tok, where in firsts.items():
+        lengths = sorted(where + [n] * (len(responses) - len(where)))
+        avg = sum(lengths) / len(lengths) / n
+        if abs(avg - mean) < best_gap:
+            best, best_gap = tok, abs(avg - mean)
+            best_stats = {"mean_fraction": round(avg, 3), "median_fraction": round(lengths[len(lengths) // 2] / n, 3),
+                          "rows_stopping": round(len(where) / len(responses), 3)}
+    if best < 0:
+        raise SystemExit("engine_decode: the pilot generated nothing; pass --stop-token ID")
+    return best, best_stats
+
+
 def native(folder: Path, prompts: list[list[int]], new: int, device: str, *,
-           kernel: bool = True, lora: str = "", fold: bool = True) -> tuple[float, list[list[int]]]:
+           kernel: bool = True, lora: str = "", fold: bool = True, stop_token: int | None = None,
+           retire: bool = True) -> tuple[float, list[list[int]]]:
     """Seconds and responses of the native decoder (after one warm-up call on 2 rows).
+
+    `stop_token`: rows stop after the block holding it (`stop_at_eos` with that id as EOS);
+    the responses are then cut after it. `retire=False` keeps finished rows in the batch.
 
     `kernel=False` turns the decode-attention kernel off (dense-mask sdpa, for comparison);
     `fold=False` runs a separate store pass per finished block (`dllm_rollout.block.FOLD_STORE`).
@@ -96,9 +134,17 @@ def native(folder: Path, prompts: list[list[int]], new: int, device: str, *,
 
     attention.DECODE_KERNEL = kernel
     block.FOLD_STORE = fold
+    retire_rows = block.RETIRE_ROWS
+    if not retire:
+        block.RETIRE_ROWS = 0
     model = load_model(folder, dtype=torch.bfloat16, device=device).eval()
     kw: dict[str, Any] = dict(max_new_tokens=new, steps=4, block_length=4, temperature=0.0, cache="prefix",
                               stop_at_eos=False)
+    if stop_token is not None:
+        import dataclasses
+
+        model.traits = dataclasses.replace(model.traits, eos_token_id=stop_token)
+        kw.update(stop_at_eos=True, eos_handling="truncate")
 
     def run(p: list[list[int]], new_tokens: int = new) -> Any:
         return generate(model, p, **{**kw, "max_new_tokens": new_tokens})
@@ -120,9 +166,10 @@ def native(folder: Path, prompts: list[list[int]], new: int, device: str, *,
     batch = run(prompts)
     _sync()
     seconds = time.perf_counter() - t0
-    out = batch.response_ids.tolist()
+    out = [ids[:int(m.sum())] for ids, m in zip(batch.response_ids.tolist(), batch.response_mask)]
     attention.DECODE_KERNEL = True
     block.FOLD_STORE = True
+    block.RETIRE_ROWS = retire_rows
     del model, batch
     gc.collect()
     torch.cuda.empty_cache()
@@ -180,11 +227,11 @@ def profile_native(folder: Path, prompts: list[list[int]], new: int, device: str
     torch.cuda.empty_cache()
 
 
-def engine_cfg(new: int) -> Any:
+def engine_cfg(new: int, stop: bool = False) -> Any:
     from dllm_rollout import SamplingConfig
 
     return SamplingConfig(max_new_tokens=new, steps=4, block_length=4, temperature=0.0, cache="prefix",
-                          stop_at_eos=False, block_diffusion=True)
+                          stop_at_eos=stop, block_diffusion=True, eos_handling="truncate" if stop else "keep")
 
 
 def agreement(a: list[list[int]], b: list[list[int]]) -> dict[str, float]:
@@ -276,6 +323,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workdir", type=Path, default=Path("/dev/shm/engine_decode"))
     ap.add_argument("--tiny", action="store_true")
     ap.add_argument("--head-scale", type=float, default=1.0, help="sharpen the random head (greedy agreement)")
+    ap.add_argument("--stop-token", default="", help="an id, or auto: rows stop at it (see the module doc)")
+    ap.add_argument("--stop-mean", type=float, default=0.4, help="with --stop-token auto: the mean stop, a fraction")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() and not args.tiny else "cpu"
@@ -296,13 +345,27 @@ def main(argv: list[str] | None = None) -> int:
     outputs: dict[tuple[str, int, int], list[list[int]]] = {}
     if args.profile:
         profile_native(folder, prompts_all[:max(rows)], args.profile, device)
+    stops: dict[tuple[int, int], int] = {}
+    for r, n in shapes if args.stop_token else []:
+        if args.stop_token != "auto":
+            stops[r, n] = int(args.stop_token)
+            continue
+        s, pilot = native(folder, prompts_all[:r], n, device)  # to the full length: the no-stop figure too
+        tok, stats = pick_stop_token(pilot, args.stop_mean)
+        stops[r, n] = tok
+        row = {"engine": "native (pilot, no stop)", "rows": r, "new": n, "s": round(s, 2), "tok_s": round(r * n / s),
+               "stop_token": tok, **stats}
+        results.append(row)
+        print(json.dumps(row), flush=True)
     for name in [e for e in engines if e.startswith("native")]:
         for r, n in shapes:
             lora = {"native_lora": "merged", "native_lora_unmerged": "unmerged"}.get(name, "")
             s, out = native(folder, prompts_all[:r], n, device, kernel=name != "native_sdpa", lora=lora,
-                            fold=name != "native_nofold")
+                            fold=name != "native_nofold", stop_token=stops.get((r, n)), retire=name != "native_keep")
             outputs[name, r, n] = out
-            row = {"engine": name, "rows": r, "new": n, "s": round(s, 2), "tok_s": round(r * n / s)}
+            tokens = sum(map(len, out))
+            row = {"engine": name, "rows": r, "new": n, "s": round(s, 2), "tok_s": round(tokens / s),
+                   "tokens": tokens}
             ref = {"native_lora_unmerged": "native_lora", "native_lora": ""}.get(name, "native")
             if ref and name != ref and (ref, r, n) in outputs:
                 row.update(agreement(outputs[ref, r, n], out))
@@ -315,23 +378,28 @@ def main(argv: list[str] | None = None) -> int:
         gen_cfg = json.loads((folder / "generation_config.json").read_text())
         eos = gen_cfg.get("eos_token_id")
         eos_id = int(eos[0] if isinstance(eos, list) else eos)
+        if len(set(stops.values())) > 1:
+            raise SystemExit("engine_decode: lmdeploy takes one stop token per engine; measure one shape, or pass --stop-token ID")
+        eos_id = next(iter(stops.values()), eos_id)
         engine = LMDeployEngine(folder, engine_cfg(max(news)), eos_id=eos_id, pad_id=int(gen_cfg.get("pad_token_id", 0)),
                                 engine_options={"max_batch_size": max(rows), "cache_max_entry_count": 0.6,
                                                 "session_len": max(len(p) for p in prompts_all) + max(news) + 8})
         print(json.dumps({"lmdeploy_start_s": round(time.perf_counter() - t0, 1)}), flush=True)
         for r, n in shapes:
-            engine.cfg = engine_cfg(n)
+            engine.cfg = engine_cfg(n, stop=bool(stops))
             engine.generate(prompts_all[:r], cfg=engine_cfg(8))  # warm-up at the measured batch size
             _sync()
             t0 = time.perf_counter()
             try:
-                out = engine.generate(prompts_all[:r]).response_ids.tolist()
+                got = engine.generate(prompts_all[:r])
+                out = [ids[:int(m.sum())] for ids, m in zip(got.response_ids.tolist(), got.response_mask)]
             except Exception as err:  # noqa: BLE001 - a failed shape is a result; the next one may run
                 print(json.dumps({"engine": "lmdeploy", "rows": r, "new": n, "error": repr(err)[:300]}), flush=True)
                 continue
             s = time.perf_counter() - t0
             outputs["lmdeploy", r, n] = out
-            row = {"engine": "lmdeploy", "rows": r, "new": n, "s": round(s, 2), "tok_s": round(r * n / s)}
+            tokens = sum(map(len, out))
+            row = {"engine": "lmdeploy", "rows": r, "new": n, "s": round(s, 2), "tok_s": round(tokens / s), "tokens": tokens}
             if ("native", r, n) in outputs:
                 row.update(agreement(outputs["native", r, n], out))
                 nat = next(x for x in results if x["engine"] == "native" and x["rows"] == r and x["new"] == n)

@@ -198,3 +198,94 @@ def test_a_pending_store_survives_a_block_without_steps(tiny_block_model: torch.
     assert want.static is not None and got.static is not None
     for a, c in zip(want.static.cache.keys, got.static.cache.keys):
         torch.testing.assert_close(a[:, :, 4:12], c[:, :, 4:12], rtol=0, atol=1e-12)
+
+
+def _eos_that_splits_rows(model: torch.nn.Module, prompts: list[list[int]], args: dict[str, object]) -> int:
+    """A token id that ends some rows early (in a finished block before the last) and not others, so
+    that rows finish at different blocks: chosen from a run that ignores EOS (sampling never reads it)."""
+    free = generate(model, prompts, **{**args, "stop_at_eos": False})  # type: ignore[arg-type]
+    resp = free.response_ids
+    blocks = -(-resp.shape[1] // 4)
+    best, best_spread = -1, -1
+    for tok in resp.unique().tolist():
+        hit = resp == tok
+        first = torch.where(hit.any(1), hit.float().argmax(1) // 4, torch.full((resp.shape[0],), blocks))
+        early = int((first < blocks - 2).sum())  # rows that finish with at least two blocks to go
+        spread = len(set(first.tolist()))
+        if 2 <= early < resp.shape[0] and spread > best_spread:
+            best, best_spread = int(tok), spread
+    assert best >= 0, "no token splits the rows; change the seed"
+    return best
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"cache": "prefix"},
+    {"cache": "prefix", "threshold": 0.3},
+    {"cache": None},
+    {"cache": "prefix", "threshold": 0.7, "editing_threshold": 0.5, "max_post_steps": 2},
+])
+@pytest.mark.parametrize("fold", [True, False])
+def test_finished_rows_retire_with_the_same_samples(
+    tiny_block_model: torch.nn.Module, kwargs: dict[str, object], fold: bool, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Rows that finished leave the batch (`RETIRE_ROWS`): later forwards run on fewer rows, and every
+    row's tokens, mask, step log-probs and unmask steps are those of a batch that keeps them (float64)."""
+    import dataclasses
+
+    import dllm_rollout.block as block
+
+    if "editing_threshold" in kwargs and tiny_block_model.traits.family != "llada2":  # type: ignore[union-attr]
+        pytest.skip("editing is LLaDA2.1's decoding")
+    monkeypatch.setattr(block, "FOLD_STORE", fold)
+    model = tiny_block_model.double()
+    prompts = [PROMPTS[i % 3] for i in range(10)]
+    args: dict[str, object] = {"max_new_tokens": 24, "steps": 4, "block_length": 4, "seed": list(range(10)),
+                               "temperature": 1.0, "record_trajectory": True, "eos_handling": "truncate", **kwargs}
+    eos = _eos_that_splits_rows(model, prompts, args)
+    monkeypatch.setattr(model, "traits", dataclasses.replace(model.traits, eos_token_id=eos))  # type: ignore[arg-type]
+    out, rows = {}, {}
+    for retire in (0, 1):
+        monkeypatch.setattr(block, "RETIRE_ROWS", retire)
+        seen: list[int] = []
+        handle = model.register_forward_pre_hook(lambda _m, a, kw: seen.append(int((a or (kw["input_ids"],))[0].shape[0])),
+                                                 with_kwargs=True)
+        out[retire] = generate(model, prompts, **args)  # type: ignore[arg-type]
+        handle.remove()
+        rows[retire] = seen
+    keep, gone = out[0], out[1]
+    assert set(rows[0]) == {10} and min(rows[1]) < 10 and rows[1] == sorted(rows[1], reverse=True)
+    assert torch.equal(keep.response_ids, gone.response_ids)
+    assert torch.equal(keep.response_mask, gone.response_mask)
+    assert int((keep.response_mask.sum(1) < 24).sum()) >= 2  # rows did stop early
+    assert keep.step_logp is not None and gone.step_logp is not None
+    torch.testing.assert_close(keep.step_logp, gone.step_logp, rtol=0, atol=1e-10)
+    assert keep.unmask_step is not None and gone.unmask_step is not None
+    assert torch.equal(keep.unmask_step, gone.unmask_step)
+    for key in keep.extras:
+        assert torch.equal(keep.extras[key], gone.extras[key]), key
+
+
+def test_rows_do_not_retire_with_per_step_records(tiny_block_model: torch.nn.Module,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """`record_steps` keeps every row in the batch (its per-step records are per batch) and still stops
+    finished rows: the same samples as without retirement."""
+    import dataclasses
+
+    import dllm_rollout.block as block
+
+    model = tiny_block_model.double()
+    prompts = [PROMPTS[i % 3] for i in range(10)]
+    args: dict[str, object] = {"max_new_tokens": 24, "steps": 4, "block_length": 4, "seed": list(range(10)),
+                               "temperature": 1.0, "cache": "prefix", "record_steps": True}
+    eos = _eos_that_splits_rows(model, prompts, args)
+    monkeypatch.setattr(model, "traits", dataclasses.replace(model.traits, eos_token_id=eos))  # type: ignore[arg-type]
+    monkeypatch.setattr(block, "RETIRE_ROWS", 1)
+    seen: list[int] = []
+    handle = model.register_forward_pre_hook(lambda _m, a, kw: seen.append(int((a or (kw["input_ids"],))[0].shape[0])),
+                                             with_kwargs=True)
+    out = generate(model, prompts, **args)  # type: ignore[arg-type]
+    handle.remove()
+    assert set(seen) == {10}
+    monkeypatch.setattr(block, "RETIRE_ROWS", 0)
+    ref = generate(model, prompts, **args)  # type: ignore[arg-type]
+    assert torch.equal(out.response_ids, ref.response_ids)

@@ -64,3 +64,39 @@ def test_block_steps_replay_as_graphs(monkeypatch: pytest.MonkeyPatch, family: s
         assert captures == 2  # the block step, and the two-block step that folds a finished block's store pass
     assert torch.equal(graphed.response_ids, eager.response_ids)
     torch.testing.assert_close(graphed.step_logp, eager.step_logp, rtol=0, atol=1e-4)
+
+
+def test_block_steps_recapture_after_rows_retire(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Finished rows leave the batch: the cached steps are captured anew at the smaller batch and give
+    the samples of eager steps on a batch that keeps every row."""
+    import dataclasses
+
+    import dllm_rollout.block as block
+    from tests.dllm_rollout.test_block import _eos_that_splits_rows
+
+    model = _cuda_model("sdar")
+    prompts = [PROMPTS[i % 3] for i in range(10)]
+    args: dict[str, Any] = {"max_new_tokens": 24, "steps": 4, "block_length": 4, "seed": list(range(10)),
+                            "temperature": 1.0, "top_k": 20, "cache": "prefix", "record_trajectory": True,
+                            "eos_handling": "truncate"}
+    eos = _eos_that_splits_rows(model, prompts, args)
+    monkeypatch.setattr(model, "traits", dataclasses.replace(model.traits, eos_token_id=eos))  # type: ignore[arg-type]
+    captured: list[GraphedStep] = []
+    capture = GraphedStep._capture
+
+    def spy(self: GraphedStep, inputs: tuple[torch.Tensor, ...]) -> None:
+        capture(self, inputs)
+        captured.append(self)
+
+    monkeypatch.setattr(GraphedStep, "_capture", spy)
+    monkeypatch.setattr(graphs, "CUDA_GRAPHS", True)
+    monkeypatch.setattr(block, "RETIRE_ROWS", 1)
+    graphed = generate(model, prompts, **args)
+    monkeypatch.setattr(graphs, "CUDA_GRAPHS", False)
+    monkeypatch.setattr(block, "RETIRE_ROWS", 0)
+    eager = generate(model, prompts, **args)
+    batches = sorted({int(g.static[0].shape[0]) for g in captured}, reverse=True)
+    assert batches[0] == 10 and len(batches) >= 2, batches  # captured again at fewer rows
+    assert int((eager.response_mask.sum(1) < 24).sum()) >= 2
+    assert torch.equal(graphed.response_ids, eager.response_ids)
+    torch.testing.assert_close(graphed.step_logp, eager.step_logp, rtol=0, atol=1e-4)

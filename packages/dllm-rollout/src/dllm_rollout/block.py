@@ -20,6 +20,16 @@ query, writes the finished block's final K/V and gives the next block's logits (
 the next block only). The finished block's queries see exactly what a store pass sees, so the
 function is the same; it saves one forward per block, its weight and cache reads and its head.
 `DLLM_ROLLOUT_FOLD_STORE=0` (or `dllm_rollout.block.FOLD_STORE = False`) runs separate store passes.
+
+Rows that have finished (`stop_at_eos`: a finished block of theirs holds EOS) take no more steps,
+and once `RETIRE_ROWS` of them have gathered they leave the batch: the canvas, the noise streams,
+the records and the KV cache keep the live rows only (the cache packed in place), and the cached
+steps are captured anew at the smaller batch, so later forwards, their weights' work and their
+head run on the rows still denoising (as an engine with continuous batching drops finished
+sequences). Every row's draws and records depend on that row alone (`RowNoise`, `Recorder`), so
+a row decodes the same in the smaller batch, up to the rounding of a GEMM at another batch size.
+Per-step records (`record_steps`) keep every row. `DLLM_ROLLOUT_RETIRE_ROWS=0` (or
+`dllm_rollout.block.RETIRE_ROWS = 0`) keeps finished rows in the batch.
 """
 
 from __future__ import annotations
@@ -42,6 +52,9 @@ from dllm_rollout.record import Recorder
 from dllm_rollout.sampling import propose_scored, select
 
 FOLD_STORE = os.environ.get("DLLM_ROLLOUT_FOLD_STORE", "1") != "0"
+# finished rows leave the batch once this many have gathered (0: never); each retirement captures
+# the cached steps anew, so a few rows are not worth one
+RETIRE_ROWS = int(os.environ.get("DLLM_ROLLOUT_RETIRE_ROWS", "16"))
 
 
 def grid_layout(prompt_lengths: torch.Tensor, block_length: int, max_new_tokens: int) -> tuple[int, int, torch.Tensor]:
@@ -124,6 +137,8 @@ def decode_blocks(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
     b, width = canvas.shape
     noise = RowNoise(seeds, device)
     rec = Recorder(b, width - r0, device, steps=cfg.record_steps, ref=ref_model is not None)
+    # the batch's rows still in the working tensors below (all, until finished rows retire)
+    full = _FullRows(canvas, rec, offsets) if cfg.stop_at_eos and RETIRE_ROWS > 0 and not cfg.record_steps else None
     quota = transfer_quota(bl, cfg.steps)
     t = cfg.temperature if cfg.temperature > 0 else 1.0
     live = torch.ones(b, dtype=torch.bool, device=device)
@@ -150,7 +165,8 @@ def decode_blocks(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
             x0, conf, logp = propose_scored(logits, remasking="maskgit_plus", temperature=cfg.temperature,
                                             top_k=cfg.top_k, top_p=cfg.top_p, noise=noise, active=active,
                                             mask_id=mask_id)
-            k = torch.full((b,), quota[step] if step < len(quota) else bl, dtype=torch.long, device=device)
+            k = torch.full((canvas.shape[0],), quota[step] if step < len(quota) else bl, dtype=torch.long,
+                           device=device)
             commit = select(conf, still, k, cfg.threshold) & active[:, None]
             edits = step_edits(x0, conf, canvas[:, start:end], active, mask_id=mask_id, lo=start - r0,
                                span=own, editing_threshold=cfg.editing_threshold)
@@ -170,14 +186,46 @@ def decode_blocks(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
             region = canvas[:, r0:end]
             col = torch.arange(end - r0, device=device)[None]
             live &= ~((region == eos_id) & (col >= offsets[:, None])).any(-1)
-            if not bool(live.any()):
+            alive = int(live.sum())
+            if alive == 0:
                 break
+            if full is not None and end < width and live.numel() - alive >= RETIRE_ROWS:
+                keep = live.nonzero().flatten()
+                full.put(canvas, rec, num_edits)
+                full.rows = full.rows[keep]
+                canvas, attn, pos, offsets = canvas[keep], attn[keep], pos[keep], offsets[keep]
+                live, num_edits, noise, rec = live[keep], num_edits[keep], noise.rows(keep), rec.rows(keep)
+                own = (offsets, (offsets + r + bl - 1) // bl * bl)
+                if cached is not None:
+                    cached.keep_rows(keep, canvas, attn, pos)
     if cached is not None:
         cached.release()
+    if full is not None and full.rows.numel() < full.canvas.shape[0]:
+        full.put(canvas, rec, num_edits)
+        canvas, rec, offsets, num_edits = full.canvas, full.rec, full.offsets, full.num_edits
     region = canvas[:, r0:]
     region = torch.where(region == mask_id, torch.full_like(region, eos_id), region)
     return decoded_batch(prompt_ids, prompt_mask, region, offsets, seeds, cfg, rec, mask_id=mask_id, eos_id=eos_id,
                          extras=_tail_extras(region, offsets, cfg, rec, mask_id, num_edits))
+
+
+class _FullRows:
+    """The whole batch's canvas, records and edit counts while finished rows retire from the
+    working batch; `rows` [n] are the batch rows the working tensors hold, in order."""
+
+    def __init__(self, canvas: torch.Tensor, rec: Recorder, offsets: torch.Tensor) -> None:
+        self.canvas, self.rec, self.offsets = canvas, rec, offsets
+        self.num_edits = torch.zeros(canvas.shape[0], dtype=torch.long, device=canvas.device)
+        self.rows = torch.arange(canvas.shape[0], device=canvas.device)
+
+    def put(self, canvas: torch.Tensor, rec: Recorder, num_edits: torch.Tensor) -> None:
+        """Write the working rows back (a no-op for the first working tensors, which are these)."""
+        if canvas is self.canvas:
+            self.num_edits.copy_(num_edits)
+            return
+        self.canvas[self.rows] = canvas
+        self.rec.put(self.rows, rec)
+        self.num_edits[self.rows] = num_edits
 
 
 def _recompute_logits(model: Any, canvas: torch.Tensor, attn: torch.Tensor, pos: torch.Tensor, start: int,
@@ -259,6 +307,17 @@ class _CachedBlocks:
     def logits(self, start: int, end: int) -> torch.Tensor:
         """[B, bl, V] logits of block [start, end) (a graph buffer: read before the next call)."""
         return self._run(start, end)[0]
+
+    def keep_rows(self, rows: torch.Tensor, canvas: torch.Tensor, attn: torch.Tensor, pos: torch.Tensor) -> None:
+        """Go on with batch rows `rows` only (finished rows retired), on their `canvas`, `attn` and
+        `pos`: the cache keeps their rows, and the steps are captured anew at the new batch size."""
+        self.canvas, self.attn, self.pos = canvas, attn, pos
+        if self.static is not None:
+            self.static.keep_rows(rows)
+        self.step = self.pair_step = None  # the old graphs and their memory go before new ones are captured
+        pool = graph_pool(canvas.device)
+        self.step = GraphedStep(self._forward, pool=pool)
+        self.pair_step = GraphedStep(self._pair_forward, pool=pool)
 
     def finish(self, start: int, end: int) -> None:
         """Block [start, end) is finished: cache its final keys/values (SDAR's "store" pass), now or,

@@ -74,3 +74,9 @@ class RowNoise:
         u = torch.where(active[:, None], u, torch.full_like(u, 0.5))
         self.drawn.add_(active.long() * n)
         return u.view(-1, *shape)
+
+    def rows(self, keep: torch.Tensor) -> RowNoise:
+        """The streams of rows `keep` [n] (long) only, each where it stands (a copy)."""
+        sub = RowNoise.__new__(RowNoise)
+        sub.key, sub.drawn = self.key[keep], self.drawn[keep]
+        return sub

@@ -60,6 +60,29 @@ class Recorder:
             self._when.append(torch.where(active, self.row_step, -1))
         self.row_step += active.long()
 
+    def rows(self, keep: torch.Tensor) -> Recorder:
+        """A recorder of rows `keep` [n] (long) only, with their records so far (copies).
+
+        For decoding that retires finished rows from the batch; per-step records (`steps=True`)
+        are kept per batch, so they cannot be split.
+        """
+        if self.keep_steps:
+            raise ValueError("Recorder.rows: per-step records (record_steps) cannot be split by rows")
+        sub = Recorder.__new__(Recorder)
+        sub.row_step, sub.unmask_step = self.row_step[keep], self.unmask_step[keep]
+        sub.step_logp = self.step_logp[keep]
+        sub.ref_step_logp = None if self.ref_step_logp is None else self.ref_step_logp[keep]
+        sub.keep_steps, sub._canvas, sub._x0, sub._conf, sub._when = False, [], [], [], []
+        return sub
+
+    def put(self, rows: torch.Tensor, sub: Recorder) -> None:
+        """Write the records of `sub` (made by `rows`, maybe narrowed further) back at rows `rows` [n]."""
+        self.row_step[rows] = sub.row_step
+        self.unmask_step[rows] = sub.unmask_step
+        self.step_logp[rows] = sub.step_logp
+        if self.ref_step_logp is not None and sub.ref_step_logp is not None:
+            self.ref_step_logp[rows] = sub.ref_step_logp
+
     def take(self, offsets: torch.Tensor, length: int, mask_id: int) -> dict[str, torch.Tensor]:
         """Records cut to response columns [offset_b, offset_b + length) of each row.
 

@@ -52,6 +52,26 @@ class StaticBlockCache:
         self.pair = KVCache(keys, values, padding, write_columns=pair_columns, key_limit=limit)
         self.block = block
 
+    def keep_rows(self, rows: torch.Tensor) -> None:
+        """Keep batch rows `rows` [n] (long, ascending) only: they are packed at the front of the
+        same storage and every tensor becomes a view of its first n rows (nothing is allocated but
+        one layer's rows at a time). `cache` and `pair` are rebuilt on the views."""
+        from dllm_models.protocol import KVCache
+
+        n = int(rows.numel())
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            t[:n] = t[rows]  # the gather is a copy first, so overlapping rows are safe
+            return t[:n]
+
+        keys = [pack(k) for k in self.cache.keys]
+        values = [pack(v) for v in self.cache.values]
+        assert self.cache.key_padding is not None
+        padding = pack(self.cache.key_padding)
+        self.cache = KVCache(keys, values, padding, write_columns=self.cache.write_columns)
+        self.pair = KVCache(keys, values, padding, write_columns=self.pair.write_columns,
+                            key_limit=self.pair.key_limit)
+
     def store(self, start: int, kv: Any, real: torch.Tensor | None = None) -> None:
         """Copy the keys/values of columns [start, start + n) from `kv` and mark them visible.
 
