@@ -147,3 +147,21 @@ def test_evaluate_runs_no_grad_passes_and_returns_the_raw_outputs() -> None:
     assert not got.requires_grad and len(raw) == 1 and raw[0].shape == (len(LENGTHS) * 3, ids.shape[1])
     with torch.no_grad():
         torch.testing.assert_close(got, values(scorer), rtol=1e-9, atol=1e-9)
+
+
+def test_every_worker_refuses_a_negative_token_budget() -> None:
+    """The actor, the reference and the offline worker check `max_tokens_per_pass` the same way."""
+    from dllm_algorithms import D1, DPO
+    from dllm_train import ActorWorker, OfflineWorker, OptimConfig, ReferenceWorker
+    from tests.dllm_train.helpers import preference_pairs
+
+    model = tiny_model("llada")
+    optim = OptimConfig(lr=1e-3)
+    workers = [
+        lambda: ActorWorker(model, D1(), optim, max_tokens_per_pass=-1),
+        lambda: ReferenceWorker(model, max_tokens_per_pass=-1, freeze=False),
+        lambda: OfflineWorker(model, DPO(), preference_pairs, optim, seed=0, ref_model=model, max_tokens_per_pass=-1),
+    ]
+    for make in workers:
+        with pytest.raises(ValueError, match=r"max_tokens_per_pass must be >= 0 \(0: no limit\), got -1"):
+            make()

@@ -23,7 +23,7 @@ from dllm_train.likelihood import Scorer
 from dllm_train.metrics import device_peak
 from dllm_train.objective import OfflineInputs, OfflineObjective
 from dllm_train.optim import OptimizerStep
-from dllm_train.passes import ValuesScorer, accumulate, evaluate
+from dllm_train.passes import ValuesScorer, accumulate, evaluate, token_budget
 from dllm_train.seeding import generator
 
 B = TypeVar("B")
@@ -54,14 +54,12 @@ class OfflineWorker(Generic[B, D]):
         if objective.needs_reference and ref_model is None:
             raise ValueError(f"{objective.label} compares with a reference model; pass ref_model (a frozen copy of "
                              "the initial policy)")
-        if max_tokens_per_pass < 0:
-            raise ValueError(f"max_tokens_per_pass must be >= 0 (0: no limit), got {max_tokens_per_pass}")
         self.model = model
         self.objective = objective
         self.batches = batches
         self.steps = steps
         self.seed = seed
-        self.max_tokens = max_tokens_per_pass
+        self.max_tokens = token_budget(max_tokens_per_pass)
         self.optim = OptimizerStep(model, optim, horizon=steps)
         self.optimizer = self.optim.optimizer
         self.scorer = scorer if scorer is not None else Scorer(model, attention=attention)

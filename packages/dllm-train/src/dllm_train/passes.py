@@ -149,6 +149,13 @@ class _Replay(_Proxy):
         return self.outputs[index]
 
 
+def token_budget(max_tokens_per_pass: int) -> int:
+    """`max_tokens_per_pass` checked: a forward's token budget, 0 for none (one forward per call)."""
+    if max_tokens_per_pass < 0:
+        raise ValueError(f"max_tokens_per_pass must be >= 0 (0: no limit), got {max_tokens_per_pass}")
+    return max_tokens_per_pass
+
+
 def trace(values: ValuesFn, scorer: Scorer) -> list[ScoreCall]:
     """The scorer calls `values` makes (no forward runs)."""
     tracer = _Tracer(scorer)

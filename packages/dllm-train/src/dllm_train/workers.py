@@ -25,7 +25,7 @@ from dllm_train.algorithm import LossInputs, RLAlgorithm, RLBatch, SpecialTokens
 from dllm_train.config import OptimConfig
 from dllm_train.likelihood import Scorer
 from dllm_train.minibatch import mean_metrics, mini_batches
-from dllm_train.passes import ValuesFn, ValuesScorer, accumulate, evaluate
+from dllm_train.passes import ValuesFn, ValuesScorer, accumulate, evaluate, token_budget
 from dllm_train.optim import OptimizerStep
 
 logger = logging.getLogger(__name__)
@@ -231,7 +231,7 @@ class ReferenceWorker:
             for p in model.parameters():
                 p.requires_grad_(False)
         self.scorer = scorer if scorer is not None else Scorer(self.model)
-        self.max_tokens = max_tokens_per_pass
+        self.max_tokens = token_budget(max_tokens_per_pass)
 
     def values(self, algorithm: RLAlgorithm[D], prepared: Prepared[D]) -> list[torch.Tensor]:
         """The algorithm's values under the reference model, one entry per update iteration."""
@@ -265,15 +265,13 @@ class ActorWorker(Generic[D]):
         if optim.schedule != "constant" and not optim.decay_steps:
             raise ValueError(f"optim.schedule={optim.schedule!r} in RL needs optim.decay_steps (e.g. trainer.max_steps): "
                              "the actor does not know the run's length")
-        if max_tokens_per_pass < 0:
-            raise ValueError(f"max_tokens_per_pass must be >= 0 (0: no limit), got {max_tokens_per_pass}")
         self.model = model
         self.algorithm = algorithm
         self.scorer = scorer if scorer is not None else Scorer(model)
         # ranks in lockstep skip together: the gradient clipping is a collective on them
         self.optim = OptimizerStep(model, optim, group=self.scorer.lockstep_group)
         self.optimizer = self.optim.optimizer
-        self.max_tokens = max_tokens_per_pass
+        self.max_tokens = token_budget(max_tokens_per_pass)
         self.reuse_old = reuse_old
 
     @property
