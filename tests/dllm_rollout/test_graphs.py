@@ -24,7 +24,8 @@ def _cuda_model(family: str) -> torch.nn.Module:
     return build_tiny(family).cuda().eval()
 
 
-def _decode_both(monkeypatch: pytest.MonkeyPatch, model: torch.nn.Module, **kwargs: Any) -> tuple[Any, Any, int]:
+def _spy_captures(monkeypatch: pytest.MonkeyPatch) -> list[GraphedStep]:
+    """The steps whose graphs are captured from now on, in order."""
     captured: list[GraphedStep] = []
     capture = GraphedStep._capture
 
@@ -33,6 +34,11 @@ def _decode_both(monkeypatch: pytest.MonkeyPatch, model: torch.nn.Module, **kwar
         captured.append(self)
 
     monkeypatch.setattr(GraphedStep, "_capture", spy)
+    return captured
+
+
+def _decode_both(monkeypatch: pytest.MonkeyPatch, model: torch.nn.Module, **kwargs: Any) -> tuple[Any, Any, int]:
+    captured = _spy_captures(monkeypatch)
     monkeypatch.setattr(graphs, "CUDA_GRAPHS", True)
     graphed = generate(model, PROMPTS, seed=4, record_trajectory=True, **kwargs)
     monkeypatch.setattr(graphs, "CUDA_GRAPHS", False)
@@ -81,14 +87,7 @@ def test_block_steps_recapture_after_rows_retire(monkeypatch: pytest.MonkeyPatch
                             "eos_handling": "truncate"}
     eos = _eos_that_splits_rows(model, prompts, args)
     monkeypatch.setattr(model, "traits", dataclasses.replace(model.traits, eos_token_id=eos))  # type: ignore[arg-type]
-    captured: list[GraphedStep] = []
-    capture = GraphedStep._capture
-
-    def spy(self: GraphedStep, inputs: tuple[torch.Tensor, ...]) -> None:
-        capture(self, inputs)
-        captured.append(self)
-
-    monkeypatch.setattr(GraphedStep, "_capture", spy)
+    captured = _spy_captures(monkeypatch)
     monkeypatch.setattr(graphs, "CUDA_GRAPHS", True)
     monkeypatch.setattr(block, "RETIRE_ROWS", 1)
     graphed = generate(model, prompts, **args)
