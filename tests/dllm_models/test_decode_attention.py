@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 _CODE = r"""
 import torch
 import dllm_models.attention as A
-from dllm_models.kernels.decode_attention import decode_attention, decode_attention_fits
+from dllm_models.kernels.decode_attention import decode_attention, decode_attention_fits, visible_span
 
 def reference(q, k, v, pad):
     # pad: [B, N] (the same keys for every query) or [B, M, N]
@@ -38,12 +38,24 @@ for b, h, m, n, d in [(3, 2, 16, 300, 32), (2, 2, 12, 130, 64), (2, 1, 8, 64, 32
     if b > 1:
         pad[-1] = False                       # a row with no visible key: zeros
     assert decode_attention_fits(q, k)
+    span = visible_span(pad)
     for splits in (1, 2, 3):  # columns split over programs, partial states merged
-        out = decode_attention(q, k, v, pad, splits=splits)
-        err = (out.double() - reference(q, k, v, pad)).abs().max().item()
-        assert err < 1e-5, (b, h, m, n, d, splits, err)
+        for walk in (None, span):  # every tile (skipping hidden ones), or the visible range only
+            out = decode_attention(q, k, v, pad, splits=splits, span=walk)
+            err = (out.double() - reference(q, k, v, pad)).abs().max().item()
+            assert err < 1e-5, (b, h, m, n, d, splits, walk is None, err)
+    if n >= 256:  # the kernel walks only the tiles (of 128 columns here) that meet the span: a span
+        # of whole tiles narrower than the visible range drops the visible columns outside it
+        cut = torch.tensor([[128, 256]] * b, dtype=torch.int32)
+        inner = pad & (torch.arange(n)[None] >= 128) & (torch.arange(n)[None] < 256)
+        err = (decode_attention(q, k, v, pad, span=cut).double() - reference(q, k, v, inner)).abs().max().item()
+        assert err < 1e-5, ("cut", err)
     full = decode_attention(q, k, v, None)
     assert (full.double() - reference(q, k, v, None)).abs().max().item() < 1e-5
+
+# visible_span: first visible column and one past the last; 0 and N where none is visible
+pad = torch.tensor([[0, 0, 1, 0, 1, 0], [0, 0, 0, 0, 0, 0], [1, 1, 1, 1, 1, 1]], dtype=torch.bool)
+assert visible_span(pad).tolist() == [[2, 5], [0, 6], [0, 6]] and visible_span(pad).dtype == torch.int32
 
 # grouped heads with per-query key limits (a forward over two blocks), queries read through the
 # strides of a transposed projection: query i of head h sees the visible keys < limit[i]
@@ -59,17 +71,23 @@ for b, h, lq, rep, n, d in [(2, 2, 8, 4, 300, 32), (3, 1, 4, 2, 70, 64)]:
         q.double(), k.double().repeat_interleave(rep, 1), v.double().repeat_interleave(rep, 1),
         attn_mask=allowed[:, None]).nan_to_num(0.0)
     for splits in (1, 2):
-        out = decode_attention(q, k, v, pad, limit, splits=splits)
-        assert out.shape == q.shape and out.transpose(1, 2).is_contiguous()
-        assert not out.isnan().any()
-        err = (out.double() - ref).abs().max().item()
-        assert err < 1e-5, ("limit", b, h, lq, n, d, splits, err)
+        for walk in (None, visible_span(pad)):
+            out = decode_attention(q, k, v, pad, limit, splits=splits, span=walk)
+            assert out.shape == q.shape and out.transpose(1, 2).is_contiguous()
+            assert not out.isnan().any()
+            err = (out.double() - ref).abs().max().item()
+            assert err < 1e-5, ("limit", b, h, lq, n, d, splits, walk is None, err)
     mask = A.AttentionMask(key_padding=pad, key_limit=limit)
     A.DECODE_KERNEL = True
     on = A._sdpa_grouped(q, k, v, mask)
+    A.DECODE_SPAN = True  # the span computed once into the mask's memo, read by every later layer
+    on_span = A._sdpa_grouped(q, k, v, mask)
+    assert torch.equal(mask.cache[("visible_span", n)], visible_span(pad))
+    A.DECODE_SPAN = False
     A.DECODE_KERNEL = False
     off = A._sdpa_grouped(q, k, v, mask)
     assert (on - off.nan_to_num(0.0)).abs().max().item() < 1e-5
+    assert (on_span - off.nan_to_num(0.0)).abs().max().item() < 1e-5
 
 # 128 query rows per program (a block of 32 with 4 query heads per KV head), when allowed
 import dllm_models.kernels.decode_attention as DA
@@ -107,12 +125,12 @@ from dllm_rollout import generate
 model = build_tiny("sdar")
 prompts = [[5, 6, 7, 8, 9], [10, 11, 12]]
 tokens = {}
-for flag in (True, False):
-    A.DECODE_KERNEL = flag
+for flag, span in ((True, False), (True, True), (False, False)):
+    A.DECODE_KERNEL, A.DECODE_SPAN = flag, span
     out = generate(model, prompts, max_new_tokens=12, steps=4, block_length=model.traits.block_length,
                    temperature=0.0, cache="prefix", seed=0)
-    tokens[flag] = out.response_ids.tolist()
-assert tokens[True] == tokens[False], tokens
+    tokens[flag, span] = out.response_ids.tolist()
+assert tokens[True, False] == tokens[False, False] == tokens[True, True], tokens
 print("ok")
 """
 
@@ -141,7 +159,7 @@ def test_cpu_tensors_take_sdpa_without_the_interpreter() -> None:
 def test_decode_attention_matches_sdpa_on_gpu(dtype: torch.dtype) -> None:
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    from dllm_models.kernels.decode_attention import decode_attention, decode_attention_fits
+    from dllm_models.kernels.decode_attention import decode_attention, decode_attention_fits, visible_span
 
     g = torch.Generator(device="cuda").manual_seed(0)
     b, h, m, n, d = 128, 8, 16, 1100, 128  # SDAR-8B's cached step: 4 queries x 4 heads per KV head
@@ -155,6 +173,9 @@ def test_decode_attention_matches_sdpa_on_gpu(dtype: torch.dtype) -> None:
     tol = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 1.5e-2}[dtype]
     for splits in (2, 4):
         assert (decode_attention(q, k, v, pad, splits=splits).double() - ref).abs().max().item() < tol
+    span = visible_span(pad)
+    for splits in (1, 2):
+        assert (decode_attention(q, k, v, pad, splits=splits, span=span).double() - ref).abs().max().item() < tol
     out = decode_attention(q, k, v, pad, splits=1).double()
     assert (out - ref).abs().max().item() < tol
     sdpa = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=pad[:, None, None, :]).double()
@@ -167,7 +188,7 @@ def test_decode_attention_key_limit_on_gpu() -> None:
     grouped heads read through a transposed projection's strides."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    from dllm_models.kernels.decode_attention import decode_attention
+    from dllm_models.kernels.decode_attention import decode_attention, visible_span
 
     g = torch.Generator(device="cuda").manual_seed(1)
     b, h, lq, rep, n, d = 128, 8, 8, 4, 1100, 128
@@ -181,6 +202,8 @@ def test_decode_attention_key_limit_on_gpu() -> None:
     ref = torch.nn.functional.scaled_dot_product_attention(
         q.double(), k.double().repeat_interleave(rep, 1), v.double().repeat_interleave(rep, 1),
         attn_mask=allowed[:, None])
+    assert (out - ref).abs().max().item() < 1.5e-2
+    out = decode_attention(q, k, v, pad, limit, span=visible_span(pad)).double()
     assert (out - ref).abs().max().item() < 1.5e-2
 
 

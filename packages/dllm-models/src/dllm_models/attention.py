@@ -26,9 +26,12 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from dllm_models.kernels.decode_attention import decode_attention, decode_attention_fits
+from dllm_models.kernels.decode_attention import decode_attention, decode_attention_fits, visible_span
 
 DECODE_KERNEL = os.environ.get("DLLM_MODELS_DECODE_ATTENTION", "1") != "0"
+# the decode kernel walks each row's visible columns only (`visible_span`, computed once per
+# forward in the mask's memo); off by default until measured on the GPU
+DECODE_SPAN = os.environ.get("DLLM_MODELS_DECODE_SPAN", "0") == "1"
 
 
 @dataclass(frozen=True)
@@ -218,7 +221,13 @@ def _sdpa_grouped(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Atten
     b, hq, lq, d = q.shape
     hkv = k.shape[1]
     if DECODE_KERNEL and decode_attention_fits(q, k):
-        return decode_attention(q, k, v, mask.key_padding, mask.key_limit)
+        span = None
+        if DECODE_SPAN and mask.key_padding is not None:
+            key = ("visible_span", k.shape[2])
+            span = mask.cache.get(key)
+            if span is None:  # once per forward: every layer sees the same padding
+                span = mask.cache[key] = visible_span(mask.key_padding[:, -k.shape[2]:].to(q.device))
+        return decode_attention(q, k, v, mask.key_padding, mask.key_limit, span=span)
     folded = q.reshape(b, hkv, (hq // hkv) * lq, d)
     # [B, 1, 1, Lk] or None: the key padding, the same for every query of a row
     dense = None if mask.key_padding is None else mask.key_padding[:, None, None, -k.shape[2]:].to(q.device, torch.bool)

@@ -12,7 +12,11 @@ it uses. A call may also give each query a key limit (`key_limit`: query i sees 
 which keeps a call over two blocks (a finished block and the next one) block-causal. With `splits` > 1
 each (row, KV head) is served by several programs over contiguous column ranges, whose partial
 softmax states a second kernel merges (flash-decoding): more parallelism for few rows or long
-caches (`DLLM_MODELS_DECODE_SPLITS`, default 1). Set TRITON_INTERPRET=1 before importing to run it on CPU (tests).
+caches (`DLLM_MODELS_DECODE_SPLITS`, default 1). With `span` (each row's first and last visible
+column, `visible_span`) a program walks only the tiles of that range, with masked loads and no
+branch per tile, so the compiler can pipeline the tiles' loads (`DLLM_MODELS_DECODE_SPAN=1` in
+`dllm_models.attention`; off by default until measured). Set TRITON_INTERPRET=1 before importing to
+run it on CPU (tests).
 """
 
 from __future__ import annotations
@@ -39,15 +43,37 @@ if HAS_TRITON:
     import triton.language as tl  # type: ignore[import-untyped,unused-ignore]
 
     @triton.jit  # type: ignore[untyped-decorator,unused-ignore]
+    def _tile(  # type: ignore[no-untyped-def]
+        q, k_base, v_base, cols, seen, limit, m_i, l_i, acc, sm_scale, dims, skn, skd, svn, svd,
+        HAS_LIM: tl.constexpr, PRECISION: tl.constexpr,
+    ):
+        """One tile of columns `cols` (visible where `seen`) into the online softmax state."""
+        k = tl.load(k_base + cols[None, :] * skn + dims[:, None] * skd, mask=seen[None, :], other=0.0)
+        s = tl.dot(q, k, input_precision=PRECISION) * sm_scale
+        if HAS_LIM:
+            s = tl.where(seen[None, :] & (cols[None, :] < limit[:, None]), s, float("-inf"))
+        else:
+            s = tl.where(seen[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        # a row that has seen no key yet keeps m = -inf: shift by 0 there, so p = 0, not NaN
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp(m_i - m_use)
+        p = tl.exp(s - m_use[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = tl.load(v_base + cols[:, None] * svn + dims[None, :] * svd, mask=seen[:, None], other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        return m_new, l_i, acc
+
+    @triton.jit  # type: ignore[untyped-decorator,unused-ignore]
     def _decode_attention_kernel(  # type: ignore[no-untyped-def]
-        q_ptr, k_ptr, v_ptr, pad_ptr, lim_ptr, o_ptr, ws_ptr, sm_scale, m_rows, n_cols, q_len, n_rep, span,
+        q_ptr, k_ptr, v_ptr, pad_ptr, lim_ptr, span_ptr, o_ptr, ws_ptr, sm_scale, m_rows, n_cols, q_len, n_rep, part_cols,
         sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd, spb, spn, sob, soh, som, sod,
-        HAS_PAD: tl.constexpr, HAS_LIM: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-        SPLIT: tl.constexpr,
+        HAS_PAD: tl.constexpr, HAS_LIM: tl.constexpr, HAS_SPAN: tl.constexpr, PRECISION: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, SPLIT: tl.constexpr,
     ):
         b = tl.program_id(0).to(tl.int64)
         h = tl.program_id(1).to(tl.int64)
-        part = tl.program_id(2).to(tl.int64)  # this program's columns: [part * span, (part + 1) * span)
+        part = tl.program_id(2).to(tl.int64)  # this program's columns: [part * part_cols, (part + 1) * part_cols)
         rows = tl.arange(0, BLOCK_M)
         dims = tl.arange(0, BLOCK_D)
         cols0 = tl.arange(0, BLOCK_N)
@@ -57,13 +83,20 @@ if HAS_TRITON:
         q = tl.load(q_ptr + b * sqb + q_off[:, None] + dims[None, :] * sqd, mask=rows[:, None] < m_rows, other=0.0)
         if HAS_LIM:
             limit = tl.load(lim_ptr + rows % q_len, mask=rows < m_rows, other=0)
+        else:
+            limit = rows
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
         k_base = k_ptr + b * skb + h * skh
         v_base = v_ptr + b * svb + h * svh
-        lo = part * span
-        hi = tl.minimum(lo + span, n_cols)
+        lo = part * part_cols
+        hi = tl.minimum(lo + part_cols, n_cols)
+        if HAS_SPAN:  # this row's visible columns [first, last): the tiles outside are never walked
+            first = tl.load(span_ptr + b * 2).to(tl.int64)
+            last = tl.load(span_ptr + b * 2 + 1).to(tl.int64)
+            lo = tl.maximum(lo, first - first % BLOCK_N)
+            hi = tl.minimum(hi, last)
         for start in range(lo, hi, BLOCK_N):
             cols = start + cols0
             inside = cols < n_cols
@@ -71,22 +104,12 @@ if HAS_TRITON:
                 seen = tl.load(pad_ptr + b * spb + cols * spn, mask=inside, other=0) != 0
             else:
                 seen = inside
-            if tl.max(seen.to(tl.int32), axis=0) > 0:
-                k = tl.load(k_base + cols[None, :] * skn + dims[:, None] * skd, mask=seen[None, :], other=0.0)
-                s = tl.dot(q, k, input_precision=PRECISION) * sm_scale
-                if HAS_LIM:
-                    s = tl.where(seen[None, :] & (cols[None, :] < limit[:, None]), s, float("-inf"))
-                else:
-                    s = tl.where(seen[None, :], s, float("-inf"))
-                m_new = tl.maximum(m_i, tl.max(s, axis=1))
-                # a row that has seen no key yet keeps m = -inf: shift by 0 there, so p = 0, not NaN
-                m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-                alpha = tl.exp(m_i - m_use)
-                p = tl.exp(s - m_use[:, None])
-                l_i = l_i * alpha + tl.sum(p, axis=1)
-                v = tl.load(v_base + cols[:, None] * svn + dims[None, :] * svd, mask=seen[:, None], other=0.0)
-                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-                m_i = m_new
+            if HAS_SPAN:  # no branch per tile: the loads can be pipelined
+                m_i, l_i, acc = _tile(q, k_base, v_base, cols, seen, limit, m_i, l_i, acc, sm_scale, dims,
+                                      skn, skd, svn, svd, HAS_LIM, PRECISION)
+            elif tl.max(seen.to(tl.int32), axis=0) > 0:  # skip a tile with no visible column
+                m_i, l_i, acc = _tile(q, k_base, v_base, cols, seen, limit, m_i, l_i, acc, sm_scale, dims,
+                                      skn, skd, svn, svd, HAS_LIM, PRECISION)
         if SPLIT:  # the partial state (m, l, unnormalised acc), merged by _merge_kernel
             base = ((b * tl.num_programs(1) + h) * tl.num_programs(2) + part) * BLOCK_M
             tl.store(ws_ptr + (base + rows)[:, None] * (BLOCK_D + 2) + dims[None, :], acc)
@@ -142,9 +165,22 @@ def decode_attention_fits(q: torch.Tensor, k: torch.Tensor) -> bool:
             and (b * h >= 128 or not q.is_cuda) and q.dtype in (torch.bfloat16, torch.float16, torch.float32))
 
 
+def visible_span(key_padding: torch.Tensor) -> torch.Tensor:
+    """int32 [B, 2]: each row's first visible column and one past its last (0 and N where none is).
+
+    Args:
+        key_padding: bool [B, N], True on visible keys.
+    """
+    seen = key_padding.to(torch.int32)
+    n = seen.shape[1]
+    first = seen.argmax(1)  # the first maximal index: the first visible column (0 where none is)
+    last = n - seen.flip(1).argmax(1)
+    return torch.stack([first, last], dim=1).to(torch.int32)
+
+
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                      key_padding: torch.Tensor | None, key_limit: torch.Tensor | None = None, *,
-                     splits: int | None = None) -> torch.Tensor:
+                     splits: int | None = None, span: torch.Tensor | None = None) -> torch.Tensor:
     """softmax(q k^T / sqrt(D)) v over the visible keys, grouped query heads.
 
     The n_rep = Hq / Hkv query heads of a KV head and their Lq queries are one program's rows, read
@@ -158,6 +194,9 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             (None: no limit).
         splits: programs per (row, KV head), each over a contiguous share of the columns, merged by
             a second kernel (None: `SPLITS`).
+        span: int32 [B, 2] `visible_span(key_padding[:, -N:])`: each row walks only the tiles of
+            its visible range (every column outside it must be hidden); None: every tile, skipping
+            those with no visible column.
 
     Returns:
         [B, Hq, Lq, D] in q's dtype (a transposed view of a [B, Lq, Hq, D] tensor); a query with no
@@ -180,19 +219,23 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         lim = key_limit.to(device=q.device, dtype=torch.int32).contiguous()
     else:
         lim = q
+    if span is not None and (key_padding is None or span.shape != (b, 2) or span.dtype != torch.int32):
+        raise ValueError(f"span must be visible_span(key_padding): int32 [{b}, 2] with a key_padding, "
+                         f"got {tuple(span.shape)} {span.dtype}")
     block_m = max(16, 1 << (m - 1).bit_length())
     # shared memory: the query tile and two stages of K and V tiles
     block_n = BLOCK_N if d <= 128 and block_m <= 64 else min(BLOCK_N, 64)
     warps = 8 if block_m > 64 else 4
     tiles = -(-n // block_n)
     parts = max(1, min(splits if splits is not None else SPLITS, tiles))
-    span = -(-tiles // parts) * block_n  # columns per part, whole tiles
-    parts = -(-n // span)
+    cols_per_part = -(-tiles // parts) * block_n  # whole tiles
+    parts = -(-n // cols_per_part)
     ws = torch.empty((b, h, parts, block_m, d + 2), dtype=torch.float32, device=q.device) if parts > 1 else out
+    bounds = span.contiguous() if span is not None else lim
     _decode_attention_kernel[(b, h, parts)](
-        q, k, v, pad, lim, out, ws, 1.0 / math.sqrt(d), m, n, lq, n_rep, span,
+        q, k, v, pad, lim, bounds, out, ws, 1.0 / math.sqrt(d), m, n, lq, n_rep, cols_per_part,
         *q.stride(), *k.stride(), *v.stride(), *strides, *out.stride(),
-        HAS_PAD=key_padding is not None, HAS_LIM=key_limit is not None,
+        HAS_PAD=key_padding is not None, HAS_LIM=key_limit is not None, HAS_SPAN=span is not None,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32", BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=d,
         SPLIT=parts > 1, num_warps=warps, num_stages=NUM_STAGES,
     )
