@@ -30,6 +30,12 @@ sequences). Every row's draws and records depend on that row alone (`RowNoise`, 
 a row decodes the same in the smaller batch, up to the rounding of a GEMM at another batch size.
 Per-step records (`record_steps`) keep every row. `DLLM_ROLLOUT_RETIRE_ROWS=0` (or
 `dllm_rollout.block.RETIRE_ROWS = 0`) keeps finished rows in the batch.
+
+With `DLLM_ROLLOUT_CHAIN_STEPS=1` (`CHAIN_STEPS`), a block that starts fully masked under a static
+quota (no threshold, editing, reference model or per-step records: the recipes' setting) runs its
+known number of steps as whole-step graphs: the forward, the proposals, the selection, the commit
+and the records of a step are one graph, and nothing is read back to the host until the block
+ends. The same operations in the same order as the step loop, so the same samples (tested).
 """
 
 from __future__ import annotations
@@ -55,6 +61,9 @@ FOLD_STORE = os.environ.get("DLLM_ROLLOUT_FOLD_STORE", "1") != "0"
 # finished rows leave the batch once this many have gathered (0: never); each retirement captures
 # the cached steps anew, so a few rows are not worth one
 RETIRE_ROWS = int(os.environ.get("DLLM_ROLLOUT_RETIRE_ROWS", "16"))
+# whole denoising steps (forward, proposal, selection, commit, records) as one graph, with no
+# read-back between the steps of a block (`_ChainedSteps`); off until measured on the GPU
+CHAIN_STEPS = os.environ.get("DLLM_ROLLOUT_CHAIN_STEPS", "0") == "1"
 
 
 def grid_layout(prompt_lengths: torch.Tensor, block_length: int, max_new_tokens: int) -> tuple[int, int, torch.Tensor]:
@@ -146,11 +155,23 @@ def decode_blocks(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
     post_budget = cfg.max_post_steps if cfg.editing_threshold is not None else 0
     own = (offsets, (offsets + r + bl - 1) // bl * bl)  # each row's response and terminal-block tail
     cached = _CachedBlocks(model, canvas, attn, pos, r0, bl) if cfg.cache == "prefix" else None
+    chained = (CHAIN_STEPS and cached is not None and cfg.threshold is None and cfg.editing_threshold is None
+               and ref_model is None and not cfg.record_steps)
+    fill_steps = steps_to_fill(quota, bl)  # the steps of a block that starts fully masked
+    chain: _ChainedSteps | None = None
     for start in range(r0, width, bl):
         end = start + bl
         step, post, open_rows = 0, torch.zeros_like(num_edits), live.clone()
         logits: torch.Tensor | None = None
-        while True:
+        # every block after the first (which holds the prompt tails) starts fully masked
+        stepped = chained and start > r0 and cached is not None and cached.static is not None
+        if stepped:
+            assert cached is not None
+            if chain is None:
+                chain = _ChainedSteps(cached, cfg, noise, rec, mask_id)
+            chain.block(start, end, start - r0, open_rows,
+                        [quota[s] if s < len(quota) else bl for s in range(fill_steps)])
+        while not stepped:
             still = (canvas[:, start:end] == mask_id) & open_rows[:, None]
             active, post = rows_to_step(open_rows, still.any(-1), post, post_budget)
             if not bool(active.any()):
@@ -190,6 +211,9 @@ def decode_blocks(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
             if alive == 0:
                 break
             if full is not None and end < width and live.numel() - alive >= RETIRE_ROWS:
+                if chain is not None:  # its graphs and buffers are those of the old batch
+                    chain.release()
+                    chain = None
                 keep = live.nonzero().flatten()
                 full.put(canvas, rec, num_edits)
                 full.rows = full.rows[keep]
@@ -198,6 +222,8 @@ def decode_blocks(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
                 own = (offsets, (offsets + r + bl - 1) // bl * bl)
                 if cached is not None:
                     cached.keep_rows(keep, canvas, attn, pos)
+    if chain is not None:
+        chain.release()
     if cached is not None:
         cached.release()
     if full is not None and full.rows.numel() < full.canvas.shape[0]:
@@ -207,6 +233,15 @@ def decode_blocks(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
     region = torch.where(region == mask_id, torch.full_like(region, eos_id), region)
     return decoded_batch(prompt_ids, prompt_mask, region, offsets, seeds, cfg, rec, mask_id=mask_id, eos_id=eos_id,
                          extras=_tail_extras(region, offsets, cfg, rec, mask_id, num_edits))
+
+
+def steps_to_fill(quota: list[int], block: int) -> int:
+    """Steps of the per-step `quota` (then a whole block per step) that commit `block` masks."""
+    done, steps = 0, 0
+    while done < block:
+        done += quota[steps] if steps < len(quota) else block
+        steps += 1
+    return steps
 
 
 class _FullRows:
@@ -253,9 +288,9 @@ class _CachedBlocks:
         self.static: StaticBlockCache | None = None
         self.shown = -1  # start column of the block the cache currently writes
         self.pending = -1  # start column of a finished block whose store pass is still to run
-        pool = graph_pool(canvas.device)  # one memory pool: the two graphs run one after another
-        self.step: GraphedStep | None = GraphedStep(self._forward, pool=pool)
-        self.pair_step: GraphedStep | None = GraphedStep(self._pair_forward, pool=pool)
+        self.pool = graph_pool(canvas.device)  # one memory pool: the graphs run one after another
+        self.step: GraphedStep | None = GraphedStep(self._forward, pool=self.pool)
+        self.pair_step: GraphedStep | None = GraphedStep(self._pair_forward, pool=self.pool)
         self.head = torch.arange(block, 2 * block, device=canvas.device)  # the next block's columns
         if r0 > 0:
             # prompt blocks: keys/values only, the head runs on no column
@@ -281,28 +316,35 @@ class _CachedBlocks:
             logits: torch.Tensor = self.model(ids, position_ids=pos, past_key_values=self.static.pair).logits
         return logits
 
+    def setup(self, start: int, end: int) -> int:
+        """Make the cache serve a forward of block [start, end) (the cache must exist). Returns the
+        start of the finished block whose store pass that forward must fold in (the two-block
+        forward, `pair`), or -1 for a forward of the block alone."""
+        assert self.static is not None
+        if self.pending >= 0:
+            prev, self.pending = self.pending, -1
+            self.static.show_pair(prev, start, end, self.attn[:, prev:end])
+            self.shown = start
+            return prev
+        if self.shown != start:
+            self.static.show(start, end, self.attn[:, start:end])
+            self.shown = start
+        return -1
+
     def _run(self, start: int, end: int, *, keep: bool = False) -> tuple[torch.Tensor, Any]:
         """Logits of block [start, end); with `keep` and no cache yet also the block's own KVCache."""
-        if self.pending >= 0:
-            return self._run_pair(self.pending, start, end), None
         ids, pos = self.canvas[:, start:end], self.pos[:, start:end]
         if self.static is None:  # no finished block yet: nothing to attend to but the block
             out = self.model(ids, attention_mask=self.attn[:, start:end], position_ids=pos, use_cache=keep)
             return out.logits, out.past_key_values
-        if self.shown != start:
-            self.static.show(start, end, self.attn[:, start:end])
-            self.shown = start
+        prev = self.setup(start, end)
+        if prev >= 0:  # the folded store pass of [prev, start) and the first step of [start, end)
+            assert self.pair_step is not None, "released"
+            pair: torch.Tensor = self.pair_step(self.canvas[:, prev:end], self.pos[:, prev:end])
+            return pair, None
         assert self.step is not None, "released"
         logits: torch.Tensor = self.step(ids, pos)
         return logits, None
-
-    def _run_pair(self, prev: int, start: int, end: int) -> torch.Tensor:
-        """The folded store pass of [prev, start) and the first step of [start, end)."""
-        assert self.static is not None and self.pair_step is not None, "released"
-        self.static.show_pair(prev, start, end, self.attn[:, prev:end])
-        self.shown, self.pending = start, -1
-        logits: torch.Tensor = self.pair_step(self.canvas[:, prev:end], self.pos[:, prev:end])
-        return logits
 
     def logits(self, start: int, end: int) -> torch.Tensor:
         """[B, bl, V] logits of block [start, end) (a graph buffer: read before the next call)."""
@@ -315,9 +357,9 @@ class _CachedBlocks:
         if self.static is not None:
             self.static.keep_rows(rows)
         self.step = self.pair_step = None  # the old graphs and their memory go before new ones are captured
-        pool = graph_pool(canvas.device)
-        self.step = GraphedStep(self._forward, pool=pool)
-        self.pair_step = GraphedStep(self._pair_forward, pool=pool)
+        self.pool = graph_pool(canvas.device)
+        self.step = GraphedStep(self._forward, pool=self.pool)
+        self.pair_step = GraphedStep(self._pair_forward, pool=self.pool)
 
     def finish(self, start: int, end: int) -> None:
         """Block [start, end) is finished: cache its final keys/values (SDAR's "store" pass), now or,
@@ -332,6 +374,96 @@ class _CachedBlocks:
         if self.static is None:
             self.static = StaticBlockCache(kv, self.canvas.shape[0], self.canvas.shape[1], self.block)
             self.static.store(start, kv, self.attn[:, start:end])
+
+
+class _ChainedSteps:
+    """Whole denoising steps of a block as graphs of fixed shapes (`CHAIN_STEPS`, module doc).
+
+    A step forwards the block against the cache (alone, or after the finished block whose store
+    pass it folds in), proposes and scores tokens, selects the quota of each row's most confident
+    masks, commits them and records their step and log-prob: `decode_blocks`' step without
+    threshold, editing, reference model or per-step records, in the same order. The block's
+    tokens, its records and the rows still open live in buffers of this object during the block;
+    the rows' noise counters and step counters are updated in place. Nothing is read back between
+    steps, so a block's steps are queued back to back.
+    """
+
+    def __init__(self, cached: _CachedBlocks, cfg: SamplingConfig, noise: RowNoise, rec: Recorder,
+                 mask_id: int) -> None:
+        b, bl, dev = cached.canvas.shape[0], cached.block, cached.canvas.device
+        self.cached: _CachedBlocks | None = cached
+        self.cfg, self.noise, self.rec, self.mask_id = cfg, noise, rec, mask_id
+        self.blk = torch.empty((b, bl), dtype=torch.long, device=dev)
+        self.open = torch.empty(b, dtype=torch.bool, device=dev)
+        self.unmask = torch.empty((b, bl), dtype=torch.long, device=dev)
+        self.logp = torch.empty((b, bl), dtype=torch.float32, device=dev)
+        self.quotas: dict[int, torch.Tensor] = {}
+        self.single: GraphedStep | None = GraphedStep(self._single, pool=cached.pool, state=self._state)
+        self.pair: GraphedStep | None = GraphedStep(self._pair, pool=cached.pool, state=self._state)
+
+    def release(self) -> None:
+        """Drop the graphs (they hold bound methods of this object: a reference cycle)."""
+        self.single = self.pair = self.cached = None
+
+    def _state(self) -> list[torch.Tensor]:
+        """What a step updates in place (restored after a capture's warm-up run)."""
+        return [self.blk, self.open, self.unmask, self.logp, self.rec.row_step, self.noise.drawn]
+
+    def _advance(self, logits: torch.Tensor, k: torch.Tensor) -> None:
+        cfg, blk = self.cfg, self.blk
+        still = (blk == self.mask_id) & self.open[:, None]
+        active = still.any(-1)
+        x0, conf, logp = propose_scored(logits, remasking="maskgit_plus", temperature=cfg.temperature,
+                                        top_k=cfg.top_k, top_p=cfg.top_p, noise=self.noise, active=active,
+                                        mask_id=self.mask_id)
+        commit = select(conf, still, k) & active[:, None]
+        blk.copy_(torch.where(commit, x0, blk))
+        self.unmask.copy_(torch.where(commit, self.rec.row_step[:, None].expand_as(commit), self.unmask))
+        self.logp.copy_(torch.where(commit, logp.float(), self.logp))
+        self.rec.row_step.add_(active.long())
+        self.open.copy_(active)
+
+    def _single(self, pos: torch.Tensor, k: torch.Tensor) -> None:
+        assert self.cached is not None and self.cached.static is not None
+        logits = self.cached.model(self.blk, position_ids=pos, past_key_values=self.cached.static.cache).logits
+        self._advance(logits, k)
+
+    def _pair(self, prev: torch.Tensor, pos: torch.Tensor, k: torch.Tensor) -> None:
+        cached = self.cached
+        assert cached is not None and cached.static is not None
+        with head_columns(cached.model, cached.head):
+            ids = torch.cat([prev, self.blk], dim=1)
+            logits = cached.model(ids, position_ids=pos, past_key_values=cached.static.pair).logits
+        self._advance(logits, k)
+
+    def _quota(self, k: int) -> torch.Tensor:
+        if k not in self.quotas:
+            self.quotas[k] = torch.full((self.blk.shape[0],), k, dtype=torch.long, device=self.blk.device)
+        return self.quotas[k]
+
+    def block(self, start: int, end: int, lo: int, open_rows: torch.Tensor, quotas: list[int]) -> None:
+        """Decode block [start, end) (region columns from `lo`) of the rows `open_rows` in one step per
+        quota, then write its tokens and records back; raise if a mask is left (no progress)."""
+        cached = self.cached
+        assert cached is not None and self.single is not None and self.pair is not None, "released"
+        canvas, pos, hi = cached.canvas, cached.pos, lo + end - start
+        self.blk.copy_(canvas[:, start:end])
+        self.open.copy_(open_rows)
+        self.unmask.copy_(self.rec.unmask_step[:, lo:hi])
+        self.logp.copy_(self.rec.step_logp[:, lo:hi])
+        prev = cached.setup(start, end)
+        for i, q in enumerate(quotas):
+            if i == 0 and prev >= 0:
+                self.pair(canvas[:, prev:start], pos[:, prev:end], self._quota(q))
+            else:
+                self.single(pos[:, start:end], self._quota(q))
+        canvas[:, start:end] = self.blk
+        self.rec.unmask_step[:, lo:hi] = self.unmask
+        self.rec.step_logp[:, lo:hi] = self.logp
+        if bool(((self.blk == self.mask_id) & open_rows[:, None]).any()):  # one read-back per block
+            assert cached.static is not None
+            logits = cached.model(self.blk, position_ids=pos[:, start:end], past_key_values=cached.static.cache).logits
+            check_progress(len(quotas), len(quotas), start, end, logits)
 
 
 def _tail_extras(region: torch.Tensor, offsets: torch.Tensor, cfg: SamplingConfig, rec: Recorder,
