@@ -47,3 +47,22 @@ def test_an_sft_step_reports_its_peak() -> None:
     metrics = worker.step(0)
     assert ("peak_rss_gib" in metrics) == (host_peak_gib() is not None)
     assert set(device_peak()) <= {"peak_gib", "peak_rss_gib"}
+
+
+def test_the_rollout_runs_without_the_last_updates_gradients() -> None:
+    """The update's gradients are freed before the next rollout (a model's worth of memory at 8B),
+    and the update recomputes them: the second step's rollout sees no parameter with a gradient."""
+    wf = local_rl(tiny_model("llada"), fast(BGPO()))
+    rollout = wf.rank.rollout
+    generate = rollout.generate
+    holding: list[bool] = []
+
+    def spy(prompts, seeds):  # type: ignore[no-untyped-def]
+        holding.append(any(p.grad is not None for p in wf.rank.actor.model.parameters()))
+        return generate(prompts, seeds)
+
+    rollout.generate = spy  # type: ignore[method-assign]
+    wf.step(0)
+    assert any(p.grad is not None for p in wf.rank.actor.model.parameters())  # the update made them
+    wf.step(1)
+    assert holding == [False, False]

@@ -114,6 +114,9 @@ class PolicyRank(Generic[D]):
         """
         payload: tuple[RolloutBatch, RLBatch] | None = None
         metrics: dict[str, float] = {}
+        # the last update's gradients are spent: free them before the rollout, which would otherwise
+        # decode beside a model's worth of them (15 GiB at 8B in bf16)
+        self.actor.release_gradients()
         device_peak()  # the peaks below start with the step
         clock = _Clock()
         if self.generates:

@@ -358,6 +358,10 @@ class ActorWorker(Generic[D]):
         out.update({k: v for k, v in stepped.items() if k != "lr"})
         return out
 
+    def release_gradients(self) -> None:
+        """Free the parameters' gradients (spent by the last update; the next one recomputes them)."""
+        self.optim.zero_grad()
+
     def adapter_state(self) -> dict[str, torch.Tensor]:
         """Trainable weights only (LoRA adapters after `apply_lora`), for the rollout hand-off."""
         names = {n for n, p in self.model.named_parameters() if p.requires_grad}
