@@ -313,6 +313,9 @@ def timed_rollout(rollout: Any, prompts: Sequence[Sequence[int]], seeds: torch.T
                   args: argparse.Namespace, device: str, head: dict[str, Any]) -> dict[str, Any]:
     """One rollout of `prompts` through the rollout worker, time-boxed by --max-forwards, against its floor."""
     model = rollout.model
+    if args.max_forwards and 0 < rollout.sampling.max_rows < len(prompts):
+        raise SystemExit(f"recipe_scale: --max-forwards extrapolates one batch's forwards; rollout.max_rows="
+                         f"{rollout.sampling.max_rows} decodes {len(prompts)} rows in chunks: run it without --max-forwards")
     counter = ForwardCounter(model, args.max_forwards)
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
@@ -424,6 +427,7 @@ def run_recipe(recipe: str, args: argparse.Namespace, hw: Hardware, device: str,
             warm_rollout(rollout, prompts_full, seeds)
         for w in range(0 if args.rollout_only else args.warmup):  # flex compilation, autotune, optimizer state
             step_fn(w)
+        local.rank.actor.release_gradients()  # as the step does before its rollout
         rows.append(timed_rollout(rollout, prompts_full, seeds, shape, hw, args, device, head))
         gc.collect()
         if not args.rollout_only:  # the step on the update rows
@@ -457,6 +461,7 @@ def run_recipe(recipe: str, args: argparse.Namespace, hw: Hardware, device: str,
             worker = RolloutWorker(model, vcfg.rollout, algorithm=vcfg.algorithm, ref_model=rollout.ref_model)
             vprompts = [data[i % len(data)][0] for i in range(vcfg.rl.prompts_per_step) for _ in range(vcfg.rl.group_size)]
             vseeds = torch.arange(vrows)
+            local.rank.actor.release_gradients()  # the update's, as the step does before its rollout
             warm_rollout(worker, vprompts, vseeds)
             vhead = {**head, "variant": variant, "prompt_len_mean": sum(map(len, vprompts)) / vrows,
                      "max_new_tokens": worker.sampling.max_new_tokens}
