@@ -333,7 +333,11 @@ def timed_rollout(rollout: Any, prompts: Sequence[Sequence[int]], seeds: torch.T
         counter.close()
         model.train(was_training)
     sampling = rollout.sampling
-    floor = decode_floor(sampling, [len(p) for p in prompts], shape, hw, limit=args.max_forwards)
+    lens = [len(p) for p in prompts]
+    chunk = sampling.max_rows or len(prompts)  # the decoder runs each chunk of rows on its own
+    parts = [decode_floor(sampling, lens[a:a + chunk], shape, hw, limit=args.max_forwards)
+             for a in range(0, len(lens), chunk)]
+    floor = {k: sum(p[k] for p in parts) for k in parts[0]} if len(parts) > 1 else parts[0]
     label = "rollout" if sampling.block_diffusion and sampling.cache == "prefix" else f"rollout (cache={sampling.cache})"
     if head.get("variant"):
         label += f" [{head['variant']}]"
