@@ -88,3 +88,19 @@ def test_decoding_with_fused_projections_gives_the_same_samples(family: str, mon
     assert torch.equal(out[False].response_ids, out[True].response_ids)
     assert out[False].step_logp is not None and out[True].step_logp is not None
     torch.testing.assert_close(out[False].step_logp, out[True].step_logp, rtol=0, atol=1e-10)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_fused_projections_on_gpu(family: str) -> None:
+    """The fused GEMMs with the GPU's kernels (the rope kernel reads q and k through head strides)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    model = build_tiny(family).cuda().eval()
+    ids, attn = (t.cuda() for t in _inputs(model))
+    with torch.no_grad():
+        ref = model(ids, attention_mask=attn).logits
+        with fused_projections(model) as n:
+            assert n == FAMILIES[family]
+            got = model(ids, attention_mask=attn).logits
+    torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
