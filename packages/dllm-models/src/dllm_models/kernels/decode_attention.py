@@ -65,6 +65,15 @@ if HAS_TRITON:
         return m_new, l_i, acc
 
     @triton.jit  # type: ignore[untyped-decorator,unused-ignore]
+    def _store(o_ptr, acc, l_i, b, h, rows, dims, m_rows, q_len, n_rep, sob, soh, som, sod):  # type: ignore[no-untyped-def]
+        """out = acc / l (0 where a query saw no key), written through the output's strides: row
+        r * q_len + i of KV head h is query i of query head h * n_rep + r."""
+        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        o_off = (h * n_rep + rows // q_len) * soh + (rows % q_len) * som
+        tl.store(o_ptr + b * sob + o_off[:, None] + dims[None, :] * sod,
+                 out.to(o_ptr.dtype.element_ty), mask=rows[:, None] < m_rows)
+
+    @triton.jit  # type: ignore[untyped-decorator,unused-ignore]
     def _decode_attention_kernel(  # type: ignore[no-untyped-def]
         q_ptr, k_ptr, v_ptr, pad_ptr, lim_ptr, span_ptr, o_ptr, ws_ptr, sm_scale, m_rows, n_cols, q_len, n_rep, part_cols,
         sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd, spb, spn, sob, soh, som, sod,
@@ -116,10 +125,7 @@ if HAS_TRITON:
             tl.store(ws_ptr + (base + rows) * (BLOCK_D + 2) + BLOCK_D, m_i)
             tl.store(ws_ptr + (base + rows) * (BLOCK_D + 2) + BLOCK_D + 1, l_i)
         else:
-            out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-            o_off = head * soh + (rows % q_len) * som
-            tl.store(o_ptr + b * sob + o_off[:, None] + dims[None, :] * sod,
-                     out.to(o_ptr.dtype.element_ty), mask=rows[:, None] < m_rows)
+            _store(o_ptr, acc, l_i, b, h, rows, dims, m_rows, q_len, n_rep, sob, soh, som, sod)
 
     @triton.jit  # type: ignore[untyped-decorator,unused-ignore]
     def _merge_kernel(  # type: ignore[no-untyped-def]
@@ -146,11 +152,7 @@ if HAS_TRITON:
             l_i = l_i * alpha + l_p * beta
             acc = acc * alpha[:, None] + a_p * beta[:, None]
             m_i = m_new
-        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-        head = h * n_rep + rows // q_len
-        o_off = head * soh + (rows % q_len) * som
-        tl.store(o_ptr + b * sob + o_off[:, None] + dims[None, :] * sod,
-                 out.to(o_ptr.dtype.element_ty), mask=rows[:, None] < m_rows)
+        _store(o_ptr, acc, l_i, b, h, rows, dims, m_rows, q_len, n_rep, sob, soh, som, sod)
 
 
 def decode_attention_fits(q: torch.Tensor, k: torch.Tensor) -> bool:
