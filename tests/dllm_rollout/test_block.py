@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 import pytest
 import torch
 
@@ -106,6 +108,22 @@ def _forwards(model: torch.nn.Module) -> tuple[list[str], object]:
     return kinds, model.register_forward_pre_hook(hook, with_kwargs=True)
 
 
+def _decode_each(monkeypatch: pytest.MonkeyPatch, model: torch.nn.Module, prompts: list[list[int]],
+                 args: dict[str, object], flag: str) -> tuple[dict[bool, object], dict[bool, list[str]]]:
+    """`generate` with `dllm_rollout.block.<flag>` off and on: the batches and the forwards' kinds."""
+    import dllm_rollout.block as block
+
+    out: dict[bool, object] = {}
+    kinds: dict[bool, list[str]] = {}
+    for on in (False, True):
+        monkeypatch.setattr(block, flag, on)
+        seen, handle = _forwards(model)
+        out[on] = generate(model, prompts, **args)  # type: ignore[arg-type]
+        handle.remove()  # type: ignore[attr-defined]
+        kinds[on] = seen
+    return out, kinds
+
+
 @pytest.mark.parametrize("prompts", [PROMPTS, [[1, 2], [3]]])  # the second: no full prompt block (r0 = 0)
 @pytest.mark.parametrize("kwargs", [
     {},
@@ -127,13 +145,8 @@ def test_folded_store_pass_equals_separate_store_passes(
     args: dict[str, object] = {"max_new_tokens": 10, "steps": 4, "block_length": 4, "seed": 3,
                                "stop_at_eos": False, "record_trajectory": True, "cache": "prefix"}
     args.update(kwargs)
-    out, widths = {}, {}
-    for fold in (False, True):
-        monkeypatch.setattr(block, "FOLD_STORE", fold)
-        seen, handle = _forwards(model)
-        out[fold] = generate(model, prompts, **args)  # type: ignore[arg-type]
-        handle.remove()  # type: ignore[attr-defined]
-        widths[fold] = seen
+    batches, widths = _decode_each(monkeypatch, model, prompts, args, "FOLD_STORE")
+    out: dict[bool, Any] = batches
     assert torch.equal(out[False].response_ids, out[True].response_ids)
     assert out[False].step_logp is not None and out[True].step_logp is not None
     torch.testing.assert_close(out[False].step_logp, out[True].step_logp, rtol=0, atol=1e-10)
@@ -346,14 +359,8 @@ def test_chained_steps_equal_the_step_loop(tiny_block_model: torch.nn.Module, kw
             advance(self, logits, k)  # type: ignore[arg-type]
 
     monkeypatch.setattr(block._ChainedSteps, "_advance", spied)
-    out, forwards = {}, {}
-    for chain in (False, True):
-        monkeypatch.setattr(block, "CHAIN_STEPS", chain)
-        seen, handle = _forwards(model)
-        out[chain] = generate(model, prompts, **args)  # type: ignore[arg-type]
-        handle.remove()  # type: ignore[attr-defined]
-        forwards[chain] = seen
-    loop, chained = out[False], out[True]
+    batches, forwards = _decode_each(monkeypatch, model, prompts, args, "CHAIN_STEPS")
+    loop, chained = cast(Any, batches[False]), cast(Any, batches[True])
     assert len(chained_steps) > 0 and syncs == []
     assert forwards[False] == forwards[True]
     assert torch.equal(loop.response_ids, chained.response_ids)
