@@ -8,10 +8,9 @@ run); lmdeploy runs through `dllm_rollout.engines.LMDeployEngine` (the adapter `
 
 Printed per (rows, new tokens): seconds, tokens/s, native / lmdeploy, and the greedy agreement
 (share of response tokens equal, and the mean length of the common prefix).
-Engines: `native`, `native_nofold` (separate store passes, `dllm_rollout.block.FOLD_STORE` off),
-`native_sdpa` (the decode-attention kernel off), `native_lora` / `native_lora_unmerged`, `lmdeploy`.
-`native_keep` is `native` with finished rows kept in the batch (`dllm_rollout.block.RETIRE_ROWS = 0`).
-
+Engines: `native` and its switched variants (`SWITCHES`: `native_nofold`, `native_sdpa`, `native_keep`,
+`native_chain`, `native_span`, `native_fused`, `native_split2`, `native_all`), `native_lora` /
+`native_lora_unmerged`, `lmdeploy`: several variants in one process, each on a fresh load of the folder.
 `--stop-token auto` (or an id) measures rows that stop at different lengths, as a trained model's do:
 random weights almost never emit the real EOS, so a token the random model does emit plays EOS for
 both engines (native: `traits.eos_token_id`, `stop_at_eos`; lmdeploy: `stop_token_ids`). `auto` picks,
@@ -34,6 +33,8 @@ import gc
 import json
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -112,31 +113,61 @@ def pick_stop_token(responses: list[list[int]], mean: float) -> tuple[int, dict[
     return best, best_stats
 
 
-def native(folder: Path, prompts: list[list[int]], new: int, device: str, *,
-           kernel: bool = True, lora: str = "", fold: bool = True, stop_token: int | None = None,
-           retire: bool = True) -> tuple[float, list[list[int]]]:
+# the decoder's switches per engine name: module attribute -> value for that run (the defaults otherwise)
+SWITCHES: dict[str, dict[str, Any]] = {
+    "native": {},
+    "native_sdpa": {"dllm_models.attention.DECODE_KERNEL": False},      # dense-mask sdpa, no decode kernel
+    "native_nofold": {"dllm_rollout.block.FOLD_STORE": False},          # a separate store pass per block
+    "native_keep": {"dllm_rollout.block.RETIRE_ROWS": 0},               # finished rows stay in the batch
+    "native_chain": {"dllm_rollout.block.CHAIN_STEPS": True},           # whole-step graphs
+    "native_span": {"dllm_models.attention.DECODE_SPAN": True},         # the kernel walks visible tiles only
+    "native_fused": {"dllm_models.fusion.FUSED_PROJECTIONS": True},     # q/k/v and gate/up as one GEMM each
+    "native_split2": {"dllm_models.kernels.decode_attention.SPLITS": 2},
+    "native_all": {"dllm_rollout.block.CHAIN_STEPS": True, "dllm_models.attention.DECODE_SPAN": True,
+                   "dllm_models.fusion.FUSED_PROJECTIONS": True},
+    "native_lora": {}, "native_lora_unmerged": {},
+}
+
+
+@contextmanager
+def switched(values: dict[str, Any]) -> Iterator[None]:
+    """Set module attributes ("package.module.NAME": value) for the block, then restore them."""
+    import importlib
+
+    old = []
+    for path, value in values.items():
+        mod, name = path.rsplit(".", 1)
+        module = importlib.import_module(mod)
+        old.append((module, name, getattr(module, name)))
+        setattr(module, name, value)
+    try:
+        yield
+    finally:
+        for module, name, value in reversed(old):
+            setattr(module, name, value)
+
+
+def native(folder: Path, prompts: list[list[int]], new: int, device: str, *, lora: str = "",
+           switches: dict[str, Any] | None = None, stop_token: int | None = None) -> tuple[float, list[list[int]]]:
     """Seconds and responses of the native decoder (after one warm-up call on 2 rows).
 
+    `switches`: the decoder's module switches for this run (`SWITCHES[engine]`).
     `stop_token`: rows stop after the block holding it (`stop_at_eos` with that id as EOS);
-    the responses are then cut after it. `retire=False` keeps finished rows in the batch.
-
-    `kernel=False` turns the decode-attention kernel off (dense-mask sdpa, for comparison);
-    `fold=False` runs a separate store pass per finished block (`dllm_rollout.block.FOLD_STORE`).
+    the responses are then cut after it.
     `lora="merged"`: rank-64 adapters (non-zero B) decoded through the rollout worker (`dare train`'s
     path, adapters folded in); `lora="unmerged"`: the same model through `generate` (adapters applied
     at every call: the worker's path before).
     """
-    import dllm_models.attention as attention
-    import dllm_rollout.block as block
+    with switched(switches or {}):
+        return _native(folder, prompts, new, device, lora=lora, stop_token=stop_token)
+
+
+def _native(folder: Path, prompts: list[list[int]], new: int, device: str, *, lora: str,
+            stop_token: int | None) -> tuple[float, list[list[int]]]:
     from dllm_models import apply_lora, load_model
     from dllm_rollout import SamplingConfig, generate
     from dllm_train.workers import RolloutWorker
 
-    attention.DECODE_KERNEL = kernel
-    block.FOLD_STORE = fold
-    retire_rows = block.RETIRE_ROWS
-    if not retire:
-        block.RETIRE_ROWS = 0
     model = load_model(folder, dtype=torch.bfloat16, device=device).eval()
     kw: dict[str, Any] = dict(max_new_tokens=new, steps=4, block_length=4, temperature=0.0, cache="prefix",
                               stop_at_eos=False)
@@ -167,9 +198,6 @@ def native(folder: Path, prompts: list[list[int]], new: int, device: str, *,
     _sync()
     seconds = time.perf_counter() - t0
     out = [ids[:int(m.sum())] for ids, m in zip(batch.response_ids.tolist(), batch.response_mask)]
-    attention.DECODE_KERNEL = True
-    block.FOLD_STORE = True
-    block.RETIRE_ROWS = retire_rows
     del model, batch
     gc.collect()
     torch.cuda.empty_cache()
@@ -360,8 +388,10 @@ def main(argv: list[str] | None = None) -> int:
     for name in [e for e in engines if e.startswith("native")]:
         for r, n in shapes:
             lora = {"native_lora": "merged", "native_lora_unmerged": "unmerged"}.get(name, "")
-            s, out = native(folder, prompts_all[:r], n, device, kernel=name != "native_sdpa", lora=lora,
-                            fold=name != "native_nofold", stop_token=stops.get((r, n)), retire=name != "native_keep")
+            if name not in SWITCHES:
+                raise SystemExit(f"engine_decode: unknown engine {name!r}; choose from {sorted(SWITCHES)} or lmdeploy")
+            s, out = native(folder, prompts_all[:r], n, device, lora=lora, switches=SWITCHES[name],
+                            stop_token=stops.get((r, n)))
             outputs[name, r, n] = out
             tokens = sum(map(len, out))
             row = {"engine": name, "rows": r, "new": n, "s": round(s, 2), "tok_s": round(tokens / s),
