@@ -44,17 +44,31 @@ def test_fused_projections_compute_the_same_function(family: str) -> None:
     assert left == []  # dropped on exit
 
 
-def test_lora_layers_keep_their_projections() -> None:
+def test_lora_layers_fuse_only_with_their_adapters_merged() -> None:
+    """Active adapters keep the separate projections; inside `merged_adapters` (the rollout worker's
+    decode) the merged base weights are fused, and give the adapted model's function."""
     from dllm_models import apply_lora
+    from dllm_models.lora import merged_adapters
 
     model = apply_lora(build_tiny("sdar").double(), rank=4, alpha=8).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(std=0.1)  # adapters that change the function
     ids, attn = _inputs(model)
     with torch.no_grad():
         ref = model(ids, attention_mask=attn).logits
         with fused_projections(model) as n:
             got = model(ids, attention_mask=attn).logits
-    assert n < FAMILIES["sdar"]  # the adapted projections (q/k/v, gate/up) were left alone
-    torch.testing.assert_close(got, ref, rtol=0, atol=1e-12)
+        assert n == 0  # every Qwen projection is adapted here: none fused while the adapters run
+        torch.testing.assert_close(got, ref, rtol=0, atol=1e-12)
+        with merged_adapters(model):
+            merged = model(ids, attention_mask=attn).logits
+            with fused_projections(model) as n:
+                fused = model(ids, attention_mask=attn).logits
+        assert n == FAMILIES["sdar"]
+    torch.testing.assert_close(fused, merged, rtol=0, atol=1e-12)
+    torch.testing.assert_close(merged, ref, rtol=0, atol=1e-5)  # the merge adds the delta in float32
 
 
 @pytest.mark.parametrize("family", ["sdar", "Dream"])

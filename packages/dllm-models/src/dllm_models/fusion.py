@@ -7,8 +7,9 @@ width 2 x intermediate. `fused_projections` gives the Qwen-layout layers (SDAR, 
 attention, Dream) concatenated copies of their weights for the duration of a block, so a decoder
 runs those GEMMs fused, and drops them after: the parameters, their names and the trainer's view
 of the model do not change. The copies cost the bytes of the fused weights (9 GB at SDAR-8B)
-while they exist. Layers whose projections are not plain linear layers (LoRA wrappers, sharded
-DTensor weights, the experts of a MoE) keep their separate GEMMs.
+while they exist. LoRA layers are fused inside `lora.merged_adapters` (the rollout worker's
+decode: adapters folded into the base weights and off); layers with active adapters, sharded
+DTensor weights and the experts of a MoE keep their separate GEMMs.
 """
 
 from __future__ import annotations
@@ -25,10 +26,23 @@ from torch import nn
 FUSED_PROJECTIONS = os.environ.get("DLLM_MODELS_FUSED_PROJECTIONS", "0") == "1"
 
 
-def _plain(*layers: Any) -> bool:
-    """Whether every layer is a plain `nn.Linear` (not a wrapper) with local (not sharded) weights."""
-    return all(isinstance(m, nn.Linear) and type(m).forward is nn.Linear.forward
-               and not hasattr(m.weight, "device_mesh") for m in layers)
+def _linear(m: Any) -> nn.Linear | None:
+    """The plain `nn.Linear` that computes `m`: `m` itself, or the base layer of a LoRA layer whose
+    adapters are off (`lora.merged_adapters` folds them into the base weight while decoding);
+    None for anything else (active adapters, another wrapper, sharded DTensor weights)."""
+    if getattr(m, "disable_adapters", False) and hasattr(m, "get_base_layer"):
+        m = m.get_base_layer()
+    if isinstance(m, nn.Linear) and type(m).forward is nn.Linear.forward and not hasattr(m.weight, "device_mesh"):
+        return m
+    return None
+
+
+def _weights(*layers: Any) -> tuple[list[torch.Tensor], list[torch.Tensor | None]] | None:
+    """The weights and biases of the layers' plain linear maps, or None when one has none."""
+    plain = [_linear(m) for m in layers]
+    if any(p is None for p in plain):
+        return None
+    return [p.weight for p in plain if p is not None], [p.bias for p in plain if p is not None]
 
 
 @contextmanager
@@ -43,13 +57,16 @@ def fused_projections(model: nn.Module) -> Iterator[int]:
     with torch.no_grad():
         for layer in model.modules():
             attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
-            if isinstance(attn, QwenAttention) and _plain(attn.q_proj, attn.k_proj, attn.v_proj):
-                attn.qkv = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])
-                if attn.q_proj.bias is not None:
-                    attn.qkv_bias = torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias])
+            qkv = _weights(attn.q_proj, attn.k_proj, attn.v_proj) if isinstance(attn, QwenAttention) else None
+            if isinstance(attn, QwenAttention) and qkv is not None:
+                weights, biases = qkv
+                attn.qkv = torch.cat(weights)
+                if all(b is not None for b in biases):
+                    attn.qkv_bias = torch.cat([b for b in biases if b is not None])
                 fused.append(attn)
-            if isinstance(mlp, MLP) and _plain(mlp.gate_proj, mlp.up_proj):
-                mlp.gate_up = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])
+            gate_up = _weights(mlp.gate_proj, mlp.up_proj) if isinstance(mlp, MLP) else None
+            if isinstance(mlp, MLP) and gate_up is not None:
+                mlp.gate_up = torch.cat(gate_up[0])
                 fused.append(mlp)
     try:
         yield len(fused)
