@@ -146,18 +146,20 @@ def decode_blocks(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
     b, width = canvas.shape
     noise = RowNoise(seeds, device)
     rec = Recorder(b, width - r0, device, steps=cfg.record_steps, ref=ref_model is not None)
-    # the batch's rows still in the working tensors below (all, until finished rows retire)
-    full = _FullRows(canvas, rec, offsets) if cfg.stop_at_eos and RETIRE_ROWS > 0 and not cfg.record_steps else None
     quota = transfer_quota(bl, cfg.steps)
     t = cfg.temperature if cfg.temperature > 0 else 1.0
     live = torch.ones(b, dtype=torch.bool, device=device)
     num_edits = torch.zeros(b, dtype=torch.long, device=device)
+    # the batch's rows still in the working tensors below (all, until finished rows retire)
+    full = (_FullRows(canvas, rec, offsets, num_edits) if cfg.stop_at_eos and RETIRE_ROWS > 0 and not cfg.record_steps
+            else None)
     post_budget = cfg.max_post_steps if cfg.editing_threshold is not None else 0
-    own = (offsets, (offsets + r + bl - 1) // bl * bl)  # each row's response and terminal-block tail
+    own = _own_span(offsets, r, bl)
     cached = _CachedBlocks(model, canvas, attn, pos, r0, bl) if cfg.cache == "prefix" else None
     chained = (CHAIN_STEPS and cached is not None and cfg.threshold is None and cfg.editing_threshold is None
                and ref_model is None and not cfg.record_steps)
-    fill_steps = steps_to_fill(quota, bl)  # the steps of a block that starts fully masked
+    # the quotas of a block that starts fully masked, one per step
+    fill = [quota_at(quota, s, bl) for s in range(steps_to_fill(quota, bl))]
     chain: _ChainedSteps | None = None
     for start in range(r0, width, bl):
         end = start + bl
@@ -169,8 +171,7 @@ def decode_blocks(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
             assert cached is not None
             if chain is None:
                 chain = _ChainedSteps(cached, cfg, noise, rec, mask_id)
-            chain.block(start, end, start - r0, open_rows,
-                        [quota[s] if s < len(quota) else bl for s in range(fill_steps)])
+            chain.block(start, end, start - r0, open_rows, fill)
         while not stepped:
             still = (canvas[:, start:end] == mask_id) & open_rows[:, None]
             active, post = rows_to_step(open_rows, still.any(-1), post, post_budget)
@@ -186,8 +187,7 @@ def decode_blocks(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
             x0, conf, logp = propose_scored(logits, remasking="maskgit_plus", temperature=cfg.temperature,
                                             top_k=cfg.top_k, top_p=cfg.top_p, noise=noise, active=active,
                                             mask_id=mask_id)
-            k = torch.full((canvas.shape[0],), quota[step] if step < len(quota) else bl, dtype=torch.long,
-                           device=device)
+            k = torch.full((canvas.shape[0],), quota_at(quota, step, bl), dtype=torch.long, device=device)
             commit = select(conf, still, k, cfg.threshold) & active[:, None]
             edits = step_edits(x0, conf, canvas[:, start:end], active, mask_id=mask_id, lo=start - r0,
                                span=own, editing_threshold=cfg.editing_threshold)
@@ -219,7 +219,7 @@ def decode_blocks(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
                 full.rows = full.rows[keep]
                 canvas, attn, pos, offsets = canvas[keep], attn[keep], pos[keep], offsets[keep]
                 live, num_edits, noise, rec = live[keep], num_edits[keep], noise.rows(keep), rec.rows(keep)
-                own = (offsets, (offsets + r + bl - 1) // bl * bl)
+                own = _own_span(offsets, r, bl)
                 if cached is not None:
                     cached.keep_rows(keep, canvas, attn, pos)
     if chain is not None:
@@ -235,28 +235,36 @@ def decode_blocks(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
                          extras=_tail_extras(region, offsets, cfg, rec, mask_id, num_edits))
 
 
+def quota_at(quota: list[int], step: int, block: int) -> int:
+    """Masks a row may commit at `step` of a block: the per-step quota, then the whole block."""
+    return quota[step] if step < len(quota) else block
+
+
 def steps_to_fill(quota: list[int], block: int) -> int:
     """Steps of the per-step `quota` (then a whole block per step) that commit `block` masks."""
     done, steps = 0, 0
     while done < block:
-        done += quota[steps] if steps < len(quota) else block
+        done += quota_at(quota, steps, block)
         steps += 1
     return steps
+
+
+def _own_span(offsets: torch.Tensor, max_new_tokens: int, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's region columns [first, end): its response and the rest of its terminal block."""
+    return offsets, (offsets + max_new_tokens + block - 1) // block * block
 
 
 class _FullRows:
     """The whole batch's canvas, records and edit counts while finished rows retire from the
     working batch; `rows` [n] are the batch rows the working tensors hold, in order."""
 
-    def __init__(self, canvas: torch.Tensor, rec: Recorder, offsets: torch.Tensor) -> None:
-        self.canvas, self.rec, self.offsets = canvas, rec, offsets
-        self.num_edits = torch.zeros(canvas.shape[0], dtype=torch.long, device=canvas.device)
+    def __init__(self, canvas: torch.Tensor, rec: Recorder, offsets: torch.Tensor, num_edits: torch.Tensor) -> None:
+        self.canvas, self.rec, self.offsets, self.num_edits = canvas, rec, offsets, num_edits
         self.rows = torch.arange(canvas.shape[0], device=canvas.device)
 
     def put(self, canvas: torch.Tensor, rec: Recorder, num_edits: torch.Tensor) -> None:
-        """Write the working rows back (a no-op for the first working tensors, which are these)."""
+        """Write the working rows back (a no-op while they are the whole batch's own tensors)."""
         if canvas is self.canvas:
-            self.num_edits.copy_(num_edits)
             return
         self.canvas[self.rows] = canvas
         self.rec.put(self.rows, rec)
