@@ -37,12 +37,10 @@ def _linear(m: Any) -> nn.Linear | None:
     return None
 
 
-def _weights(*layers: Any) -> tuple[list[torch.Tensor], list[torch.Tensor | None]] | None:
-    """The weights and biases of the layers' plain linear maps, or None when one has none."""
+def _plain(*layers: Any) -> list[nn.Linear] | None:
+    """The plain linear maps of `layers` (`_linear`), or None when one has none."""
     plain = [_linear(m) for m in layers]
-    if any(p is None for p in plain):
-        return None
-    return [p.weight for p in plain if p is not None], [p.bias for p in plain if p is not None]
+    return None if any(p is None for p in plain) else [p for p in plain if p is not None]
 
 
 @contextmanager
@@ -53,23 +51,23 @@ def fused_projections(model: nn.Module) -> Iterator[int]:
     from dllm_models.families.moe import MLP
     from dllm_models.families.qwen import QwenAttention
 
-    fused: list[Any] = []
+    fused: list[tuple[nn.Module, tuple[str, ...]]] = []  # a layer and the attributes set on it
     with torch.no_grad():
         for layer in model.modules():
             attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
-            qkv = _weights(attn.q_proj, attn.k_proj, attn.v_proj) if isinstance(attn, QwenAttention) else None
+            qkv = _plain(attn.q_proj, attn.k_proj, attn.v_proj) if isinstance(attn, QwenAttention) else None
             if isinstance(attn, QwenAttention) and qkv is not None:
-                weights, biases = qkv
-                attn.qkv = torch.cat(weights)
-                if all(b is not None for b in biases):
-                    attn.qkv_bias = torch.cat([b for b in biases if b is not None])
-                fused.append(attn)
-            gate_up = _weights(mlp.gate_proj, mlp.up_proj) if isinstance(mlp, MLP) else None
+                attn.qkv = torch.cat(tuple(m.weight for m in qkv))
+                biases: list[torch.Tensor] = [m.bias for m in qkv if m.bias is not None]
+                attn.qkv_bias = torch.cat(biases) if len(biases) == len(qkv) else None
+                fused.append((attn, ("qkv", "qkv_bias")))
+            gate_up = _plain(mlp.gate_proj, mlp.up_proj) if isinstance(mlp, MLP) else None
             if isinstance(mlp, MLP) and gate_up is not None:
-                mlp.gate_up = torch.cat(gate_up[0])
-                fused.append(mlp)
+                mlp.gate_up = torch.cat(tuple(m.weight for m in gate_up))
+                fused.append((mlp, ("gate_up",)))
     try:
         yield len(fused)
     finally:
-        for m in fused:
-            m.drop_fused()
+        for layer, names in fused:
+            for name in names:
+                setattr(layer, name, None)

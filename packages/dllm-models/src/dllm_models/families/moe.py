@@ -32,10 +32,6 @@ class MLP(nn.Module):
         out: torch.Tensor = self.down_proj(swiglu(gate, up, kernels))
         return out
 
-    def drop_fused(self) -> None:
-        """Back to the separate projections."""
-        self.gate_up = None
-
 
 class SoftmaxTopKRouter(nn.Module):
     """Qwen3-MoE router: softmax over all experts in fp32, top-k, optionally renormalised.

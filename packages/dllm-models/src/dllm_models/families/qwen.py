@@ -86,11 +86,6 @@ class QwenAttention(nn.Module):
         return out, new_kv
 
 
-    def drop_fused(self) -> None:
-        """Back to the separate projections."""
-        self.qkv = self.qkv_bias = None
-
-
 class QwenDecoderLayer(nn.Module):
     """Pre-norm block: x + attn(norm(x)), then x + mlp(norm(x))."""
 
