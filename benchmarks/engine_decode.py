@@ -197,7 +197,7 @@ def _native(folder: Path, prompts: list[list[int]], new: int, device: str, *, lo
     batch = run(prompts)
     _sync()
     seconds = time.perf_counter() - t0
-    out = [ids[:int(m.sum())] for ids, m in zip(batch.response_ids.tolist(), batch.response_mask)]
+    out = responses(batch)
     del model, batch
     gc.collect()
     torch.cuda.empty_cache()
@@ -253,6 +253,11 @@ def profile_native(folder: Path, prompts: list[list[int]], new: int, device: str
     del model
     gc.collect()
     torch.cuda.empty_cache()
+
+
+def responses(batch: Any) -> list[list[int]]:
+    """Each row's response tokens up to its mask's end (through the stop token where it stopped)."""
+    return [ids[:int(m.sum())] for ids, m in zip(batch.response_ids.tolist(), batch.response_mask)]
 
 
 def engine_cfg(new: int, stop: bool = False) -> Any:
@@ -421,8 +426,7 @@ def main(argv: list[str] | None = None) -> int:
             _sync()
             t0 = time.perf_counter()
             try:
-                got = engine.generate(prompts_all[:r])
-                out = [ids[:int(m.sum())] for ids, m in zip(got.response_ids.tolist(), got.response_mask)]
+                out = responses(engine.generate(prompts_all[:r]))
             except Exception as err:  # noqa: BLE001 - a failed shape is a result; the next one may run
                 print(json.dumps({"engine": "lmdeploy", "rows": r, "new": n, "error": repr(err)[:300]}), flush=True)
                 continue

@@ -309,6 +309,11 @@ def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
     return time.perf_counter() - t0, out
 
 
+def batch_prompts(data: Sequence[Any], prompts: int, group: int) -> list[Any]:
+    """The rollout rows of a step: the first `prompts` prompts of `data` (cycled), each `group` times."""
+    return [data[i % len(data)][0] for i in range(prompts) for _ in range(group)]
+
+
 def timed_rollout(rollout: Any, prompts: Sequence[Sequence[int]], seeds: torch.Tensor, shape: Shape, hw: Hardware,
                   args: argparse.Namespace, device: str, head: dict[str, Any]) -> dict[str, Any]:
     """One rollout of `prompts` through the rollout worker, time-boxed by --max-forwards, against its floor."""
@@ -388,7 +393,7 @@ def run_recipe(recipe: str, args: argparse.Namespace, hw: Hardware, device: str,
                          f"rl.group_size={group}, at most {full_rows}")
     tokenizer = load_tokenizer(folder)
     data = rl_prompts(cfg, tokenizer)
-    prompts_full = [data[i % len(data)][0] for i in range(rl.prompts_per_step) for _ in range(group)]
+    prompts_full = batch_prompts(data, rl.prompts_per_step, group)
     keys_full = [str(i % len(data)) for i in range(rl.prompts_per_step)]
     update_prompts = args.update_rows // group
 
@@ -463,7 +468,7 @@ def run_recipe(recipe: str, args: argparse.Namespace, hw: Hardware, device: str,
             assert vcfg.rl is not None
             vrows = vcfg.rl.prompts_per_step * vcfg.rl.group_size
             worker = RolloutWorker(model, vcfg.rollout, algorithm=vcfg.algorithm, ref_model=rollout.ref_model)
-            vprompts = [data[i % len(data)][0] for i in range(vcfg.rl.prompts_per_step) for _ in range(vcfg.rl.group_size)]
+            vprompts = batch_prompts(data, vcfg.rl.prompts_per_step, vcfg.rl.group_size)
             vseeds = torch.arange(vrows)
             local.rank.actor.release_gradients()  # the update's, as the step does before its rollout
             warm_rollout(worker, vprompts, vseeds)
