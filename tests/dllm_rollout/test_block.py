@@ -231,6 +231,25 @@ def _eos_that_splits_rows(model: torch.nn.Module, prompts: list[list[int]], args
     return best
 
 
+def _stop_rows_apart(monkeypatch: pytest.MonkeyPatch, model: torch.nn.Module, prompts: list[list[int]],
+                     args: dict[str, object]) -> None:
+    """Make `_eos_that_splits_rows`' token the model's EOS for the test."""
+    import dataclasses
+
+    eos = _eos_that_splits_rows(model, prompts, args)
+    monkeypatch.setattr(model, "traits", dataclasses.replace(model.traits, eos_token_id=eos))  # type: ignore[arg-type]
+
+
+def _batch_sizes(model: torch.nn.Module) -> tuple[list[int], object]:
+    """The rows of every forward of `model` from now on (and the hook's handle)."""
+    sizes: list[int] = []
+
+    def hook(_m: torch.nn.Module, args: tuple[torch.Tensor, ...], kwargs: dict[str, torch.Tensor]) -> None:
+        sizes.append(int((args or (kwargs["input_ids"],))[0].shape[0]))
+
+    return sizes, model.register_forward_pre_hook(hook, with_kwargs=True)
+
+
 @pytest.mark.parametrize("kwargs", [
     {"cache": "prefix"},
     {"cache": "prefix", "threshold": 0.3},
@@ -243,8 +262,6 @@ def test_finished_rows_retire_with_the_same_samples(
 ) -> None:
     """Rows that finished leave the batch (`RETIRE_ROWS`): later forwards run on fewer rows, and every
     row's tokens, mask, step log-probs and unmask steps are those of a batch that keeps them (float64)."""
-    import dataclasses
-
     import dllm_rollout.block as block
 
     if "editing_threshold" in kwargs and tiny_block_model.traits.family != "llada2":  # type: ignore[union-attr]
@@ -254,16 +271,13 @@ def test_finished_rows_retire_with_the_same_samples(
     prompts = [PROMPTS[i % 3] for i in range(10)]
     args: dict[str, object] = {"max_new_tokens": 24, "steps": 4, "block_length": 4, "seed": list(range(10)),
                                "temperature": 1.0, "record_trajectory": True, "eos_handling": "truncate", **kwargs}
-    eos = _eos_that_splits_rows(model, prompts, args)
-    monkeypatch.setattr(model, "traits", dataclasses.replace(model.traits, eos_token_id=eos))  # type: ignore[arg-type]
+    _stop_rows_apart(monkeypatch, model, prompts, args)
     out, rows = {}, {}
     for retire in (0, 1):
         monkeypatch.setattr(block, "RETIRE_ROWS", retire)
-        seen: list[int] = []
-        handle = model.register_forward_pre_hook(lambda _m, a, kw: seen.append(int((a or (kw["input_ids"],))[0].shape[0])),
-                                                 with_kwargs=True)
+        seen, handle = _batch_sizes(model)
         out[retire] = generate(model, prompts, **args)  # type: ignore[arg-type]
-        handle.remove()
+        handle.remove()  # type: ignore[attr-defined]
         rows[retire] = seen
     keep, gone = out[0], out[1]
     assert set(rows[0]) == {10} and min(rows[1]) < 10 and rows[1] == sorted(rows[1], reverse=True)
@@ -282,22 +296,17 @@ def test_rows_do_not_retire_with_per_step_records(tiny_block_model: torch.nn.Mod
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """`record_steps` keeps every row in the batch (its per-step records are per batch) and still stops
     finished rows: the same samples as without retirement."""
-    import dataclasses
-
     import dllm_rollout.block as block
 
     model = tiny_block_model.double()
     prompts = [PROMPTS[i % 3] for i in range(10)]
     args: dict[str, object] = {"max_new_tokens": 24, "steps": 4, "block_length": 4, "seed": list(range(10)),
                                "temperature": 1.0, "cache": "prefix", "record_steps": True}
-    eos = _eos_that_splits_rows(model, prompts, args)
-    monkeypatch.setattr(model, "traits", dataclasses.replace(model.traits, eos_token_id=eos))  # type: ignore[arg-type]
+    _stop_rows_apart(monkeypatch, model, prompts, args)
     monkeypatch.setattr(block, "RETIRE_ROWS", 1)
-    seen: list[int] = []
-    handle = model.register_forward_pre_hook(lambda _m, a, kw: seen.append(int((a or (kw["input_ids"],))[0].shape[0])),
-                                             with_kwargs=True)
+    seen, handle = _batch_sizes(model)
     out = generate(model, prompts, **args)  # type: ignore[arg-type]
-    handle.remove()
+    handle.remove()  # type: ignore[attr-defined]
     assert set(seen) == {10}
     monkeypatch.setattr(block, "RETIRE_ROWS", 0)
     ref = generate(model, prompts, **args)  # type: ignore[arg-type]
@@ -327,8 +336,6 @@ def test_chained_steps_equal_the_step_loop(tiny_block_model: torch.nn.Module, kw
     """Whole-step chains (`CHAIN_STEPS`) give the step loop's tokens, records and forwards (float64),
     with the folded store pass or without, and with rows that stop and retire; within a block they
     read nothing back to the host."""
-    import dataclasses
-
     from torch.utils._python_dispatch import TorchDispatchMode
 
     import dllm_rollout.block as block
@@ -340,8 +347,7 @@ def test_chained_steps_equal_the_step_loop(tiny_block_model: torch.nn.Module, kw
     args: dict[str, object] = {"max_new_tokens": 24, "steps": 4, "block_length": 4, "seed": list(range(10)),
                                "cache": "prefix", "record_trajectory": True, "eos_handling": "truncate", **kwargs}
     if args.get("stop_at_eos", True):
-        eos = _eos_that_splits_rows(model, prompts, args)
-        monkeypatch.setattr(model, "traits", dataclasses.replace(model.traits, eos_token_id=eos))  # type: ignore[arg-type]
+        _stop_rows_apart(monkeypatch, model, prompts, args)
     syncs: list[str] = []
 
     class Reads(TorchDispatchMode):

@@ -75,18 +75,15 @@ def test_block_steps_replay_as_graphs(monkeypatch: pytest.MonkeyPatch, family: s
 def test_block_steps_recapture_after_rows_retire(monkeypatch: pytest.MonkeyPatch) -> None:
     """Finished rows leave the batch: the cached steps are captured anew at the smaller batch and give
     the samples of eager steps on a batch that keeps every row."""
-    import dataclasses
-
     import dllm_rollout.block as block
-    from tests.dllm_rollout.test_block import _eos_that_splits_rows
+    from tests.dllm_rollout.test_block import _stop_rows_apart
 
     model = _cuda_model("sdar")
     prompts = [PROMPTS[i % 3] for i in range(10)]
     args: dict[str, Any] = {"max_new_tokens": 24, "steps": 4, "block_length": 4, "seed": list(range(10)),
                             "temperature": 1.0, "top_k": 20, "cache": "prefix", "record_trajectory": True,
                             "eos_handling": "truncate"}
-    eos = _eos_that_splits_rows(model, prompts, args)
-    monkeypatch.setattr(model, "traits", dataclasses.replace(model.traits, eos_token_id=eos))  # type: ignore[arg-type]
+    _stop_rows_apart(monkeypatch, model, prompts, args)
     captured = _spy_captures(monkeypatch)
     monkeypatch.setattr(graphs, "CUDA_GRAPHS", True)
     monkeypatch.setattr(block, "RETIRE_ROWS", 1)
@@ -105,18 +102,15 @@ def test_block_steps_recapture_after_rows_retire(monkeypatch: pytest.MonkeyPatch
 def test_chained_steps_replay_as_graphs(monkeypatch: pytest.MonkeyPatch, temperature: float) -> None:
     """Whole-step graphs (`CHAIN_STEPS`, each capture's warm-up undone) give the eager step loop's
     samples, also after finished rows retire and the chains are captured again."""
-    import dataclasses
-
     import dllm_rollout.block as block
-    from tests.dllm_rollout.test_block import _eos_that_splits_rows
+    from tests.dllm_rollout.test_block import _stop_rows_apart
 
     model = _cuda_model("sdar")
     prompts = [PROMPTS[i % 3] for i in range(10)]
     args: dict[str, Any] = {"max_new_tokens": 24, "steps": 4, "block_length": 4, "seed": list(range(10)),
                             "temperature": temperature, "top_k": 20, "cache": "prefix", "record_trajectory": True,
                             "eos_handling": "truncate"}
-    eos = _eos_that_splits_rows(model, prompts, {**args, "temperature": 1.0})
-    monkeypatch.setattr(model, "traits", dataclasses.replace(model.traits, eos_token_id=eos))  # type: ignore[arg-type]
+    _stop_rows_apart(monkeypatch, model, prompts, {**args, "temperature": 1.0})
     monkeypatch.setattr(block, "RETIRE_ROWS", 1)
     captured = _spy_captures(monkeypatch)
     monkeypatch.setattr(graphs, "CUDA_GRAPHS", True)
