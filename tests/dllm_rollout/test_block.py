@@ -217,7 +217,7 @@ def _eos_that_splits_rows(model: torch.nn.Module, prompts: list[list[int]], args
     """A token id that ends some rows early (in a finished block before the last) and not others, so
     that rows finish at different blocks: chosen from a run that ignores EOS (sampling never reads it)."""
     free = generate(model, prompts, **{**args, "stop_at_eos": False})  # type: ignore[arg-type]
-    resp = free.response_ids
+    resp = free.response_ids.cpu()  # the GPU tests decode on CUDA
     blocks = -(-resp.shape[1] // 4)
     best, best_spread = -1, -1
     for tok in resp.unique().tolist():
