@@ -47,6 +47,16 @@ def test_every_recipe_has_a_one_line_description_naming_family_and_paper() -> No
     assert RECIPE_DOCS["sdar_moe-bgpo"] == "SDAR-MoE (block diffusion), RL: BGPO (Lin et al., arXiv 2510.11683)"
 
 
+def test_released_size_rl_recipes_offload_the_optimizer_state_and_the_quickstart_does_not() -> None:
+    from dllm_train import TrainerConfig
+
+    assert TrainerConfig().optimizer_offload is False
+    assert get_recipe("quickstart").trainer.optimizer_offload is False
+    rl = [n for n in RECIPES if get_recipe(n).kind == "rl" and n.split("-")[0] in ("sdar", "llada", "dream")]
+    assert {"sdar-bgpo", "llada-d1", "dream-d1"} <= set(rl)
+    assert all(get_recipe(n).trainer.optimizer_offload for n in rl)
+
+
 def test_every_family_of_the_registry_has_recipes() -> None:
     for family in FAMILY_NAMES:
         assert f"{family}-sft" in RECIPES and f"{family}-lora-sft" in RECIPES, family

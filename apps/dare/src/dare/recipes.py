@@ -67,10 +67,11 @@ _FAMILY_ROLLOUT: dict[str, SamplingConfig] = {
                              top_p=0.95, block_diffusion=True, eos_handling="truncate", cache="prefix"),
 }
 # released-size runs: every likelihood pass in forwards of at most 16k tokens, activations
-# recomputed in backward (docs/benchmarks.md has the memory these settings take)
+# recomputed in backward, and (RL) the AdamW state in host memory outside the optimizer step
+# (docs/benchmarks.md has the memory these settings take)
 def _trainer(*, max_steps: int, save_every: int, eval_every: int = 0) -> TrainerConfig:
     return TrainerConfig(max_steps=max_steps, seed=0, eval_every=eval_every, save_every=save_every,
-                         max_tokens_per_pass=16384, activation_checkpointing=True)
+                         max_tokens_per_pass=16384, activation_checkpointing=True, optimizer_offload=True)
 _GROUP = {"espo": 16, "d-treerpo": 16, "dmpo": 16}
 _PROMPTS = {"coupled-grpo@dream": 8, "bridgeratio-grpo@dream": 8}  # bridgeratio-grpo runs the coupled-grpo scripts
 _LR = {"d-treerpo": 3e-5, "dmpo": 1e-6}

@@ -5,7 +5,8 @@ A rerun with the same `--output-dir` resumes it, so the new resolved config is c
 saved one before anything is written:
 
 - fields in `RESUMABLE` (the step budget and the logging, evaluation and checkpoint periods,
-  metric sinks, CPU threads) may change: they do not change what the steps already taken mean;
+  metric sinks, CPU threads, the optimizer-state offload, which changes no value) may change: they
+  do not change what the steps already taken mean;
 - any other difference is refused with the differing fields listed (`dotted.key: old -> new`);
   `dare train ... --allow-config-change` (or `config_change_allowed(True)` around the call)
   accepts it, and the folder's config.json then records the new config;
@@ -47,7 +48,7 @@ logger = logging.getLogger(__name__)
 # Fields a resumed run may change (prefix match for the `trainer.wandb*` group).
 RESUMABLE = ("trainer.max_steps", "sft.steps", "trainer.log_every", "trainer.eval_every", "trainer.save_every",
              "trainer.keep_checkpoints", "trainer.tensorboard", "trainer.wandb", "trainer.num_threads",
-             "trainer.max_nonfinite_steps")
+             "trainer.max_nonfinite_steps", "trainer.optimizer_offload")
 LOCK = ".lock"
 _HELD: dict[Path, int] = {}  # run folder (resolved) -> fd of its lock, held by this process
 

@@ -69,8 +69,8 @@ def assemble_rank(model: Any, *, sampling: SamplingConfig, algorithm: RLAlgorith
         algorithm: the RL algorithm (its `needs_reference` / `needs_rollout_reference`).
         optim: the actor's optimizer settings.
         trainer: token budget, training attention, BD3LM layout, the memory levers
-            (`activation_checkpointing`, `reference_offload`, `fsdp_cpu_offload`) and the
-            consistency period (`consistency_every`).
+            (`activation_checkpointing`, `reference_offload`, `fsdp_cpu_offload`,
+            `optimizer_offload`) and the consistency period (`consistency_every`).
         reward: the rank's verifier.
         plan_generator: step -> the generator of this rank's `prepare` noise.
         engine_folder: the checkpoint folder an inference engine loads (`build_rollout_worker`).
@@ -101,7 +101,8 @@ def assemble_rank(model: Any, *, sampling: SamplingConfig, algorithm: RLAlgorith
     set_activation_checkpointing(model, trainer.activation_checkpointing)
     policy = model if shard is None else shard(model, offload=trainer.fsdp_cpu_offload)
     actor: ActorWorker[Any] = ActorWorker(policy, algorithm, optim, max_tokens_per_pass=budget,
-                                          scorer=scorer(policy, kind=Scorer, attention=attention, shared_context=shared))
+                                          scorer=scorer(policy, kind=Scorer, attention=attention, shared_context=shared),
+                                          optimizer_offload=trainer.optimizer_offload)
     reference = None
     if algorithm.needs_reference and lora:  # the trained policy's base weights: no copy
         reference = ReferenceWorker(policy, max_tokens_per_pass=budget, freeze=False, scorer=scorer(

@@ -124,6 +124,12 @@ class TrainerConfig:
             GPU. A LoRA run needs no copy at all: see `dllm_train.workers.ReferenceWorker`.
         fsdp_cpu_offload: Ray backend: FSDP2 keeps parameters, gradients and optimizer state on
             the CPU (`CPUOffloadPolicy`), moving each block to the GPU for its compute.
+        optimizer_offload: RL steps keep the optimizer state (AdamW's two moments, twice the
+            trained weights in bf16) in pinned host memory from the start of each rollout until
+            the optimizer step reads it, so the rollout's KV cache and the training passes'
+            activations can use that device memory; costs a device-to-host and a host-to-device
+            copy of the state per step (`optimizer_offload_s`, `optimizer_restore_s`). See
+            `dllm_train.offload`. Nothing to move under `fsdp_cpu_offload` (already on the CPU).
         max_nonfinite_steps: a phase stops with one error line after this many steps in a row
             skipped for a non-finite loss or gradient norm (a skipped step changes neither the
             weights nor the optimizer state; nothing non-finite is ever checkpointed).
@@ -154,6 +160,7 @@ class TrainerConfig:
     activation_checkpointing: bool = False
     reference_offload: bool = False
     fsdp_cpu_offload: bool = False
+    optimizer_offload: bool = False
     max_nonfinite_steps: int = 3
 
     def __post_init__(self) -> None:

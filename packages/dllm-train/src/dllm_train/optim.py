@@ -15,6 +15,11 @@ A skipped step clears the gradients and leaves the weights, the optimizer state 
 unchanged. It may be called several times per training step (one call per optimizer update):
 `updates` counts the calls that stepped, and each call returns `optimizer_steps` (1 or 0) and
 `skipped` (0 or 1) for the step's metrics.
+
+`offload()` moves the optimizer state to host memory until something reads it
+(`dllm_train.offload`, `trainer.optimizer_offload`): the AdamW update (after the clipping, which
+reads only gradients), `state()` and `load_state()` restore it first. A skipped step leaves it
+offloaded.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import torch.distributed as dist
 
 from dllm_train.config import OptimConfig
 from dllm_train.lockstep import group_all
+from dllm_train.offload import HostOffload, state_tensors
 from dllm_train.schedule import learning_rate
 
 logger = logging.getLogger(__name__)
@@ -50,6 +56,10 @@ class OptimizerStep:
         horizon: the phase's number of updates, the cosine's horizon when `cfg.decay_steps` is 0
             (0: unknown; a cosine schedule then needs `cfg.decay_steps`).
         group: the process group whose ranks must skip together (None: this process alone).
+
+    Attributes:
+        host: where `offload` keeps the optimizer state.
+        restore_s: seconds spent bringing it back, summed over the run.
     """
 
     def __init__(self, model: Any, cfg: OptimConfig, *, horizon: int = 0,
@@ -61,6 +71,8 @@ class OptimizerStep:
         self.optimizer = build_optimizer(model, cfg)
         self.updates = 0
         self.skipped = 0
+        self.host = HostOffload()
+        self.restore_s = 0.0
 
     def zero_grad(self) -> None:
         """Clear the gradients before the step's backward passes."""
@@ -92,6 +104,7 @@ class OptimizerStep:
             return self._skip(out, "gradient norm")
         for g in self.optimizer.param_groups:
             g["lr"] = out["lr"]
+        self.restore()
         self.optimizer.step()
         self.updates += 1
         out.update(optimizer_steps=1.0, skipped=0.0)
@@ -104,18 +117,30 @@ class OptimizerStep:
         out.update(optimizer_steps=0.0, skipped=1.0)
         return out
 
+    def offload(self) -> None:
+        """Move the optimizer state's device tensors to host memory until it is read again
+        (`HostOffload.offload`; idempotent)."""
+        self.host.offload(state_tensors(self.optimizer))
+
+    def restore(self) -> None:
+        """Bring an offloaded optimizer state back (a no-op otherwise); its seconds add to `restore_s`."""
+        self.restore_s += self.host.restore()
+
     def state(self) -> dict[str, Any]:
         """The optimizer state and the counters, for checkpoints."""
+        self.restore()
         return {"optimizer": self.optimizer.state_dict(), "updates": self.updates, "skipped": self.skipped}
 
     def load_state(self, state: dict[str, Any]) -> None:
         """Inverse of `state`. A state without counters (SFT and preference checkpoints written
         before this component) takes `updates` from AdamW's own step count."""
+        self.restore()  # the state loads into resident tensors, and no slot outlives them
         self.optimizer.load_state_dict(state["optimizer"])
         self.load_counters(state)
 
     def load_counters(self, state: dict[str, Any]) -> None:
         """The counters of `state` (the optimizer state is loaded elsewhere, e.g. from shards)."""
+        self.restore()  # AdamW's step count may be read
         self.updates = int(state["updates"]) if "updates" in state else adam_steps(self.optimizer)
         self.skipped = int(state.get("skipped", 0))
 

@@ -108,17 +108,20 @@ class PolicyRank(Generic[D]):
                      seeds: torch.Tensor, groups: torch.Tensor) -> RankRollout:
         """Generate, score and prepare this rank's rows (old and reference values included).
 
-        Its metrics include the seconds of each part (`rollout_s`, `old_s`, `reference_s`) and
-        the memory peaks of this phase (`rollout_peak_gib` on CUDA, `rollout_peak_rss_gib`),
-        both reported by `update` with its own.
+        Its metrics include the seconds of each part (`rollout_s`, `old_s`, `reference_s`, and
+        `optimizer_offload_s` with `trainer.optimizer_offload`) and the memory peaks of this phase
+        (`rollout_peak_gib` on CUDA, `rollout_peak_rss_gib`), both reported by `update` with its own.
         """
         payload: tuple[RolloutBatch, RLBatch] | None = None
         metrics: dict[str, float] = {}
         # the last update's gradients are spent: free them before the rollout, which would otherwise
-        # decode beside a model's worth of them (15 GiB at 8B in bf16)
+        # decode beside a model's worth of them (15 GiB at 8B in bf16); the optimizer state is not
+        # read until the next optimizer step, so it may wait in host memory
         self.actor.release_gradients()
-        device_peak()  # the peaks below start with the step
         clock = _Clock()
+        if self.actor.offload_optimizer():
+            metrics["optimizer_offload_s"] = clock.lap()
+        device_peak()  # the peaks below start with the step
         if self.generates:
             rollout = self.rollout.generate(prompts, seeds)
             metrics["rollout_s"] = clock.lap()

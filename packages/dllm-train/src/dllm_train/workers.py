@@ -258,10 +258,14 @@ class ActorWorker(Generic[D]):
             with one update per batch reads its old values from the same weights, inputs and
             masks as its training forward, so the training forward's values (detached) are the
             old values (ratio exactly 1). Saves one forward over the batch per step.
+        optimizer_offload: `offload_optimizer` moves the optimizer state to host memory until the
+            next optimizer step (`trainer.optimizer_offload`; `PolicyRank.rollout_step` calls it
+            before the rollout); `update` then reports `optimizer_restore_s`.
     """
 
     def __init__(self, model: Any, algorithm: RLAlgorithm[D], optim: OptimConfig, *,
-                 scorer: Scorer | None = None, max_tokens_per_pass: int = 0, reuse_old: bool = True) -> None:
+                 scorer: Scorer | None = None, max_tokens_per_pass: int = 0, reuse_old: bool = True,
+                 optimizer_offload: bool = False) -> None:
         if optim.schedule != "constant" and not optim.decay_steps:
             raise ValueError(f"optim.schedule={optim.schedule!r} in RL needs optim.decay_steps (e.g. trainer.max_steps): "
                              "the actor does not know the run's length")
@@ -273,6 +277,7 @@ class ActorWorker(Generic[D]):
         self.optimizer = self.optim.optimizer
         self.max_tokens = token_budget(max_tokens_per_pass)
         self.reuse_old = reuse_old
+        self.optimizer_offload = optimizer_offload
 
     @property
     def optim_cfg(self) -> OptimConfig:
@@ -329,11 +334,13 @@ class ActorWorker(Generic[D]):
             (the optimizer updates made) and `skipped` (the steps skipped) counted over all of them.
         """
         out: dict[str, float] = {}
-        updates, skipped = self.optim.updates, self.optim.skipped
+        updates, skipped, restore_s = self.optim.updates, self.optim.skipped, self.optim.restore_s
         for i in range(self.algorithm.num_iterations):
             parts = [self._step(part, advantages, i) for part in mini_batches(self.algorithm, prepared)]
             out = mean_metrics(parts)
         out.update(optimizer_steps=float(self.optim.updates - updates), skipped=float(self.optim.skipped - skipped))
+        if self.optimizer_offload:
+            out["optimizer_restore_s"] = self.optim.restore_s - restore_s
         return out
 
     def _step(self, prepared: Prepared[D], advantages: torch.Tensor, iteration: int) -> dict[str, float]:
@@ -361,6 +368,13 @@ class ActorWorker(Generic[D]):
     def release_gradients(self) -> None:
         """Free the parameters' gradients (spent by the last update; the next one recomputes them)."""
         self.optim.zero_grad()
+
+    def offload_optimizer(self) -> bool:
+        """Move the optimizer state to host memory until the next optimizer step needs it
+        (`OptimizerStep.offload`); whether it did (False unless `optimizer_offload`)."""
+        if self.optimizer_offload:
+            self.optim.offload()
+        return self.optimizer_offload
 
     def adapter_state(self) -> dict[str, torch.Tensor]:
         """Trainable weights only (LoRA adapters after `apply_lora`), for the rollout hand-off."""

@@ -187,6 +187,7 @@ class RankWorker:
     def load_state(self, state: dict[str, Any]) -> None:
         """Inverse of `state`. A state holding "optimizer" (rank 0's full optimizer state, as
         checkpoints written before sharded checkpoints hold it) is broadcast: a collective then."""
+        self.actor.optim.restore()  # an offloaded state is loaded into, never around
         if "optimizer" in state:
             load_full_optimizer_state(self.model, self.actor.optimizer, state["optimizer"])
         self.actor.optim.load_counters(state)
@@ -194,10 +195,12 @@ class RankWorker:
     def save_shards(self, folder: str) -> None:
         """Write this rank's shards of the actor's parameters and optimizer state into `folder`
         (`fsdp.save_sharded_state`: nothing gathered); a collective."""
+        self.actor.optim.restore()
         save_sharded_state(self.model, self.actor.optimizer, folder)
 
     def load_shards(self, folder: str) -> None:
         """Inverse of `save_shards`, then the rollout replica takes the loaded weights; a collective."""
+        self.actor.optim.restore()  # DCP loads in place
         load_sharded_state(self.model, self.actor.optimizer, folder)
         self.rollout.load_weights(full_state_dict(self.model))
 
