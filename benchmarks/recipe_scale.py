@@ -357,6 +357,13 @@ def timed_rollout(rollout: Any, prompts: Sequence[Sequence[int]], seeds: torch.T
     return row
 
 
+def before_rollout(actor: Any) -> None:
+    """What `PolicyRank.rollout_step` does before its rollout: free the spent gradients and, with
+    `trainer.optimizer_offload`, move the optimizer state to host memory."""
+    actor.release_gradients()
+    actor.offload_optimizer()
+
+
 def warm_rollout(rollout: Any, prompts: Sequence[Sequence[int]], seeds: torch.Tensor) -> None:
     """A few forwards at the measured batch (autotune, allocator), stopped early."""
     warm = ForwardCounter(rollout.model, 4)
@@ -436,8 +443,9 @@ def run_recipe(recipe: str, args: argparse.Namespace, hw: Hardware, device: str,
             warm_rollout(rollout, prompts_full, seeds)
         for w in range(0 if args.rollout_only else args.warmup):  # flex compilation, autotune, optimizer state
             step_fn(w)
-        local.rank.actor.release_gradients()  # as the step does before its rollout
-        rows.append(timed_rollout(rollout, prompts_full, seeds, shape, hw, args, device, head))
+        offload_s, _ = timed(lambda: before_rollout(local.rank.actor))
+        rows.append({**timed_rollout(rollout, prompts_full, seeds, shape, hw, args, device, head),
+                     "optimizer_offload_s": offload_s})
         gc.collect()
         if not args.rollout_only:  # the step on the update rows
             if device == "cuda":
@@ -458,6 +466,7 @@ def run_recipe(recipe: str, args: argparse.Namespace, hw: Hardware, device: str,
                        "floor_s": flops / hw.flops, "required_tflop": flops / 1e12,
                        "peak_gib": metrics.get("peak_gib")}
                 if phase == "update":
+                    row.update({k: metrics[k] for k in ("optimizer_offload_s", "optimizer_restore_s") if k in metrics})
                     row["update_passes"] = metrics.get("update_passes", float("nan")) * scale
                     row["measured_passes"] = metrics.get("update_passes")
                 rows.append(row)
@@ -470,7 +479,7 @@ def run_recipe(recipe: str, args: argparse.Namespace, hw: Hardware, device: str,
             worker = RolloutWorker(model, vcfg.rollout, algorithm=vcfg.algorithm, ref_model=rollout.ref_model)
             vprompts = batch_prompts(data, vcfg.rl.prompts_per_step, vcfg.rl.group_size)
             vseeds = torch.arange(vrows)
-            local.rank.actor.release_gradients()  # the update's, as the step does before its rollout
+            before_rollout(local.rank.actor)
             warm_rollout(worker, vprompts, vseeds)
             vhead = {**head, "variant": variant, "prompt_len_mean": sum(map(len, vprompts)) / vrows,
                      "max_new_tokens": worker.sampling.max_new_tokens}
