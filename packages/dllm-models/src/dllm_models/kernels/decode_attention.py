@@ -14,9 +14,9 @@ each (row, KV head) is served by several programs over contiguous column ranges,
 softmax states a second kernel merges (flash-decoding): more parallelism for few rows or long
 caches (`DLLM_MODELS_DECODE_SPLITS`, default 1). With `span` (each row's first and last visible
 column, `visible_span`) a program walks only the tiles of that range, with masked loads and no
-branch per tile, so the compiler can pipeline the tiles' loads (the default of `dllm_models.attention`:
-5 % faster decoding of SDAR-8B on the H200; `DLLM_MODELS_DECODE_SPAN=0` restores the skip branch). Set TRITON_INTERPRET=1 before importing to
-run it on CPU (tests).
+branch per tile, so the compiler can pipeline the tiles' loads (the default of
+`dllm_models.attention`: 5 % faster decoding of SDAR-8B on the H200; `DLLM_MODELS_DECODE_SPAN=0`
+restores the skip branch). Set TRITON_INTERPRET=1 before importing to run it on CPU (tests).
 """
 
 from __future__ import annotations
