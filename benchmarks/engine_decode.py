@@ -11,13 +11,12 @@ Printed per (rows, new tokens): seconds, tokens/s, native / lmdeploy, and the gr
 Engines: `native` and its switched variants (`SWITCHES`: `native_nofold`, `native_sdpa`, `native_keep`,
 `native_chain`, `native_span`, `native_fused`, `native_split2`, `native_all`), `native_lora` /
 `native_lora_unmerged`, `lmdeploy`: several variants in one process, each on a fresh load of the folder.
-`--stop-token auto` (or an id) measures rows that stop at different lengths, as a trained model's do:
-random weights almost never emit the real EOS, so a token the random model does emit plays EOS for
-both engines (native: `traits.eos_token_id`, `stop_at_eos`; lmdeploy: `stop_token_ids`). `auto` picks,
-from a pilot greedy decode of the native engine without EOS, the token whose first occurrence per row
-(the full length where it does not occur) has its mean nearest `--stop-mean` (a fraction of the new
-tokens). tokens/s then counts the tokens
-each row generated up to its stop.
+`--stop-token auto` (or ids) measures rows that stop at different lengths, as a trained model's do:
+random weights almost never emit the real EOS, so tokens the random model does emit play the stop
+ids for both engines (native: `traits.stop_ids`, `stop_at_eos`; lmdeploy: `stop_token_ids`). `auto`
+picks, from a pilot greedy decode of the native engine without stops, a set of tokens whose earliest
+first occurrence per row (the full length where none occurs) has its mean nearest `--stop-mean` (a
+fraction of the new tokens). tokens/s then counts the tokens each row generated up to its stop.
 With `--engine-checks`: the weight hand-off (load changed weights -> output changes; restore ->
 output back), sleep/wake, the exact served-weights check, and the per-row settings reproduction.
 
@@ -88,29 +87,38 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
-def pick_stop_token(responses: list[list[int]], mean: float) -> tuple[int, dict[str, float]]:
-    """The token whose first occurrence in each row (the row's length where absent) has its mean
-    nearest `mean` x the response length; with the lengths it gives (mean and median fraction,
-    share of rows that stop)."""
+def pick_stop_tokens(responses: list[list[int]], mean: float, most: int = 64) -> tuple[tuple[int, ...], dict[str, float]]:
+    """Stop tokens whose earliest first occurrence in each row (the row's length where none occurs)
+    has its mean nearest `mean` x the response length, chosen greedily (at most `most` tokens: random
+    weights spread their tokens thinly, so one token stops few rows); with the lengths they give
+    (mean and median fraction, share of rows that stop)."""
     n = max(len(r) for r in responses)
     firsts: dict[int, list[int]] = {}
-    for row in responses:
+    for b, row in enumerate(responses):
         seen: dict[int, int] = {}
         for i, tok in enumerate(row):
             seen.setdefault(tok, i)
         for tok, i in seen.items():
-            firsts.setdefault(tok, []).append(i)
-    best, best_gap, best_stats = -1, float("inf"), {}
-    for tok, where in firsts.items():
-        lengths = sorted(where + [n] * (len(responses) - len(where)))
-        avg = sum(lengths) / len(lengths) / n
-        if abs(avg - mean) < best_gap:
-            best, best_gap = tok, abs(avg - mean)
-            best_stats = {"mean_fraction": round(avg, 3), "median_fraction": round(lengths[len(lengths) // 2] / n, 3),
-                          "rows_stopping": round(len(where) / len(responses), 3)}
-    if best < 0:
+            firsts.setdefault(tok, [n] * len(responses))[b] = i
+    if not firsts:
         raise SystemExit("engine_decode: the pilot generated nothing; pass --stop-token ID")
-    return best, best_stats
+    # candidates: the tokens that occur in the most rows
+    candidates = sorted(firsts, key=lambda t: -sum(i < n for i in firsts[t]))[:512]
+    ends, chosen = [n] * len(responses), list[int]()
+    gap = abs(1.0 - mean)
+    while len(chosen) < most:
+        def after(tok: int) -> float:
+            return sum(min(e, f) for e, f in zip(ends, firsts[tok])) / len(ends) / n
+        pick = min((t for t in candidates if t not in chosen), key=lambda t: abs(after(t) - mean), default=None)
+        if pick is None or abs(after(pick) - mean) >= gap:
+            break
+        gap = abs(after(pick) - mean)
+        chosen.append(pick)
+        ends = [min(e, f) for e, f in zip(ends, firsts[pick])]
+    lengths = sorted(ends)
+    return tuple(chosen), {"stop_tokens": len(chosen), "mean_fraction": round(sum(lengths) / len(lengths) / n, 3),
+                           "median_fraction": round(lengths[len(lengths) // 2] / n, 3),
+                           "rows_stopping": round(sum(e < n for e in ends) / len(ends), 3)}
 
 
 # the decoder's switches per engine name: module attribute -> value for that run (the defaults otherwise)
@@ -148,22 +156,22 @@ def switched(values: dict[str, Any]) -> Iterator[None]:
 
 
 def native(folder: Path, prompts: list[list[int]], new: int, device: str, *, lora: str = "",
-           switches: dict[str, Any] | None = None, stop_token: int | None = None) -> tuple[float, list[list[int]]]:
+           switches: dict[str, Any] | None = None, stop_tokens: tuple[int, ...] = ()) -> tuple[float, list[list[int]]]:
     """Seconds and responses of the native decoder (after one warm-up call on 2 rows).
 
     `switches`: the decoder's module switches for this run (`SWITCHES[engine]`).
-    `stop_token`: rows stop after the block holding it (`stop_at_eos` with that id as EOS);
-    the responses are then cut after it.
+    `stop_tokens`: rows stop after the block holding one of them (`stop_at_eos` with them as the
+    model's stop ids); the responses are then cut after the first.
     `lora="merged"`: rank-64 adapters (non-zero B) decoded through the rollout worker (`dare train`'s
     path, adapters folded in); `lora="unmerged"`: the same model through `generate` (adapters applied
     at every call: the worker's path before).
     """
     with switched(switches or {}):
-        return _native(folder, prompts, new, device, lora=lora, stop_token=stop_token)
+        return _native(folder, prompts, new, device, lora=lora, stop_tokens=stop_tokens)
 
 
 def _native(folder: Path, prompts: list[list[int]], new: int, device: str, *, lora: str,
-            stop_token: int | None) -> tuple[float, list[list[int]]]:
+            stop_tokens: tuple[int, ...]) -> tuple[float, list[list[int]]]:
     from dllm_models import apply_lora, load_model
     from dllm_rollout import SamplingConfig, generate
     from dllm_train.workers import RolloutWorker
@@ -171,10 +179,10 @@ def _native(folder: Path, prompts: list[list[int]], new: int, device: str, *, lo
     model = load_model(folder, dtype=torch.bfloat16, device=device).eval()
     kw: dict[str, Any] = dict(max_new_tokens=new, steps=4, block_length=4, temperature=0.0, cache="prefix",
                               stop_at_eos=False)
-    if stop_token is not None:
+    if stop_tokens:
         import dataclasses
 
-        model.traits = dataclasses.replace(model.traits, eos_token_id=stop_token)
+        model.traits = dataclasses.replace(model.traits, eos_token_id=stop_tokens[0], stop_token_ids=stop_tokens[1:])
         kw.update(stop_at_eos=True, eos_handling="truncate")
 
     def run(p: list[list[int]], new_tokens: int = new) -> Any:
@@ -356,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workdir", type=Path, default=Path("/dev/shm/engine_decode"))
     ap.add_argument("--tiny", action="store_true")
     ap.add_argument("--head-scale", type=float, default=1.0, help="sharpen the random head (greedy agreement)")
-    ap.add_argument("--stop-token", default="", help="an id, or auto: rows stop at it (see the module doc)")
+    ap.add_argument("--stop-token", default="", help="ids (comma-separated), or auto: rows stop at them (module doc)")
     ap.add_argument("--stop-mean", type=float, default=0.4, help="with --stop-token auto: the mean stop, a fraction")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
@@ -378,16 +386,16 @@ def main(argv: list[str] | None = None) -> int:
     outputs: dict[tuple[str, int, int], list[list[int]]] = {}
     if args.profile:
         profile_native(folder, prompts_all[:max(rows)], args.profile, device)
-    stops: dict[tuple[int, int], int] = {}
+    stops: dict[tuple[int, int], tuple[int, ...]] = {}
     for r, n in shapes if args.stop_token else []:
         if args.stop_token != "auto":
-            stops[r, n] = int(args.stop_token)
+            stops[r, n] = tuple(int(t) for t in args.stop_token.split(","))
             continue
         s, pilot = native(folder, prompts_all[:r], n, device)  # to the full length: the no-stop figure too
-        tok, stats = pick_stop_token(pilot, args.stop_mean)
-        stops[r, n] = tok
+        toks, stats = pick_stop_tokens(pilot, args.stop_mean)
+        stops[r, n] = toks
         row = {"engine": "native (pilot, no stop)", "rows": r, "new": n, "s": round(s, 2), "tok_s": round(r * n / s),
-               "stop_token": tok, **stats}
+               "stop_tokens": list(toks), **stats}
         results.append(row)
         print(json.dumps(row), flush=True)
     for name in [e for e in engines if e.startswith("native")]:
@@ -396,7 +404,7 @@ def main(argv: list[str] | None = None) -> int:
             if name not in SWITCHES:
                 raise SystemExit(f"engine_decode: unknown engine {name!r}; choose from {sorted(SWITCHES)} or lmdeploy")
             s, out = native(folder, prompts_all[:r], n, device, lora=lora, switches=SWITCHES[name],
-                            stop_token=stops.get((r, n)))
+                            stop_tokens=stops.get((r, n), ()))
             outputs[name, r, n] = out
             tokens = sum(map(len, out))
             row = {"engine": name, "rows": r, "new": n, "s": round(s, 2), "tok_s": round(tokens / s),
@@ -410,13 +418,15 @@ def main(argv: list[str] | None = None) -> int:
         from dllm_rollout.engines import LMDeployEngine
 
         t0 = time.perf_counter()
+        from dllm_models import generation_stop_ids
+
         gen_cfg = json.loads((folder / "generation_config.json").read_text())
-        eos = gen_cfg.get("eos_token_id")
-        eos_id = int(eos[0] if isinstance(eos, list) else eos)
         if len(set(stops.values())) > 1:
-            raise SystemExit("engine_decode: lmdeploy takes one stop token per engine; measure one shape, or pass --stop-token ID")
-        eos_id = next(iter(stops.values()), eos_id)
-        engine = LMDeployEngine(folder, engine_cfg(max(news)), eos_id=eos_id, pad_id=int(gen_cfg.get("pad_token_id", 0)),
+            raise SystemExit("engine_decode: lmdeploy takes one set of stop ids per engine; measure one shape, "
+                             "or pass --stop-token IDS")
+        # the native decoder's stop ids: the folder's (ignored unless rows stop), or the chosen stop tokens
+        stop_ids = next(iter(stops.values())) if stops else generation_stop_ids(folder)
+        engine = LMDeployEngine(folder, engine_cfg(max(news)), stop_ids=stop_ids, pad_id=int(gen_cfg.get("pad_token_id", 0)),
                                 engine_options={"max_batch_size": max(rows), "cache_max_entry_count": 0.6,
                                                 "session_len": max(len(p) for p in prompts_all) + max(news) + 8})
         print(json.dumps({"lmdeploy_start_s": round(time.perf_counter() - t0, 1)}), flush=True)

@@ -30,7 +30,7 @@ def _model(block: int | None) -> Any:
 
 
 def test_the_runner_config_decodes_through_one_engine(fake_lmdeploy: None, tmp_path: Path) -> None:
-    gen = EngineGenerate(_folder(tmp_path), eos_id=EOS, pad_id=0)
+    gen = EngineGenerate(_folder(tmp_path), stop_ids=(EOS,), pad_id=0)
     cfg = SamplingConfig(max_new_tokens=5, steps=4, block_length=4, temperature=0.0, remasking="low_confidence",
                          cache="prefix", threshold=None, block_diffusion=True)
     out = gen(_model(4), [[1, 2]], cfg, seed=[3])

@@ -204,3 +204,25 @@ def test_the_manifest_records_the_models_decoding_mode() -> None:
     masked = run_benchmark(SimpleNamespace(traits=SimpleNamespace(block_length=None, family="llada")),
                            CharTokenizer(), "gsm8k", preset="d1", limit=1, generate_fn=generate, hash_weights=False)
     assert masked.manifest["decoding"]["block_diffusion"] is False
+
+
+def test_responses_are_cut_at_the_models_stop_ids() -> None:
+    """An SDAR chat model ends its turn with <|im_end|>, which its tokenizer's eos_token_id does not name:
+    the text after any of the model's stop ids (`traits.stop_ids`) is not scored."""
+    im_end = ord("|")
+
+    def generate(model: Any, prompts: list[list[int]], cfg: SamplingConfig, *, seed: Any) -> Any:
+        text = [ord(c) for c in "\\boxed{1}"] + [im_end] + [ord(c) for c in "\\boxed{2}"]
+        out = torch.full((len(prompts), cfg.max_new_tokens), EOS, dtype=torch.long)
+        out[:, :len(text)] = torch.tensor(text)
+        return SimpleNamespace(response_ids=out)
+
+    chat = SimpleNamespace(traits=SimpleNamespace(block_length=None, stop_ids=(EOS, im_end)))
+    cut = run_benchmark(chat, CharTokenizer(), "gsm8k", limit=2, generate_fn=generate, family="llada",
+                        hash_weights=False)
+    assert [s.response for s in cut.samples] == ["\\boxed{1}"] * 2
+    assert "[0, 124]" in cut.manifest["eos_handling"]
+    plain = SimpleNamespace(traits=SimpleNamespace(block_length=None, stop_ids=(EOS,)))
+    whole = run_benchmark(plain, CharTokenizer(), "gsm8k", limit=2, generate_fn=generate, family="llada",
+                          hash_weights=False)
+    assert [s.response for s in whole.samples] == ["\\boxed{1}|\\boxed{2}"] * 2

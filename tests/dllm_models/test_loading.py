@@ -175,3 +175,65 @@ def test_empty_model_allocates_the_architecture_in_its_dtype_and_restores_the_de
     with torch.device("meta"):
         reference = dict(build_model(raw).named_parameters())
     assert {k: tuple(v.shape) for k, v in params.items()} == {k: tuple(v.shape) for k, v in reference.items()}
+
+
+@pytest.mark.skipif(not FOLDERS, reason="needs ../shared/checkpoints beside the repository")
+def test_release_stop_ids_come_from_generation_config() -> None:
+    """SDAR chat models end a turn with <|im_end|> (generation_config.json lists it before <|endoftext|>);
+    the masked families' generation configs list their EOS only."""
+    want = {"SDAR-8B-Chat": (151643, 151645), "SDAR-4B-Chat": (151643, 151645),
+            "SDAR-30B-A3B-Chat": (151643, 151645), "LLaDA-8B-Instruct": (126081,),
+            "Dream-v0-Instruct-7B": (151643,)}
+    for folder, stops in want.items():
+        model = load_model(CHECKPOINTS / folder, device="meta", load_weights=False)
+        assert getattr(model, "traits").stop_ids == stops, folder
+
+
+def test_stop_ids_are_the_eos_then_the_others_once() -> None:
+    from dllm_models import DiffusionTraits
+
+    t = DiffusionTraits(family="sdar", mask_token_id=3, eos_token_id=2, pad_token_id=2, stop_token_ids=(5, 2, 5, 7))
+    assert t.stop_ids == (2, 5, 7)
+    assert DiffusionTraits(family="sdar", mask_token_id=3, eos_token_id=2, pad_token_id=2).stop_ids == (2,)
+    for bad in ((-1,), (True,), [5]):
+        with pytest.raises(ValueError, match="stop_token_ids"):
+            DiffusionTraits(family="sdar", mask_token_id=3, eos_token_id=2, pad_token_id=2,
+                            stop_token_ids=bad)  # type: ignore[arg-type]
+
+
+def test_stop_ids_round_trip_through_a_checkpoint_folder(tmp_path: Path) -> None:
+    import dataclasses
+
+    from dllm_models import generation_stop_ids
+
+    model = build_tiny("sdar")
+    traits = getattr(model, "traits")
+    save_model(model, tmp_path / "plain")  # the EOS only: no generation_config.json is written
+    assert not (tmp_path / "plain" / "generation_config.json").exists()
+    assert getattr(load_model(tmp_path / "plain", load_weights=False), "traits").stop_ids == (traits.eos_token_id,)
+    setattr(model, "traits", dataclasses.replace(traits, stop_token_ids=(traits.eos_token_id, 60)))
+    save_model(model, tmp_path / "chat")
+    assert generation_stop_ids(tmp_path / "chat") == (traits.eos_token_id, 60)
+    again = load_model(tmp_path / "chat", load_weights=False)
+    assert getattr(again, "traits").stop_ids == (traits.eos_token_id, 60)
+    assert getattr(again, "traits").eos_token_id == traits.eos_token_id  # config.json's EOS is unchanged
+    # a release's own generation_config.json (an id, or a list with the stop id first) is read as written
+    (tmp_path / "chat" / "generation_config.json").write_text('{"eos_token_id": [61, 59], "temperature": 0.6}')
+    assert getattr(load_model(tmp_path / "chat", load_weights=False), "traits").stop_ids == (traits.eos_token_id, 61, 59)
+    (tmp_path / "chat" / "generation_config.json").write_text('{"eos_token_id": 61}')
+    assert generation_stop_ids(tmp_path / "chat") == (61,)
+    (tmp_path / "chat" / "generation_config.json").write_text('{"do_sample": true}')
+    assert generation_stop_ids(tmp_path / "chat") == ()
+
+
+@pytest.mark.parametrize("text, match", [
+    ("{not json", "not valid JSON"),
+    ("[1, 2]", "not a JSON object"),
+    ('{"eos_token_id": "<|im_end|>"}', "eos_token_id='<|im_end|>' must be a token id"),
+    ('{"eos_token_id": [151645, -1]}', "eos_token_id=\\[151645, -1\\] must be a token id"),
+])
+def test_a_bad_generation_config_is_one_clear_error(tmp_path: Path, text: str, match: str) -> None:
+    save_model(build_tiny("sdar"), tmp_path / "m")
+    (tmp_path / "m" / "generation_config.json").write_text(text)
+    with pytest.raises(ValueError, match=match):
+        load_model(tmp_path / "m", load_weights=False)

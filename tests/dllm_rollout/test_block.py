@@ -416,3 +416,37 @@ def test_a_capture_warm_up_leaves_the_state_as_it_was() -> None:
     with pytest.raises(ZeroDivisionError):
         warm_up(lambda x: (state.mul_(0), 1 / 0), [state], lambda: [state])
     assert state.tolist() == [1.0, 2.0]  # restored even when the step fails
+
+
+def test_every_stop_id_ends_a_row(tiny_block_model: torch.nn.Module) -> None:
+    """A second stop id (SDAR chat's <|im_end|> beside <|endoftext|>) ends a row as the EOS does: the row
+    decodes as without stops through the block holding its first stop id, is filled with EOS after that
+    block, and its response mask counts the tokens through the first stop id."""
+    import dataclasses
+
+    traits = tiny_block_model.traits  # type: ignore[union-attr]
+    eos = traits.eos_token_id
+    args: dict[str, Any] = dict(max_new_tokens=24, steps=4, block_length=4, temperature=1.0, seed=1)
+    free = generate(tiny_block_model, PROMPTS, stop_at_eos=False, **args)
+    resp = free.response_ids
+
+    def first(row: int, ids: set[int]) -> int:
+        return next((i for i, t in enumerate(resp[row].tolist()) if t in ids), resp.shape[1])
+
+    # the stop id: a token that ends some row before its EOS and before its last block
+    other = min((t for t in resp.unique().tolist() if t != eos),
+                key=lambda t: sum(first(r, {t}) for r in range(len(PROMPTS))))
+    stops = {eos, other}
+    assert any(first(r, {other}) < min(first(r, {eos}), resp.shape[1] - 4) for r in range(len(PROMPTS)))
+    setattr(tiny_block_model, "traits", dataclasses.replace(traits, stop_token_ids=(other,)))
+    stop = generate(tiny_block_model, PROMPTS, eos_handling="truncate", **args)
+    offsets = [len(p) % 4 for p in PROMPTS]
+    for row in range(len(PROMPTS)):
+        end = first(row, stops)
+        assert int(stop.response_mask[row].sum()) == min(end + 1, resp.shape[1])
+        if end == resp.shape[1]:
+            assert torch.equal(stop.response_ids[row], resp[row])
+            continue
+        block_end = ((offsets[row] + end) // 4 + 1) * 4 - offsets[row]
+        assert torch.equal(stop.response_ids[row, :block_end], resp[row, :block_end])
+        assert bool((stop.response_ids[row, block_end:] == eos).all())

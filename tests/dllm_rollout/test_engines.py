@@ -29,8 +29,12 @@ PROMPTS3 = [[1, 2, 3, 4, 5], [7, 8, 9, 10, 11, 12, 13, 14, 15, 16], [20, 21, 22]
 
 def test_sglang_arguments() -> None:
     assert sglang_sampling_params(CFG, seed=3) == {
-        "max_new_tokens": 6, "temperature": 1.0, "top_p": 1.0, "top_k": 50, "sampling_seed": 3,
+        "max_new_tokens": 6, "temperature": 1.0, "top_p": 1.0, "top_k": 50, "sampling_seed": 3, "ignore_eos": False,
     }
+    # every stop id of the model (SDAR chat: <|im_end|> beside <|endoftext|>) ends a request
+    assert sglang_sampling_params(CFG, stop_ids=(62, 60))["stop_token_ids"] == [62, 60]
+    no_stop = SamplingConfig(max_new_tokens=6, steps=4, block_length=4, block_diffusion=True, stop_at_eos=False)
+    assert sglang_sampling_params(no_stop)["ignore_eos"] is True
     greedy = SamplingConfig(max_new_tokens=6, steps=4, block_length=4, block_diffusion=True)
     assert sglang_sampling_params(greedy)["top_k"] == -1
     assert sglang_algorithm(CFG) == ("LowConfidence", {"block_size": 4, "threshold": 0.9})
@@ -55,7 +59,7 @@ def test_sglang_outputs_to_batch() -> None:
         {"text": "", "output_ids": [9, 10, 11, 12, 13, 14, 15], "meta_info": {"finish_reason": {"type": "length"},
                                                                               "dllm_replay_step_maps": [1] * 7}},
     ]
-    batch = batch_from_sglang(outputs, PROMPTS, torch.tensor([1, 2]), CFG, eos_id=62, pad_id=62)
+    batch = batch_from_sglang(outputs, PROMPTS, torch.tensor([1, 2]), CFG, stop_ids=(62,), pad_id=62)
     assert batch.response_ids.tolist() == [[7, 8, 62, 62, 62, 62], [9, 10, 11, 12, 13, 14]]
     assert batch.response_mask.tolist() == [[True] * 3 + [False] * 3, [True] * 6]
     assert batch.unmask_step is not None and batch.unmask_step[0].tolist() == [0, 1, 0, -1, -1, -1]
@@ -67,13 +71,20 @@ def test_lmdeploy_arguments_and_outputs() -> None:
         "dllm_block_length": 4, "dllm_denoising_steps": 4,
         "dllm_unmasking_strategy": "low_confidence_dynamic", "dllm_confidence_threshold": 0.9,
     }
-    gen = lmdeploy_gen_config(CFG, eos_id=62)
+    gen = lmdeploy_gen_config(CFG, stop_ids=(62,))
     assert "random_seed" not in gen  # per-row seeds would reach the wrong rows (test_lmdeploy.py)
     assert gen["include_stop_str_in_output"] and gen["stop_token_ids"] == [62] and gen["top_k"] == 50
     outs = [SimpleNamespace(text="", token_ids=[3, 62, 4], finish_reason="stop"),
             SimpleNamespace(text="", token_ids=[5], finish_reason="stop")]
-    batch = batch_from_lmdeploy(outs, PROMPTS, torch.tensor([1, 2]), CFG, eos_id=62, pad_id=62)
+    batch = batch_from_lmdeploy(outs, PROMPTS, torch.tensor([1, 2]), CFG, stop_ids=(62,), pad_id=62)
     assert batch.response_mask.tolist() == [[True, True, False, False, False, False], [True] + [False] * 5]
+    # several stop ids: the config lists them all, and the mask ends at the first of any of them
+    assert lmdeploy_gen_config(CFG, stop_ids=(62, 60))["stop_token_ids"] == [62, 60]
+    outs = [SimpleNamespace(text="", token_ids=[3, 60, 62], finish_reason="stop"),
+            SimpleNamespace(text="", token_ids=[5, 62], finish_reason="stop")]
+    batch = batch_from_lmdeploy(outs, PROMPTS, torch.tensor([1, 2]), CFG, stop_ids=(62, 60), pad_id=62)
+    assert batch.response_mask.tolist() == [[True, True, False, False, False, False],
+                                            [True, True, False, False, False, False]]
 
 
 @pytest.mark.sglang
@@ -116,7 +127,7 @@ def test_an_engine_batch_of_the_native_tokens_is_the_native_batch(tiny_block_mod
     native = generate(tiny_block_model, PROMPTS3, stop_at_eos=False, **NATIVE)  # type: ignore[arg-type]
     assert native.config is not None
     engine = batch_from_token_lists(PROMPTS3, native.response_ids.tolist(), native.seeds, native.config,
-                                    eos_id=traits.eos_token_id, pad_id=traits.pad_token_id)
+                                    stop_ids=traits.stop_ids, pad_id=traits.pad_token_id)
     assert _fields_equal(engine, native) == {f.name: True for f in dataclasses.fields(RolloutBatch)}
 
 
@@ -128,7 +139,7 @@ def test_an_engine_batch_cut_at_eos_counts_what_the_native_batch_counts(tiny_blo
     assert native.config is not None and not bool(native.response_mask.all())  # some row stopped at EOS
     cut = [row[: int(n)] for row, n in zip(native.response_ids.tolist(), native.response_mask.sum(-1))]
     engine = batch_from_token_lists(PROMPTS3, cut, native.seeds, native.config,
-                                    eos_id=traits.eos_token_id, pad_id=traits.pad_token_id)
+                                    stop_ids=traits.stop_ids, pad_id=traits.pad_token_id)
     same = _fields_equal(engine, native)
     del same["response_ids"]
     assert same == {f.name: True for f in dataclasses.fields(RolloutBatch) if f.name != "response_ids"}
@@ -140,5 +151,5 @@ def test_an_engine_batch_cut_at_eos_counts_what_the_native_batch_counts(tiny_blo
 def test_one_assembly_refuses_unknown_records() -> None:
     ids = torch.ones(1, 2, dtype=torch.long)
     with pytest.raises(ValueError, match="not RolloutBatch records"):
-        rollout_batch(ids, ids.bool(), ids, torch.zeros(1, dtype=torch.long), CFG, eos_id=62,
+        rollout_batch(ids, ids.bool(), ids, torch.zeros(1, dtype=torch.long), CFG, stop_ids=(62,),
                       records={"step_map": ids})

@@ -190,7 +190,7 @@ def _folder(tmp_path: Path, *, remote_code: bool = False) -> Path:
 
 
 def test_generate_from_token_ids_keeps_the_stop_token(fake_lmdeploy: Any, tmp_path: Path) -> None:
-    engine = LMDeployEngine(_folder(tmp_path), CFG, eos_id=EOS, pad_id=0)
+    engine = LMDeployEngine(_folder(tmp_path), CFG, stop_ids=(EOS,), pad_id=0)
     batch = engine.generate([[1, 2, 3], [4]], seed=0)
     assert batch.response_ids.tolist() == [[4, 5, 6, EOS, 0], [5, 6, 7, EOS, 0]]
     assert batch.response_mask.tolist() == [[True] * 4 + [False], [True] * 4 + [False]]
@@ -208,7 +208,7 @@ def test_hf_overrides_only_without_remote_code(tmp_path: Path) -> None:
 
 
 def test_sleep_wake_hands_over_weights_and_checks_them(fake_lmdeploy: Any, tmp_path: Path) -> None:
-    engine = LMDeployEngine(_folder(tmp_path), CFG, eos_id=EOS, pad_id=0)
+    engine = LMDeployEngine(_folder(tmp_path), CFG, stop_ids=(EOS,), pad_id=0)
     policy = {f"model.layers.0.self_attn.{p}_proj.weight": torch.full((2, 2), float(i))
               for i, p in enumerate("qkvo")}
     assert not engine.check_weights(policy).ok
@@ -238,11 +238,13 @@ def test_refusals_name_the_field() -> None:
     with pytest.raises(ValueError, match="rollout.steps=4"):
         lmdeploy_engine_config(SamplingConfig(max_new_tokens=8, steps=2, block_length=4, threshold=0.9,
                                               block_diffusion=True))
-    with pytest.raises(ValueError, match="EOS id"):
-        lmdeploy_gen_config(CFG, eos_id=-1)
+    with pytest.raises(ValueError, match="traits.stop_ids"):
+        lmdeploy_gen_config(CFG, stop_ids=(-1,))
+    with pytest.raises(ValueError, match="traits.stop_ids"):
+        lmdeploy_gen_config(CFG, stop_ids=())
 
 
 def test_missing_extra_says_how_to_install(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setitem(sys.modules, "lmdeploy", None)
     with pytest.raises(ImportError, match="dllm-rollout\\[lmdeploy\\]"):
-        LMDeployEngine(_folder(tmp_path), CFG, eos_id=EOS, pad_id=0)
+        LMDeployEngine(_folder(tmp_path), CFG, stop_ids=(EOS,), pad_id=0)

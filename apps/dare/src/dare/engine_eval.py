@@ -20,13 +20,14 @@ class EngineGenerate:
     """A `dllm_eval.GenerateFn` that decodes with lmdeploy from the checkpoint folder's weights.
 
     Args:
-        folder: the release-layout checkpoint folder; eos_id, pad_id: the model's special ids.
+        folder: the release-layout checkpoint folder.
+        stop_ids: the ids that end a response (`DiffusionTraits.stop_ids`); pad_id: the padding id.
         engine_options: further `PytorchEngineConfig` fields.
     """
 
-    def __init__(self, folder: str | Path, *, eos_id: int, pad_id: int,
+    def __init__(self, folder: str | Path, *, stop_ids: tuple[int, ...], pad_id: int,
                  engine_options: dict[str, Any] | None = None) -> None:
-        self.folder, self.eos_id, self.pad_id = Path(folder), eos_id, pad_id
+        self.folder, self.stop_ids, self.pad_id = Path(folder), stop_ids, pad_id
         self.options = dict(engine_options or {})
         self.engine: Any = None
         self.key: dict[str, Any] | None = None
@@ -37,7 +38,7 @@ class EngineGenerate:
         key = lmdeploy_engine_config(cfg)
         if self.engine is None or key != self.key:
             self.close()
-            self.engine = LMDeployEngine(self.folder, cfg, eos_id=self.eos_id, pad_id=self.pad_id,
+            self.engine = LMDeployEngine(self.folder, cfg, stop_ids=self.stop_ids, pad_id=self.pad_id,
                                          engine_options=self.options)
             self.key = key
         self.engine.cfg = cfg
@@ -65,7 +66,7 @@ def engine_generate(name: str, folder: str, model: Any) -> EngineGenerate | None
     if traits.block_length is None:
         raise ValueError(f"--engine {name} serves block-diffusion models (SDAR); {folder} is a "
                          f"{traits.family} model: use --engine native")
-    return EngineGenerate(folder, eos_id=int(traits.eos_token_id), pad_id=int(traits.pad_token_id))
+    return EngineGenerate(folder, stop_ids=traits.stop_ids, pad_id=int(traits.pad_token_id))
 
 
 __all__ = ["EngineGenerate", "engine_generate"]

@@ -148,11 +148,12 @@ def _encode(tokenizer: ChatTokenizer, messages: list[Message], prefill: str = ""
     return ids
 
 
-def _eos_ids(tokenizer: ChatTokenizer) -> set[int]:
+def _eos_ids(tokenizer: ChatTokenizer, model: Any = None) -> set[int]:
+    """The ids a response is cut at: the tokenizer's EOS and the model's stop ids
+    (`DiffusionTraits.stop_ids`: SDAR chat models end a turn with `<|im_end|>`)."""
     eos = getattr(tokenizer, "eos_token_id", None)
-    if eos is None:
-        return set()
-    return {int(e) for e in eos} if isinstance(eos, (list, tuple, set)) else {int(eos)}
+    ids = set() if eos is None else {int(e) for e in eos} if isinstance(eos, (list, tuple, set)) else {int(eos)}
+    return ids | {int(t) for t in getattr(getattr(model, "traits", None), "stop_ids", ())}
 
 
 def _decode(tokenizer: ChatTokenizer, ids: Sequence[int], eos: set[int], raw: bool = False) -> str:
@@ -277,7 +278,7 @@ def run_benchmark(
     rows = [all_rows[i] for i in keep for _ in range(repeats)]
     prompts = [encoded[i] for i in keep for _ in range(repeats)]
     rep_ids = [r for _ in keep for r in range(repeats)]
-    eos = _eos_ids(tokenizer)
+    eos = _eos_ids(tokenizer, model)
     responses: list[str] = []
     generate_s, generated = 0.0, 0
     for start in range(0, len(prompts), batch_size):

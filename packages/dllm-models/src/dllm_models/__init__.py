@@ -1,7 +1,16 @@
 """dllm_models: native diffusion LM families, attention backends and checkpoint I/O."""
 
 from dllm_models.attention import BACKENDS, AttentionMask, attend
-from dllm_models.checkpoint import CheckpointFilesError, NoWeightsError, load_model, read_config, save_model, weight_files
+from dllm_models.checkpoint import (
+    CheckpointFilesError,
+    NoWeightsError,
+    generation_stop_ids,
+    load_model,
+    read_config,
+    save_model,
+    weight_files,
+    with_stop_ids,
+)
 from dllm_models.families.llada import LLaDAConfig, LLaDAModel
 from dllm_models.protocol import DiffusionTraits, KVCache, ModelOutput
 from dllm_models.registry import (
@@ -42,11 +51,13 @@ __all__ = [
     "get_family",
     "char_tokenizer",
     "has_tokenizer",
+    "generation_stop_ids",
     "load_model",
     "load_tokenizer",
     "read_config",
     "save_model",
     "weight_files",
+    "with_stop_ids",
 ]
 
 from dllm_models.families.dream import DreamConfig, DreamModel  # noqa: E402

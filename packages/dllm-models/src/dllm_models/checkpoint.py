@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -69,6 +70,40 @@ def read_config(checkpoint_dir: str | os.PathLike[str]) -> dict[str, Any]:
     if not isinstance(cfg, dict):
         raise ValueError(f"{path} holds a {type(cfg).__name__}, not a JSON object; restore the release's config.json")
     return cfg
+
+
+def generation_stop_ids(checkpoint_dir: str | os.PathLike[str]) -> tuple[int, ...]:
+    """The ids that end a response by the folder's generation_config.json (`eos_token_id`, an id or
+    a list of ids, in its order); () when the folder has no such file or key.
+
+    Raises:
+        ValueError: the file is not a JSON object, or `eos_token_id` holds something other than
+            token ids (the file and the value named).
+    """
+    path = Path(checkpoint_dir) / "generation_config.json"
+    if not path.is_file():
+        return ()
+    try:
+        gen = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path} is not valid JSON ({err}); restore the release's generation_config.json "
+                         "or delete it (the EOS of config.json then ends responses)") from None
+    if not isinstance(gen, dict):
+        raise ValueError(f"{path} holds a {type(gen).__name__}, not a JSON object; restore the release's file")
+    eos = gen.get("eos_token_id")
+    ids = [] if eos is None else eos if isinstance(eos, list) else [eos]
+    if any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in ids):
+        raise ValueError(f"{path}: eos_token_id={eos!r} must be a token id or a list of token ids >= 0; "
+                         "restore the release's generation_config.json")
+    return tuple(dict.fromkeys(int(t) for t in ids))
+
+
+def with_stop_ids(model: nn.Module, stop_ids: tuple[int, ...]) -> nn.Module:
+    """`model` with `stop_ids` as its traits' `stop_token_ids` (in place; none given: unchanged)."""
+    traits = getattr(model, "traits", None)
+    if stop_ids and traits is not None:
+        setattr(model, "traits", dataclasses.replace(traits, stop_token_ids=stop_ids))
+    return model
 
 
 def _resolve_dtype(dtype: torch.dtype | str | None, raw: dict[str, Any]) -> torch.dtype:
@@ -179,11 +214,13 @@ def load_model(
 
     Returns:
         The model in eval mode; `model.state_dict()` keys equal the checkpoint's weight names.
+        Its `traits.stop_token_ids` are generation_config.json's EOS ids, where the folder has one.
 
     Raises:
         CheckpointFilesError (a ValueError): no folder, no config.json, or (load_weights) no
             safetensors or a missing shard.
-        ValueError: unknown `model_type`, a dtype other than float32/bfloat16/float16, a
+        ValueError: unknown `model_type`, a generation_config.json whose `eos_token_id` is not
+            token ids, a dtype other than float32/bfloat16/float16, a
             damaged or truncated safetensors file (its path named), a tensor whose shape does
             not fit the architecture (its name, file and both shapes named), or a tensor holding
             NaN or Inf after the cast to `dtype` (named).
@@ -193,7 +230,7 @@ def load_model(
     torch_dtype = _resolve_dtype(dtype, raw)
     target = torch.device(device) if device is not None else torch.device("cpu")
     with torch.device("meta"):
-        model = build_model(raw)
+        model = with_stop_ids(build_model(raw), generation_stop_ids(root))
     if target.type == "meta":
         return model.to(dtype=torch_dtype).eval()
     if load_weights:
@@ -233,7 +270,9 @@ def save_model(
 
     The folder is written under a temporary name beside the target and renamed into place, so a
     crash never leaves a half-written checkpoint. Layout: config.json, model.safetensors (or
-    shards model-0000i-of-0000n.safetensors plus model.safetensors.index.json), tokenizer files.
+    shards model-0000i-of-0000n.safetensors plus model.safetensors.index.json), tokenizer files,
+    and a generation_config.json listing the model's stop ids when it has more than its EOS
+    (`DiffusionTraits.stop_ids`; `load_model` reads them back) and `extra_files` brings none.
 
     Args:
         model: a family module with `config.to_hf()`.
@@ -267,6 +306,10 @@ def save_model(
             (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
         if tokenizer is not None:
             tokenizer.save_pretrained(str(tmp))
+        traits = getattr(model, "traits", None)
+        if traits is not None and len(traits.stop_ids) > 1 and "generation_config.json" not in (extra_files or {}):
+            gen = {"eos_token_id": list(traits.stop_ids), "pad_token_id": traits.pad_token_id}
+            (tmp / "generation_config.json").write_text(json.dumps(gen, indent=2))
         for name, text in (extra_files or {}).items():
             (tmp / name).write_text(text)
         _replace_dir(tmp, target)

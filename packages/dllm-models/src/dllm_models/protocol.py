@@ -16,10 +16,15 @@ class DiffusionTraits:
         family: canonical family name (`dllm_models.registry.FAMILIES`: llada, dream, sdar,
             sdar_moe, llada2); config.json `model_type` spellings map to it (`MODEL_TYPES`).
         mask_token_id: id of the mask token that noised positions carry.
-        eos_token_id: end-of-sequence id the sampler may stop on.
+        eos_token_id: end-of-sequence id: the sampler stops on it and fills what a response
+            leaves masked with it.
         pad_token_id: id used to pad batches.
         block_length: native block size of block-diffusion models; None for masked diffusion.
         logit_shift: 1 if the prediction for position j is read at j - 1 (Dream), else 0.
+        stop_token_ids: further ids that end a response, as the release's generation_config.json
+            lists them beside the EOS (SDAR chat models: `<|im_end|>` 151645 before
+            `<|endoftext|>` 151643); `load_model` reads them. Samplers, response masks and
+            engines use `stop_ids`.
     """
 
     family: str
@@ -28,12 +33,21 @@ class DiffusionTraits:
     pad_token_id: int
     block_length: int | None = None
     logit_shift: int = 0
+    stop_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
+        if not isinstance(self.stop_token_ids, tuple) or any(
+                isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
+            raise ValueError(f"stop_token_ids must be a tuple of token ids >= 0, got {self.stop_token_ids!r}")
         if self.logit_shift not in (0, 1):
             raise ValueError(f"logit_shift must be 0 or 1, got {self.logit_shift}")
         if self.block_length is not None and self.block_length < 1:
             raise ValueError(f"block_length must be >= 1 or None, got {self.block_length}")
+
+    @property
+    def stop_ids(self) -> tuple[int, ...]:
+        """Every id that ends a response: the EOS first, then `stop_token_ids` (no repeats)."""
+        return (self.eos_token_id, *dict.fromkeys(t for t in self.stop_token_ids if t != self.eos_token_id))
 
 
 @dataclass

@@ -92,12 +92,26 @@ class RolloutBatch:
         return type(self)(**kwargs)  # type: ignore[arg-type]
 
 
-def response_mask(response: torch.Tensor, eos_id: int, eos_handling: str) -> torch.Tensor:
-    """[B, R] bool: all True ("keep"), or True through the first EOS ("truncate")."""
+def stop_positions(response: torch.Tensor, stop_ids: Sequence[int]) -> torch.Tensor:
+    """[B, R] bool: True where the response holds one of `stop_ids` (the model's
+    `DiffusionTraits.stop_ids`: its EOS and any further stop ids).
+
+    Raises:
+        ValueError: `stop_ids` is empty.
+    """
+    if not stop_ids:
+        raise ValueError("stop_ids is empty: pass the model's traits.stop_ids (at least its EOS id)")
+    if len(stop_ids) == 1:
+        return response == int(stop_ids[0])
+    return torch.isin(response, torch.tensor([int(t) for t in stop_ids], device=response.device))
+
+
+def response_mask(response: torch.Tensor, stop_ids: Sequence[int], eos_handling: str) -> torch.Tensor:
+    """[B, R] bool: all True ("keep"), or True through the first stop id ("truncate")."""
     if eos_handling == "keep":
         return torch.ones_like(response, dtype=torch.bool)
-    is_eos = (response == eos_id).long()
-    before = is_eos.cumsum(-1) - is_eos
+    is_stop = stop_positions(response, stop_ids).long()
+    before = is_stop.cumsum(-1) - is_stop
     return before == 0
 
 
@@ -112,7 +126,7 @@ def rollout_batch(
     seeds: torch.Tensor,
     cfg: SamplingConfig,
     *,
-    eos_id: int,
+    stop_ids: Sequence[int],
     counted: torch.Tensor | None = None,
     records: Mapping[str, torch.Tensor] | None = None,
     extras: dict[str, torch.Tensor] | None = None,
@@ -123,9 +137,9 @@ def rollout_batch(
         prompt_ids, prompt_mask: [B, P] left-padded prompts; seeds: [B].
         response: [B, R] response ids (R = `cfg.max_new_tokens`).
         cfg: the settings that produced the batch.
-        eos_id: the model's EOS id.
+        stop_ids: the ids that end a response (`DiffusionTraits.stop_ids`).
         counted: [B, R] bool, the response mask when the caller's rule differs from
-            `cfg.eos_handling` (engines); None: `response_mask(response, eos_id, cfg.eos_handling)`.
+            `cfg.eos_handling` (engines); None: `response_mask(response, stop_ids, cfg.eos_handling)`.
         records: trajectory records by field name (a subset of `RECORDS`), each [B, R] or [B, S, R].
         extras: further per-sample tensors (`RolloutBatch.extras`).
     """
@@ -137,7 +151,7 @@ def rollout_batch(
         prompt_ids=prompt_ids,
         prompt_mask=prompt_mask,
         response_ids=response,
-        response_mask=response_mask(response, eos_id, cfg.eos_handling) if counted is None else counted,
+        response_mask=response_mask(response, stop_ids, cfg.eos_handling) if counted is None else counted,
         seeds=seeds,
         config=cfg,
         extras={} if extras is None else extras,
@@ -155,7 +169,7 @@ def decoded_batch(
     rec: Recorder,
     *,
     mask_id: int,
-    eos_id: int,
+    stop_ids: Sequence[int],
     extras: dict[str, torch.Tensor] | None = None,
 ) -> RolloutBatch:
     """The batch a decoder returns: each row's response cut from its decoded region, with records.
@@ -165,7 +179,7 @@ def decoded_batch(
         region: [B, W] the decoded canvas after the prompt columns (W >= `cfg.max_new_tokens`).
         offsets: [B] long, the column of `region` where row b's response starts.
         rec: the decoder's trajectory records over `region`.
-        mask_id, eos_id: the model's mask and EOS token ids.
+        mask_id: the model's mask id; stop_ids: the ids that end a response (`DiffusionTraits.stop_ids`).
         extras: further per-sample tensors (`RolloutBatch.extras`).
 
     Returns:
@@ -177,7 +191,7 @@ def decoded_batch(
     recs = rec.take(offsets, r, mask_id)
     if not cfg.record_trajectory:
         recs = {k: v for k, v in recs.items() if k not in ("unmask_step", "step_logp")}
-    return rollout_batch(prompt_ids, prompt_mask, region.gather(1, idx), seeds, cfg, eos_id=eos_id,
+    return rollout_batch(prompt_ids, prompt_mask, region.gather(1, idx), seeds, cfg, stop_ids=stop_ids,
                          records=recs, extras=extras)
 
 
@@ -187,20 +201,20 @@ def batch_from_token_lists(
     seeds: torch.Tensor,
     cfg: SamplingConfig,
     *,
-    eos_id: int,
+    stop_ids: Sequence[int],
     pad_id: int,
     unmask_steps: Sequence[Sequence[int]] | None = None,
 ) -> RolloutBatch:
     """An engine's token lists as a batch: prompts left-padded, responses right-padded with `pad_id`.
 
-    Engines stop at EOS, so the response mask always counts the returned tokens through the first
-    EOS (docs/generation.md#rollout-output), whatever `cfg.eos_handling` says.
+    Engines stop at a stop id, so the response mask always counts the returned tokens through the
+    first stop id (docs/generation.md#rollout-output), whatever `cfg.eos_handling` says.
 
     Args:
         prompts, responses: B lists of token ids (responses longer than R = `cfg.max_new_tokens`
             are cut).
         seeds: [B] the seeds the engine was given.
-        eos_id, pad_id: the model's EOS and padding ids.
+        stop_ids: the ids that end a response (`DiffusionTraits.stop_ids`); pad_id: the padding id.
         unmask_steps: optional 0-based step per response token (engine step maps), -1 after the end.
     """
     if len(prompts) != len(responses):
@@ -217,8 +231,8 @@ def batch_from_token_lists(
         if unmask_steps is not None:
             steps[i, :n] = torch.as_tensor(list(unmask_steps[i])[:n], dtype=torch.long)
     records = {"unmask_step": steps} if unmask_steps is not None else None
-    return rollout_batch(ids, mask, resp, seeds, cfg, eos_id=eos_id,
-                         counted=response_mask(resp, eos_id, "truncate") & filled, records=records)
+    return rollout_batch(ids, mask, resp, seeds, cfg, stop_ids=stop_ids,
+                         counted=response_mask(resp, stop_ids, "truncate") & filled, records=records)
 
 
 def _pad_to(t: torch.Tensor, dim: int, size: int, fill: float | int | bool, *, left: bool = False) -> torch.Tensor:

@@ -21,7 +21,7 @@ the next block only). The finished block's queries see exactly what a store pass
 function is the same; it saves one forward per block, its weight and cache reads and its head.
 `DLLM_ROLLOUT_FOLD_STORE=0` (or `dllm_rollout.block.FOLD_STORE = False`) runs separate store passes.
 
-Rows that have finished (`stop_at_eos`: a finished block of theirs holds EOS) take no more steps,
+Rows that have finished (`stop_at_eos`: a finished block of theirs holds a stop id) take no more steps,
 and once `RETIRE_ROWS` of them have gathered they leave the batch: the canvas, the noise streams,
 the records and the KV cache keep the live rows only (the cache packed in place), and the cached
 steps are captured anew at the smaller batch, so later forwards, their weights' work and their
@@ -45,7 +45,7 @@ from typing import Any
 
 import torch
 
-from dllm_rollout.batch import RolloutBatch, decoded_batch
+from dllm_rollout.batch import RolloutBatch, decoded_batch, stop_positions
 from dllm_rollout.config import SamplingConfig
 from dllm_rollout.editing import EDITS, rows_to_step, step_edits, still_open
 from dllm_rollout.graphs import GraphedStep, graph_pool
@@ -118,7 +118,8 @@ def decode_blocks(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
     `cache=None`, everything up to the end of the current block. Quota per step is
     block_length // steps (+1 for the first block_length % steps steps), restricted to masks;
     with `threshold` every mask with confidence >= threshold is committed, or the quota if fewer
-    pass. A row stops after a block whose response part contains EOS (`stop_at_eos`).
+    pass. A row stops after a block whose response part contains a stop id (`stop_at_eos`; the
+    model's `traits.stop_ids`: its EOS and, for SDAR chat models, `<|im_end|>`).
 
     With `editing_threshold` (LLaDA2.1 joint-threshold decoding, docs/generation.md#llada2;
     `editing.py`) each step also overwrites filled, non-prompt tokens of the block whose proposal
@@ -140,7 +141,7 @@ def decode_blocks(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
     if traits.logit_shift:
         raise ValueError("block diffusion with logit_shift=1 is not supported (no family needs it)")
     bl, r = cfg.block_length, cfg.max_new_tokens
-    mask_id, eos_id = traits.mask_token_id, traits.eos_token_id
+    mask_id, eos_id, stop_ids = traits.mask_token_id, traits.eos_token_id, traits.stop_ids
     device = prompt_ids.device
     canvas, attn, pos, r0, offsets = grid_canvas(prompt_ids, prompt_mask, bl, r, mask_id, traits.pad_token_id)
     b, width = canvas.shape
@@ -206,7 +207,7 @@ def decode_blocks(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
         if cfg.stop_at_eos:
             region = canvas[:, r0:end]
             col = torch.arange(end - r0, device=device)[None]
-            live &= ~((region == eos_id) & (col >= offsets[:, None])).any(-1)
+            live &= ~(stop_positions(region, stop_ids) & (col >= offsets[:, None])).any(-1)
             alive = int(live.sum())
             if alive == 0:
                 break
@@ -231,7 +232,7 @@ def decode_blocks(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
         canvas, rec, offsets, num_edits = full.canvas, full.rec, full.offsets, full.num_edits
     region = canvas[:, r0:]
     region = torch.where(region == mask_id, torch.full_like(region, eos_id), region)
-    return decoded_batch(prompt_ids, prompt_mask, region, offsets, seeds, cfg, rec, mask_id=mask_id, eos_id=eos_id,
+    return decoded_batch(prompt_ids, prompt_mask, region, offsets, seeds, cfg, rec, mask_id=mask_id, stop_ids=stop_ids,
                          extras=_tail_extras(region, offsets, cfg, rec, mask_id, num_edits))
 
 

@@ -224,5 +224,5 @@ def decode_masked(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
     block_logits.release()
     zeros = torch.zeros(b, dtype=torch.long, device=device)
     return decoded_batch(prompt_ids, prompt_mask, canvas[:, p:], zeros, seeds, cfg, rec,
-                         mask_id=mask_id, eos_id=traits.eos_token_id)
+                         mask_id=mask_id, stop_ids=traits.stop_ids)
 

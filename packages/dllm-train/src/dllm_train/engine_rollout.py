@@ -31,8 +31,8 @@ PROBE_ROWS = 4
 PROBE_TOKENS = 64
 """Response tokens of that probe (at most the run's `max_new_tokens`)."""
 
-EngineFactory = Callable[[Path, SamplingConfig, int, int], Any]
-"""(release folder, decoding settings, eos id, pad id) -> an engine with `generate`, `sleep`,
+EngineFactory = Callable[[Path, SamplingConfig, tuple[int, ...], int], Any]
+"""(release folder, decoding settings, stop ids, pad id) -> an engine with `generate`, `sleep`,
 `wake(weights)`, `check_weights(reference)` (`dllm_rollout.engines.LMDeployEngine`)."""
 
 
@@ -82,11 +82,11 @@ def release_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
-def lmdeploy_factory(folder: Path, sampling: SamplingConfig, eos_id: int, pad_id: int) -> Any:
+def lmdeploy_factory(folder: Path, sampling: SamplingConfig, stop_ids: tuple[int, ...], pad_id: int) -> Any:
     """An `LMDeployEngine` on `folder` with the run's decoding and its KV-cache share."""
     from dllm_rollout.engines import LMDeployEngine
 
-    return LMDeployEngine(folder, sampling, eos_id=eos_id, pad_id=pad_id,
+    return LMDeployEngine(folder, sampling, stop_ids=stop_ids, pad_id=pad_id,
                           engine_options={"cache_max_entry_count": sampling.engine_kv_fraction})
 
 
@@ -118,7 +118,7 @@ class EngineRolloutWorker:
         t0 = time.perf_counter()
         traits = self.model.traits
         if self.engine is None:
-            self.engine = self.factory(self.folder, self.sampling, int(traits.eos_token_id), int(traits.pad_token_id))
+            self.engine = self.factory(self.folder, self.sampling, traits.stop_ids, int(traits.pad_token_id))
             self.engine.load_weights(weights.items())
         else:
             self.engine.wake(weights.items())

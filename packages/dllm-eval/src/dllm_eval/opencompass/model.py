@@ -87,6 +87,7 @@ class DLLMModel(BaseModel):  # type: ignore[misc,unused-ignore]
         if not tokenizer_only:
             dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
             self.model = load_model(path, dtype=dtype, device=dev).eval()
+            self.eos_ids = _eos_ids(self.tokenizer, self.model)
         self._warned_max_out_len = False
         _LOADED[str(path)] = self
 

@@ -15,7 +15,8 @@ What the adapter maps, and what it refuses (each refusal names the field and the
   replayable from its seeds (`LMDeployEngine.replayable` is False), which the trainer does not
   need, since it recomputes the old log-probs. No step maps are returned.
 - Prompts are token ids (`AsyncEngine.preprocess(input_ids=...)`; `pipe(...)` takes text only).
-  The EOS id is kept in the output (`include_stop_str_in_output`).
+  Every stop id of the model (`DiffusionTraits.stop_ids`: its EOS and, for SDAR chat models,
+  `<|im_end|>`) ends a request, and the stop token is kept in the output (`include_stop_str_in_output`).
 - A release folder without `configuration_sdar.py` loads as a bare transformers config:
   `hf_overrides` supplies the pad id and the RoPE parameters from the folder's own files.
 - Weights: `load_weights` hands a policy's tensors (release names) to the engine's model in
@@ -76,20 +77,21 @@ def lmdeploy_engine_config(cfg: SamplingConfig) -> dict[str, Any]:
     return out
 
 
-def lmdeploy_gen_config(cfg: SamplingConfig, *, eos_id: int) -> dict[str, Any]:
+def lmdeploy_gen_config(cfg: SamplingConfig, *, stop_ids: Sequence[int]) -> dict[str, Any]:
     """`GenerationConfig` fields for `cfg`: the same for every row (see the module doc).
 
     Greedy (temperature 0) is `do_sample=False`; lmdeploy's top-k 0 means no top-k filter.
     """
-    if eos_id < 0:
-        raise ValueError(f"eos_id={eos_id}: lmdeploy indexes the logits with its stop ids; pass the model's EOS id")
+    if not stop_ids or any(int(t) < 0 for t in stop_ids):
+        raise ValueError(f"stop_ids={list(stop_ids)}: lmdeploy indexes the logits with its stop ids; pass the "
+                         "model's traits.stop_ids")
     return {
         "max_new_tokens": cfg.max_new_tokens,
         "do_sample": cfg.temperature > 0,
         "temperature": cfg.temperature if cfg.temperature > 0 else 1.0,
         "top_p": cfg.top_p if cfg.top_p is not None else 1.0,
         "top_k": cfg.top_k if cfg.top_k is not None else 0,
-        "stop_token_ids": [int(eos_id)],
+        "stop_token_ids": [int(t) for t in stop_ids],
         "include_stop_str_in_output": True,
         "ignore_eos": not cfg.stop_at_eos,
     }
@@ -120,7 +122,7 @@ def hf_overrides(folder: str | Path) -> dict[str, Any]:
 
 def batch_from_lmdeploy(
     outputs: Sequence[Any], prompts: Sequence[Sequence[int]], seeds: torch.Tensor, cfg: SamplingConfig,
-    *, eos_id: int, pad_id: int,
+    *, stop_ids: Sequence[int], pad_id: int,
 ) -> RolloutBatch:
     """lmdeploy outputs (`.token_ids`, with the stop token kept) -> RolloutBatch (no re-tokenising).
 
@@ -131,7 +133,7 @@ def batch_from_lmdeploy(
         if getattr(o, "finish_reason", None) in ("error", "abort"):
             raise RuntimeError(f"lmdeploy failed on prompt {i}: {getattr(o, 'response', '') or 'no message'}")
     return batch_from_token_lists(prompts, [list(o.token_ids or []) for o in outputs], seeds, cfg,
-                                  eos_id=eos_id, pad_id=pad_id)
+                                  stop_ids=stop_ids, pad_id=pad_id)
 
 
 @dataclass(frozen=True)
@@ -216,7 +218,7 @@ class LMDeployEngine:
     Args:
         model_path: a release-layout folder (config.json, tokenizer, safetensors).
         cfg: the decoding settings (`lmdeploy_engine_config` says what is refused).
-        eos_id, pad_id: the model's special ids.
+        stop_ids: the ids that end a response (`DiffusionTraits.stop_ids`); pad_id: the padding id.
         engine_options: further `PytorchEngineConfig` fields (`cache_max_entry_count`,
             `max_batch_size`, `session_len`, ...).
     """
@@ -224,14 +226,15 @@ class LMDeployEngine:
     replayable = False
     """Engine rollouts are not replayable from their seeds (see the module doc)."""
 
-    def __init__(self, model_path: str | Path, cfg: SamplingConfig, *, eos_id: int, pad_id: int,
+    def __init__(self, model_path: str | Path, cfg: SamplingConfig, *, stop_ids: Sequence[int], pad_id: int,
                  engine_options: Mapping[str, Any] | None = None) -> None:
         try:
             self.lmdeploy = importlib.import_module("lmdeploy")
         except ImportError as err:
             raise ImportError("rollout.engine=lmdeploy needs the lmdeploy extra: pip install 'dllm-rollout[lmdeploy]'"
                               ) from err
-        self.cfg, self.eos_id, self.pad_id = cfg, eos_id, pad_id
+        self.cfg, self.stop_ids, self.pad_id = cfg, tuple(int(t) for t in stop_ids), pad_id
+        lmdeploy_gen_config(cfg, stop_ids=self.stop_ids)  # bad stop ids fail here, before the engine starts
         options = {**lmdeploy_engine_config(cfg), **dict(engine_options or {})}
         overrides = hf_overrides(model_path)
         if overrides and "hf_overrides" not in options:
@@ -282,9 +285,9 @@ class LMDeployEngine:
             raise ValueError(f"block_length={cfg.block_length}, steps={cfg.steps}: the engine was started with "
                              f"block_length={self.cfg.block_length}, steps={self.cfg.steps}; start another engine")
         seeds = sample_seeds(seed, len(prompts))
-        gen = self.lmdeploy.GenerationConfig(**lmdeploy_gen_config(cfg, eos_id=self.eos_id))
+        gen = self.lmdeploy.GenerationConfig(**lmdeploy_gen_config(cfg, stop_ids=self.stop_ids))
         outputs = self._run(self._all([[int(t) for t in p] for p in prompts], gen))
-        return batch_from_lmdeploy(outputs, prompts, seeds, cfg, eos_id=self.eos_id, pad_id=self.pad_id)
+        return batch_from_lmdeploy(outputs, prompts, seeds, cfg, stop_ids=self.stop_ids, pad_id=self.pad_id)
 
     def sleep(self) -> None:
         """Free the engine's weights (to host memory) and KV cache on the GPU."""

@@ -21,14 +21,22 @@ from dllm_rollout.prompts import sample_seeds
 DEFAULT_THRESHOLD = 0.95
 
 
-def sglang_sampling_params(cfg: SamplingConfig, seed: int | None = None) -> dict[str, Any]:
-    """SGLang `SamplingParams` fields for `cfg` (greedy: temperature 0, top_p 1, top_k -1)."""
+def sglang_sampling_params(cfg: SamplingConfig, seed: int | None = None, *,
+                           stop_ids: Sequence[int] = ()) -> dict[str, Any]:
+    """SGLang `SamplingParams` fields for `cfg` (greedy: temperature 0, top_p 1, top_k -1).
+
+    `stop_ids` (the model's `DiffusionTraits.stop_ids`) end a request beside the EOS SGLang reads
+    from the folder; `cfg.stop_at_eos=False` ignores them all (`ignore_eos`).
+    """
     params: dict[str, Any] = {
         "max_new_tokens": cfg.max_new_tokens,
         "temperature": cfg.temperature,
         "top_p": cfg.top_p if cfg.top_p is not None else 1.0,
         "top_k": cfg.top_k if cfg.top_k is not None else -1,
+        "ignore_eos": not cfg.stop_at_eos,
     }
+    if stop_ids:
+        params["stop_token_ids"] = [int(t) for t in stop_ids]
     if seed is not None:
         params["sampling_seed"] = int(seed)
     return params
@@ -58,7 +66,7 @@ def sglang_algorithm(cfg: SamplingConfig) -> tuple[str, dict[str, Any]]:
 
 def batch_from_sglang(
     outputs: Sequence[dict[str, Any]], prompts: Sequence[Sequence[int]], seeds: torch.Tensor, cfg: SamplingConfig,
-    *, eos_id: int, pad_id: int,
+    *, stop_ids: Sequence[int], pad_id: int,
 ) -> RolloutBatch:
     """SGLang `generate` outputs -> RolloutBatch.
 
@@ -69,13 +77,14 @@ def batch_from_sglang(
     steps = None
     if outputs and "dllm_replay_step_maps" in outputs[0].get("meta_info", {}):
         steps = [[int(s) - 1 for s in o["meta_info"]["dllm_replay_step_maps"]] for o in outputs]
-    return batch_from_token_lists(prompts, responses, seeds, cfg, eos_id=eos_id, pad_id=pad_id, unmask_steps=steps)
+    return batch_from_token_lists(prompts, responses, seeds, cfg, stop_ids=stop_ids, pad_id=pad_id, unmask_steps=steps)
 
 
 class SGLangEngine:
     """An in-process `sglang.srt.entrypoints.engine.Engine` serving a block-diffusion model."""
 
-    def __init__(self, model_path: str, cfg: SamplingConfig, *, eos_id: int, pad_id: int, **engine_kwargs: Any) -> None:
+    def __init__(self, model_path: str, cfg: SamplingConfig, *, stop_ids: Sequence[int], pad_id: int,
+                 **engine_kwargs: Any) -> None:
         try:
             sglang = importlib.import_module("sglang")
         except ImportError as err:
@@ -83,16 +92,16 @@ class SGLangEngine:
         algorithm, algo_cfg = sglang_algorithm(cfg)
         with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
             f.write("".join(f"{k}: {v}\n" for k, v in algo_cfg.items()))
-        self.cfg, self.eos_id, self.pad_id = cfg, eos_id, pad_id
+        self.cfg, self.stop_ids, self.pad_id = cfg, tuple(int(t) for t in stop_ids), pad_id
         self.engine = sglang.Engine(model_path=model_path, dllm_algorithm=algorithm,
                                     dllm_algorithm_config=f.name, **engine_kwargs)
 
     def generate(self, prompts: Sequence[Sequence[int]], seed: int | Sequence[int] | None = None) -> RolloutBatch:
         """Generate one response per prompt (token ids in, RolloutBatch out)."""
         seeds = sample_seeds(seed, len(prompts))
-        params = [sglang_sampling_params(self.cfg, int(s)) for s in seeds.tolist()]
+        params = [sglang_sampling_params(self.cfg, int(s), stop_ids=self.stop_ids) for s in seeds.tolist()]
         outputs = self.engine.generate(input_ids=[list(p) for p in prompts], sampling_params=params)
-        return batch_from_sglang(outputs, prompts, seeds, self.cfg, eos_id=self.eos_id, pad_id=self.pad_id)
+        return batch_from_sglang(outputs, prompts, seeds, self.cfg, stop_ids=self.stop_ids, pad_id=self.pad_id)
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Push weights with SGLang's `update_weights_from_tensor`, flushing the cache at the end."""
