@@ -17,6 +17,9 @@ What the adapter maps, and what it refuses (each refusal names the field and the
 - Prompts are token ids (`AsyncEngine.preprocess(input_ids=...)`; `pipe(...)` takes text only).
   Every stop id of the model (`DiffusionTraits.stop_ids`: its EOS and, for SDAR chat models,
   `<|im_end|>`) ends a request, and the stop token is kept in the output (`include_stop_str_in_output`).
+  lmdeploy itself adds the tokenizer's EOS and generation_config.json's `eos_token_id` list to every
+  request's stop ids (`GenerationConfig.update_from_hf_gen_cfg`); `load_model` reads the same list into
+  `traits.stop_ids`, so the response mask cuts where the engine stopped.
 - A release folder without `configuration_sdar.py` loads as a bare transformers config:
   `hf_overrides` supplies the pad id and the RoPE parameters from the folder's own files.
 - Weights: `load_weights` hands a policy's tensors (release names) to the engine's model in
