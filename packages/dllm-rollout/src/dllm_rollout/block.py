@@ -162,71 +162,75 @@ def decode_blocks(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
     # the quotas of a block that starts fully masked, one per step
     fill = [quota_at(quota, s, bl) for s in range(steps_to_fill(quota, bl))]
     chain: _ChainedSteps | None = None
-    for start in range(r0, width, bl):
-        end = start + bl
-        step, post, open_rows = 0, torch.zeros_like(num_edits), live.clone()
-        logits: torch.Tensor | None = None
-        # every block after the first (which holds the prompt tails) starts fully masked
-        stepped = chained and start > r0 and cached is not None and cached.static is not None
-        if stepped:
-            assert cached is not None
-            if chain is None:
-                chain = _ChainedSteps(cached, cfg, noise, rec, mask_id)
-            chain.block(start, end, start - r0, open_rows, fill)
-        while not stepped:
-            still = (canvas[:, start:end] == mask_id) & open_rows[:, None]
-            active, post = rows_to_step(open_rows, still.any(-1), post, post_budget)
-            if not bool(active.any()):
-                break
-            # the quota fills a block in cfg.steps steps, threshold decoding in at most bl; then the
-            # post-fill budget (editing)
-            check_progress(step, max(cfg.steps, bl) + post_budget + 1, start, end, logits)
-            if cached is not None:
-                logits = cached.logits(start, end)
-            else:
-                logits = _recompute_logits(model, canvas, attn, pos, start, end)
-            x0, conf, logp = propose_scored(logits, remasking="maskgit_plus", temperature=cfg.temperature,
-                                            top_k=cfg.top_k, top_p=cfg.top_p, noise=noise, active=active,
-                                            mask_id=mask_id)
-            k = torch.full((canvas.shape[0],), quota_at(quota, step, bl), dtype=torch.long, device=device)
-            commit = select(conf, still, k, cfg.threshold) & active[:, None]
-            edits = step_edits(x0, conf, canvas[:, start:end], active, mask_id=mask_id, lo=start - r0,
-                               span=own, editing_threshold=cfg.editing_threshold)
-            ref_logp = None
-            if ref_model is not None:
-                ref = _recompute_logits(ref_model, canvas, attn, pos, start, end).float()
-                ref_logp = torch.log_softmax(ref / t, dim=-1).gather(-1, x0[..., None]).squeeze(-1)
-            before = canvas[:, r0:].clone() if cfg.record_steps else canvas[:, :0]
-            canvas[:, start:end] = torch.where(commit | edits, x0, canvas[:, start:end])
-            rec.record(active, start - r0, commit | edits, x0, logp, conf, before, ref_logp)
-            num_edits += edits.sum(-1)
-            open_rows = still_open(active, still.any(-1), edits)
-            step += 1
-        if cached is not None and end < width:
-            cached.finish(start, end)
-        if cfg.stop_at_eos:
-            region = canvas[:, r0:end]
-            col = torch.arange(end - r0, device=device)[None]
-            live &= ~(stop_positions(region, stop_ids) & (col >= offsets[:, None])).any(-1)
-            alive = int(live.sum())
-            if alive == 0:
-                break
-            if full is not None and end < width and live.numel() - alive >= RETIRE_ROWS:
-                if chain is not None:  # its graphs and buffers are those of the old batch
-                    chain.release()
-                    chain = None
-                keep = live.nonzero().flatten()
-                full.put(canvas, rec, num_edits)
-                full.rows = full.rows[keep]
-                canvas, attn, pos, offsets = canvas[keep], attn[keep], pos[keep], offsets[keep]
-                live, num_edits, noise, rec = live[keep], num_edits[keep], noise.rows(keep), rec.rows(keep)
-                own = _own_span(offsets, r, bl)
+    try:
+        for start in range(r0, width, bl):
+            end = start + bl
+            step, post, open_rows = 0, torch.zeros_like(num_edits), live.clone()
+            logits: torch.Tensor | None = None
+            # every block after the first (which holds the prompt tails) starts fully masked
+            stepped = chained and start > r0 and cached is not None and cached.static is not None
+            if stepped:
+                assert cached is not None
+                if chain is None:
+                    chain = _ChainedSteps(cached, cfg, noise, rec, mask_id)
+                chain.block(start, end, start - r0, open_rows, fill)
+            while not stepped:
+                still = (canvas[:, start:end] == mask_id) & open_rows[:, None]
+                active, post = rows_to_step(open_rows, still.any(-1), post, post_budget)
+                if not bool(active.any()):
+                    break
+                # the quota fills a block in cfg.steps steps, threshold decoding in at most bl; then the
+                # post-fill budget (editing)
+                check_progress(step, max(cfg.steps, bl) + post_budget + 1, start, end, logits)
                 if cached is not None:
-                    cached.keep_rows(keep, canvas, attn, pos)
-    if chain is not None:
-        chain.release()
-    if cached is not None:
-        cached.release()
+                    logits = cached.logits(start, end)
+                else:
+                    logits = _recompute_logits(model, canvas, attn, pos, start, end)
+                x0, conf, logp = propose_scored(logits, remasking="maskgit_plus", temperature=cfg.temperature,
+                                                top_k=cfg.top_k, top_p=cfg.top_p, noise=noise, active=active,
+                                                mask_id=mask_id)
+                k = torch.full((canvas.shape[0],), quota_at(quota, step, bl), dtype=torch.long, device=device)
+                commit = select(conf, still, k, cfg.threshold) & active[:, None]
+                edits = step_edits(x0, conf, canvas[:, start:end], active, mask_id=mask_id, lo=start - r0,
+                                   span=own, editing_threshold=cfg.editing_threshold)
+                ref_logp = None
+                if ref_model is not None:
+                    ref = _recompute_logits(ref_model, canvas, attn, pos, start, end).float()
+                    ref_logp = torch.log_softmax(ref / t, dim=-1).gather(-1, x0[..., None]).squeeze(-1)
+                before = canvas[:, r0:].clone() if cfg.record_steps else canvas[:, :0]
+                canvas[:, start:end] = torch.where(commit | edits, x0, canvas[:, start:end])
+                rec.record(active, start - r0, commit | edits, x0, logp, conf, before, ref_logp)
+                num_edits += edits.sum(-1)
+                open_rows = still_open(active, still.any(-1), edits)
+                step += 1
+            if cached is not None and end < width:
+                cached.finish(start, end)
+            if cfg.stop_at_eos:
+                region = canvas[:, r0:end]
+                col = torch.arange(end - r0, device=device)[None]
+                live &= ~(stop_positions(region, stop_ids) & (col >= offsets[:, None])).any(-1)
+                alive = int(live.sum())
+                if alive == 0:
+                    break
+                if full is not None and end < width and live.numel() - alive >= RETIRE_ROWS:
+                    if chain is not None:  # its graphs and buffers are those of the old batch
+                        chain.release()
+                        chain = None
+                    keep = live.nonzero().flatten()
+                    full.put(canvas, rec, num_edits)
+                    full.rows = full.rows[keep]
+                    canvas, attn, pos, offsets = canvas[keep], attn[keep], pos[keep], offsets[keep]
+                    live, num_edits, noise, rec = live[keep], num_edits[keep], noise.rows(keep), rec.rows(keep)
+                    own = _own_span(offsets, r, bl)
+                    if cached is not None:
+                        cached.keep_rows(keep, canvas, attn, pos)
+    finally:
+        # on an exception too: the graphs hold bound methods of these objects, a cycle that would keep the
+        # canvas-wide KV cache alive until the next garbage collection (a retry would meet it on the GPU)
+        if chain is not None:
+            chain.release()
+        if cached is not None:
+            cached.release()
     if full is not None and full.rows.numel() < full.canvas.shape[0]:
         full.put(canvas, rec, num_edits)
         canvas, rec, offsets, num_edits = full.canvas, full.rec, full.offsets, full.num_edits

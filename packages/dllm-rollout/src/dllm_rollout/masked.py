@@ -187,41 +187,43 @@ def decode_masked(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
     spb = cfg.steps_per_block
     quota = transfer_quota(bl, spb)
     t = cfg.temperature if cfg.temperature > 0 else 1.0
-    for blk in range(first_step // spb, cfg.num_blocks):
-        start, end = p + blk * bl, p + (blk + 1) * bl
-        step = first_step - blk * spb if blk == first_step // spb else 0
-        logits: torch.Tensor | None = None
-        while last_step is None or blk * spb + step < last_step:
-            still = canvas[:, start:end] == mask_id
-            active = still.any(-1)
-            if not bool(active.any()):
-                break
-            # quota schedules fill a block in spb steps, threshold decoding in at most bl
-            check_progress(step, spb + bl, start, end, logits)
-            logits = block_logits(start, end, step)
-            # LLaDA's confidences read the raw logits; Dream's read softmax(filtered)
-            x0, conf, logp = propose_scored(logits, remasking=cfg.remasking, temperature=cfg.temperature,
-                                            top_k=cfg.top_k, top_p=cfg.top_p, noise=noise, active=active,
-                                            mask_id=mask_id)
-            k = _quota(cfg, still, step, spb, quota)
-            if cfg.remasking == "origin" and cfg.threshold is None:
-                reveal = float(_dream_ratio(step, spb)) if step < spb - 1 else 1.0
-                commit = still & (noise.uniform((bl,), active) < reveal)
-            elif cfg.alg_temp and cfg.threshold is None:
-                commit = sample_positions(conf, still, k, cfg.alg_temp, noise, active)
-            else:
-                commit = select(conf, still, k, cfg.threshold)
-            commit &= active[:, None]
-            ref_logp = None
-            if ref_model is not None:
-                ref = block_forward(ref_model, canvas, start, end, shift=int(ref_model.traits.logit_shift),
-                                    attention_mask=attn, position_ids=pos).logits.float()
-                ref_logp = torch.log_softmax(ref / t, dim=-1).gather(-1, x0[..., None]).squeeze(-1)
-            before = canvas[:, p:].clone() if cfg.record_steps else canvas[:, :0]
-            canvas[:, start:end] = torch.where(commit, x0, canvas[:, start:end])
-            rec.record(active, start - p, commit, x0, logp, conf, before, ref_logp)
-            step += 1
-    block_logits.release()
+    try:
+        for blk in range(first_step // spb, cfg.num_blocks):
+            start, end = p + blk * bl, p + (blk + 1) * bl
+            step = first_step - blk * spb if blk == first_step // spb else 0
+            logits: torch.Tensor | None = None
+            while last_step is None or blk * spb + step < last_step:
+                still = canvas[:, start:end] == mask_id
+                active = still.any(-1)
+                if not bool(active.any()):
+                    break
+                # quota schedules fill a block in spb steps, threshold decoding in at most bl
+                check_progress(step, spb + bl, start, end, logits)
+                logits = block_logits(start, end, step)
+                # LLaDA's confidences read the raw logits; Dream's read softmax(filtered)
+                x0, conf, logp = propose_scored(logits, remasking=cfg.remasking, temperature=cfg.temperature,
+                                                top_k=cfg.top_k, top_p=cfg.top_p, noise=noise, active=active,
+                                                mask_id=mask_id)
+                k = _quota(cfg, still, step, spb, quota)
+                if cfg.remasking == "origin" and cfg.threshold is None:
+                    reveal = float(_dream_ratio(step, spb)) if step < spb - 1 else 1.0
+                    commit = still & (noise.uniform((bl,), active) < reveal)
+                elif cfg.alg_temp and cfg.threshold is None:
+                    commit = sample_positions(conf, still, k, cfg.alg_temp, noise, active)
+                else:
+                    commit = select(conf, still, k, cfg.threshold)
+                commit &= active[:, None]
+                ref_logp = None
+                if ref_model is not None:
+                    ref = block_forward(ref_model, canvas, start, end, shift=int(ref_model.traits.logit_shift),
+                                        attention_mask=attn, position_ids=pos).logits.float()
+                    ref_logp = torch.log_softmax(ref / t, dim=-1).gather(-1, x0[..., None]).squeeze(-1)
+                before = canvas[:, p:].clone() if cfg.record_steps else canvas[:, :0]
+                canvas[:, start:end] = torch.where(commit, x0, canvas[:, start:end])
+                rec.record(active, start - p, commit, x0, logp, conf, before, ref_logp)
+                step += 1
+    finally:
+        block_logits.release()  # on an exception too (see `_BlockLogits`: the cache would wait for the gc)
     zeros = torch.zeros(b, dtype=torch.long, device=device)
     return decoded_batch(prompt_ids, prompt_mask, canvas[:, p:], zeros, seeds, cfg, rec,
                          mask_id=mask_id, stop_ids=traits.stop_ids)
