@@ -14,9 +14,11 @@ Engines: `native` and its switched variants (`SWITCHES`: `native_nofold`, `nativ
 `--stop-token auto` (or ids) measures rows that stop at different lengths, as a trained model's do:
 random weights almost never emit the real EOS, so tokens the random model does emit play the stop
 ids for both engines (native: `traits.stop_ids`, `stop_at_eos`; lmdeploy: `stop_token_ids`). `auto`
-picks, from a pilot greedy decode of the native engine without stops, a set of tokens whose earliest
-first occurrence per row (the full length where none occurs) has its mean nearest `--stop-mean` (a
-fraction of the new tokens). tokens/s then counts the tokens each row generated up to its stop.
+picks, from a pilot greedy decode without stops, a set of tokens whose earliest first occurrence per
+row (the full length where none occurs) has its mean nearest `--stop-mean` (a fraction of the new
+tokens): one pilot for the native variants, and lmdeploy's own pilot for lmdeploy (on random weights
+their greedy tokens part after a few tokens, so one set would stop them at different lengths).
+Both also stop at the folder's EOS ids. tokens/s then counts the tokens each row generated up to its stop.
 With `--engine-checks`: the weight hand-off (load changed weights -> output changes; restore ->
 output back), sleep/wake, the exact served-weights check, and the per-row settings reproduction.
 
@@ -182,7 +184,11 @@ def _native(folder: Path, prompts: list[list[int]], new: int, device: str, *, lo
     if stop_tokens:
         import dataclasses
 
-        model.traits = dataclasses.replace(model.traits, eos_token_id=stop_tokens[0], stop_token_ids=stop_tokens[1:])
+        from dllm_models import generation_stop_ids
+
+        # lmdeploy stops at the folder's EOS ids as well (it adds them to every request): so does native here
+        model.traits = dataclasses.replace(model.traits, eos_token_id=stop_tokens[0],
+                                           stop_token_ids=stop_tokens[1:] + generation_stop_ids(folder))
         kw.update(stop_at_eos=True, eos_handling="truncate")
 
     def run(p: list[list[int]], new_tokens: int = new) -> Any:
@@ -434,6 +440,16 @@ def main(argv: list[str] | None = None) -> int:
             engine.cfg = engine_cfg(n, stop=bool(stops))
             engine.generate(prompts_all[:r], cfg=engine_cfg(8))  # warm-up at the measured batch size
             _sync()
+            if args.stop_token == "auto":  # lmdeploy's own greedy tokens differ: its own stop set, the same mean
+                t0 = time.perf_counter()
+                pilot = responses(engine.generate(prompts_all[:r], cfg=engine_cfg(n)))
+                s = time.perf_counter() - t0
+                toks, stats = pick_stop_tokens(pilot, args.stop_mean)
+                engine.stop_ids = toks
+                row = {"engine": "lmdeploy (pilot, no stop)", "rows": r, "new": n, "s": round(s, 2),
+                       "tok_s": round(r * n / s), "stop_tokens": list(toks), **stats}
+                results.append(row)
+                print(json.dumps(row), flush=True)
             t0 = time.perf_counter()
             try:
                 out = responses(engine.generate(prompts_all[:r]))
