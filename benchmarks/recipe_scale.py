@@ -462,7 +462,9 @@ def run_recipe(recipe: str, args: argparse.Namespace, hw: Hardware, device: str,
                 if key not in metrics:
                     continue
                 measured = float(metrics[key])
-                row = {**head, "phase": phase, "seconds": measured * scale, "measured_s": measured,
+                # the optimizer state's return from host memory is once per step, whatever the rows: not scaled
+                once = float(metrics.get("optimizer_restore_s", 0.0)) if phase == "update" else 0.0
+                row = {**head, "phase": phase, "seconds": (measured - once) * scale + once, "measured_s": measured,
                        "floor_s": flops / hw.flops, "required_tflop": flops / 1e12,
                        "peak_gib": metrics.get("peak_gib")}
                 if phase == "update":
