@@ -25,6 +25,8 @@ def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     save_model(build_tiny_model(tiny_config(), tok), path, tokenizer=tok)
     raw = json.loads((path / "config.json").read_text())  # positions for the shipped countdown prompts
     (path / "config.json").write_text(json.dumps({**raw, "max_sequence_length": 4096}))
+    # a release's generation config: its EOS (no further stop id) and sampling defaults
+    (path / "generation_config.json").write_text(json.dumps({"eos_token_id": raw["eos_token_id"], "temperature": 0.6}))
     return path
 
 
@@ -41,6 +43,8 @@ def test_rl_recipe_trains_from_a_checkpoint_folder_and_exports(tiny_checkpoint: 
     # saved after steps 1 and 2; keep_checkpoints=1 leaves only the newest
     assert [p.name for p in (out / "checkpoints").iterdir()] == ["0-rl-000002"]
     assert set(load_model(out / "model").state_dict()) == set(load_model(tiny_checkpoint).state_dict())
+    # the export keeps the release's generation_config.json (stop ids, sampling defaults)
+    assert (out / "model" / "generation_config.json").read_text() == (tiny_checkpoint / "generation_config.json").read_text()
     summary = json.loads((out / "summary.json").read_text())
     assert "eval/sudoku_score" in summary["results"]["final_eval"]
 

@@ -90,7 +90,10 @@ def finish(cfg: CheckpointRun, output_dir: Path, run: Run, model: Any, tokenizer
 
         save_peft_adapter(model, output_dir / "adapter", base_model=ckpt.checkpoint)
         export = merge_lora(copy.deepcopy(model))
-    save_model(export, output_dir / "model", tokenizer=tokenizer)
+    # the release's generation_config.json (its stop ids and sampling defaults) travels with the export
+    gen = Path(ckpt.checkpoint) / "generation_config.json"
+    extra = {gen.name: gen.read_text()} if gen.is_file() else None
+    save_model(export, output_dir / "model", tokenizer=tokenizer, extra_files=extra)
     records = read_metrics(output_dir / "metrics.jsonl")
     plot_curves(records, curve_keys(records, curves), output_dir / "curves.png",
                 title=curves_title(cfg, output_dir, records))
