@@ -109,14 +109,14 @@ def pick_stop_tokens(responses: list[list[int]], mean: float, most: int = 64) ->
     ends, chosen = [n] * len(responses), list[int]()
     gap = abs(1.0 - mean)
     while len(chosen) < most:
-        def after(tok: int) -> float:
-            return sum(min(e, f) for e, f in zip(ends, firsts[tok])) / len(ends) / n
-        pick = min((t for t in candidates if t not in chosen), key=lambda t: abs(after(t) - mean), default=None)
-        if pick is None or abs(after(pick) - mean) >= gap:
+        # (distance of the mean stop to `mean` once the token joins, token) for every candidate left
+        best = min(((abs(sum(map(min, ends, firsts[t])) / len(ends) / n - mean), t)
+                    for t in candidates if t not in chosen), key=lambda c: c[0], default=None)
+        if best is None or best[0] >= gap:
             break
-        gap = abs(after(pick) - mean)
+        gap, pick = best
         chosen.append(pick)
-        ends = [min(e, f) for e, f in zip(ends, firsts[pick])]
+        ends = list(map(min, ends, firsts[pick]))
     lengths = sorted(ends)
     return tuple(chosen), {"stop_tokens": len(chosen), "mean_fraction": round(sum(lengths) / len(lengths) / n, 3),
                            "median_fraction": round(lengths[len(lengths) // 2] / n, 3),

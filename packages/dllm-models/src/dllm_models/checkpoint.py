@@ -18,6 +18,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import nn
 
+from dllm_models.protocol import is_token_id
 from dllm_models.registry import build_model
 
 logger = logging.getLogger(__name__)
@@ -92,7 +93,7 @@ def generation_stop_ids(checkpoint_dir: str | os.PathLike[str]) -> tuple[int, ..
         raise ValueError(f"{path} holds a {type(gen).__name__}, not a JSON object; restore the release's file")
     eos = gen.get("eos_token_id")
     ids = [] if eos is None else eos if isinstance(eos, list) else [eos]
-    if any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in ids):
+    if not all(map(is_token_id, ids)):
         raise ValueError(f"{path}: eos_token_id={eos!r} must be a token id or a list of token ids >= 0; "
                          "restore the release's generation_config.json")
     return tuple(dict.fromkeys(int(t) for t in ids))

@@ -8,6 +8,11 @@ from typing import Any
 import torch
 
 
+def is_token_id(value: object) -> bool:
+    """Whether `value` is a token id: an int >= 0 (not a bool)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
 @dataclass(frozen=True)
 class DiffusionTraits:
     """Constants of a diffusion LM that samplers and trainers need.
@@ -36,8 +41,7 @@ class DiffusionTraits:
     stop_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        if not isinstance(self.stop_token_ids, tuple) or any(
-                isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
+        if not isinstance(self.stop_token_ids, tuple) or not all(map(is_token_id, self.stop_token_ids)):
             raise ValueError(f"stop_token_ids must be a tuple of token ids >= 0, got {self.stop_token_ids!r}")
         if self.logit_shift not in (0, 1):
             raise ValueError(f"logit_shift must be 0 or 1, got {self.logit_shift}")

@@ -101,9 +101,10 @@ def stop_positions(response: torch.Tensor, stop_ids: Sequence[int]) -> torch.Ten
     """
     if not stop_ids:
         raise ValueError("stop_ids is empty: pass the model's traits.stop_ids (at least its EOS id)")
-    if len(stop_ids) == 1:
-        return response == int(stop_ids[0])
-    return torch.isin(response, torch.tensor([int(t) for t in stop_ids], device=response.device))
+    hits = response == int(stop_ids[0])  # scalar comparisons: no id tensor copied to the device per call
+    for t in stop_ids[1:]:
+        hits |= response == int(t)
+    return hits
 
 
 def response_mask(response: torch.Tensor, stop_ids: Sequence[int], eos_handling: str) -> torch.Tensor:
