@@ -160,6 +160,10 @@ def main(argv: list[str] | None = None) -> int:
         args.overrides = [args.recipe, *args.overrides]
         args.recipe = None
     _setup_logging(args.verbose)
+    from dare.algorithms import PLUGIN_ERRORS
+
+    if PLUGIN_ERRORS:
+        parser.exit(2, f"dare: error: {PLUGIN_ERRORS[0]}\n")
     os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     try:

@@ -9,12 +9,13 @@ parquet files; see `dare.pipeline` and `dare.datasets`); they are meant for GPUs
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, TypeVar
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from functools import partial
 
-from dare.algorithms import ALGORITHMS, PREFERENCE_ALGORITHMS, SFT_ALGORITHMS
+from dare.algorithms import ALGORITHMS, PREFERENCE_ALGORITHMS, SFT_ALGORITHMS, plugin_note, rl_entry
+from dare.algorithms.tasks import TASKS, check_task
 from dare.config import (
     CheckpointModelConfig,
     DataConfig,
@@ -32,6 +33,9 @@ from dare.tasks.addition import AdditionConfig
 from dllm_models import FAMILY_NAMES, family_kind
 from dllm_rollout import SamplingConfig
 from dllm_train import OptimConfig, RLConfig, SFTConfig, TrainerConfig
+
+
+V = TypeVar("V")
 
 
 def quickstart() -> QuickstartConfig:
@@ -72,43 +76,33 @@ _FAMILY_ROLLOUT: dict[str, SamplingConfig] = {
 def _trainer(*, max_steps: int, save_every: int, eval_every: int = 0) -> TrainerConfig:
     return TrainerConfig(max_steps=max_steps, seed=0, eval_every=eval_every, save_every=save_every,
                          max_tokens_per_pass=16384, activation_checkpointing=True, optimizer_offload=True)
-_GROUP = {"espo": 16, "d-treerpo": 16, "dmpo": 16}
-_PROMPTS = {"coupled-grpo@dream": 8, "bridgeratio-grpo@dream": 8}  # bridgeratio-grpo runs the coupled-grpo scripts
-_LR = {"d-treerpo": 3e-5, "dmpo": 1e-6}
-_ROLLOUT_CHANGES: dict[str, dict[str, object]] = {
-    "justgrpo": {"block_length": 1, "steps": 512},
-    "cj-grpo": {"max_new_tokens": 256, "steps": 128},
-    "d-treerpo": {"max_new_tokens": 256, "steps": 128, "temperature": 0.9},
-    "espo": {"temperature": 1.0},
-    # DMPO's public config (yuchen-zhu-zyc/DMPO DMPO/dmpo_train_config.yaml): 128 sampler steps at
-    # temperature 0.2 over TRL's default 256-token completions
-    "dmpo": {"max_new_tokens": 256, "steps": 128, "temperature": 0.2},
-}
-# optimizer settings other than the learning rate, where the reference differs from DARE's AdamW
-_OPTIM: dict[str, dict[str, Any]] = {"dmpo": {"betas": (0.9, 0.99), "weight_decay": 0.1, "grad_clip": 0.2}}
-_LORA = {"d-treerpo": (128, 64.0), "dmpo": (128, 64.0), "lora-sft": (16, 32.0)}
+_LORA = {"lora-sft": (16, 32.0)}
 
 
-def _rollout(family: str, algorithm: str) -> SamplingConfig:
-    base = _FAMILY_ROLLOUT[family]
-    changes = {} if base.block_diffusion else dict(_ROLLOUT_CHANGES.get(algorithm, {}))
-    return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
+def _value(value: object) -> str:
+    """A default's value as the command line writes it (`dare.config.apply_overrides` reads it back)."""
+    import json
+
+    return value if isinstance(value, str) else json.dumps(list(value) if isinstance(value, tuple) else value)
 
 
 def rl_recipe(family: str, algorithm: str) -> RLRecipeConfig:
-    """`family` policy trained with RL algorithm `algorithm`, reference defaults (docs/algorithms.md#defaults)."""
-    rank, alpha = _LORA.get(algorithm, (0, 64.0))
-    return RLRecipeConfig(
+    """`family` policy trained with RL algorithm `algorithm`: the family's base run with the algorithm entry's
+    defaults (`dare.algorithms.RLEntry.defaults`, each with its DARE source; docs/algorithms.md#dare-defaults)."""
+    from dare.config import apply_overrides
+
+    entry = rl_entry(algorithm)
+    base = RLRecipeConfig(
         recipe=f"{family}-{algorithm}",
         algorithm_name=algorithm,
-        checkpoint=CheckpointModelConfig(family=family, lora_rank=rank, lora_alpha=alpha),
+        checkpoint=CheckpointModelConfig(family=family),
         data=DataConfig(max_prompt_length=512),
-        rl=RLConfig(prompts_per_step=_PROMPTS.get(f"{algorithm}@{family}", 16), group_size=_GROUP.get(algorithm, 8)),
-        rl_optim=dataclasses.replace(OptimConfig(lr=_LR.get(algorithm, 5e-7), weight_decay=0.01, grad_clip=1.0),
-                                     **_OPTIM.get(algorithm, {})),
-        rollout=_rollout(family, algorithm),
+        rl=RLConfig(prompts_per_step=16, group_size=8),
+        rl_optim=OptimConfig(lr=5e-7, weight_decay=0.01, grad_clip=1.0),
+        rollout=_FAMILY_ROLLOUT[family],
         trainer=_trainer(max_steps=500, eval_every=50, save_every=50),
     )
+    return apply_overrides(base, [f"{k}={_value(v)}" for k, v in entry.defaults_for(family).items()])
 
 
 def preference_recipe(family: str, algorithm: str) -> PreferenceRecipeConfig:
@@ -164,76 +158,70 @@ def _paper(entry: object) -> str:
     return text
 
 
-RECIPES: dict[str, Callable[[], RunConfig]] = {"quickstart": quickstart}
-RECIPE_DOCS: dict[str, str] = {"quickstart": (quickstart.__doc__ or "").strip()}
+def _tables() -> tuple[dict[str, Callable[[], RunConfig]], dict[str, str]]:
+    """(recipe name -> builder, recipe name -> its `dare recipes` line), from the registry as it is now."""
+    recipes: dict[str, Callable[[], RunConfig]] = {"quickstart": quickstart}
+    docs: dict[str, str] = {"quickstart": (quickstart.__doc__ or "").strip()}
+    tables: tuple[tuple[str, Mapping[str, Any], Callable[[str, str], RunConfig]], ...] = (
+        ("RL", ALGORITHMS, rl_recipe), ("preference", PREFERENCE_ALGORITHMS, preference_recipe),
+        ("SFT", SFT_ALGORITHMS, sft_recipe))
+    for kind, table, builder in tables:
+        for name, entry in table.items():
+            for family in _FAMILIES:
+                if family in entry.families:
+                    recipes[f"{family}-{name}"] = partial(builder, family, name)
+                    label = _paper(entry)
+                    label = label if kind.lower() in label.lower() else f"{kind}: {label}"
+                    docs[f"{family}-{name}"] = f"{_FAMILY_TITLES[family]} ({family_kind(family)} diffusion), {label}"
+    return recipes, docs
+
+
+class _View(Mapping[str, V]):
+    """A read-only view of one of `_tables()`, rebuilt at each use so algorithms registered later have recipes."""
+
+    def __init__(self, index: int) -> None:
+        self._index = index
+
+    def _table(self) -> Mapping[str, V]:
+        return _tables()[self._index]  # type: ignore[return-value]
+
+    def __getitem__(self, key: str) -> V:
+        return self._table()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._table())
+
+    def __len__(self) -> int:
+        return len(self._table())
+
+
+RECIPES: Mapping[str, Callable[[], RunConfig]] = _View(0)
+"""recipe name -> the function building its run config (`dare recipes`)."""
+RECIPE_DOCS: Mapping[str, str] = _View(1)
 """recipe name -> one line: family and kind, training kind, algorithm and its paper (`dare recipes`)."""
-for _kind, _table, _builder in (("RL", ALGORITHMS, rl_recipe), ("preference", PREFERENCE_ALGORITHMS, preference_recipe),
-                                ("SFT", SFT_ALGORITHMS, sft_recipe)):
-    for _name, _entry in _table.items():
-        for _family in _FAMILIES:
-            if _family in _entry.families:
-                RECIPES[f"{_family}-{_name}"] = partial(_builder, _family, _name)
-                _label = _paper(_entry)
-                _label = _label if _kind.lower() in _label.lower() else f"{_kind}: {_label}"
-                RECIPE_DOCS[f"{_family}-{_name}"] = f"{_FAMILY_TITLES[_family]} ({family_kind(_family)} diffusion), {_label}"
 
 
 def get_recipe(name: str) -> RunConfig:
     """The run config of recipe `name` (`RECIPES`); unknown names suggest the closest one."""
     if name not in RECIPES:
         raise ValueError(f"recipe {name!r} is unknown{did_you_mean(name, RECIPES)}; choose one of {sorted(RECIPES)} "
-                         "(see `dare recipes`)")
+                         f"(see `dare recipes`){plugin_note()}")
     return RECIPES[name]()
 
 
 # --- per-task settings of the RL recipes (docs/algorithms.md#per-task-settings) ---
 
-TASKS = ("math", "code", "countdown", "sudoku")
-"""The tasks of DARE's RL recipe scripts (`--task`), selectable with `task=<task>`."""
-
-# masked families: prompt length, response length, decoding steps (DARE's shared task block)
-_MASKED_TASKS = {"math": (512, 512, 256), "code": (1024, 512, 512), "countdown": (512, 256, 128),
-                 "sudoku": (512, 256, 128)}
-_CJ_TASKS = {"llada": {"math": (512, 256, 128), "code": (512, 256, 256), "countdown": (512, 256, 128),
-                       "sudoku": (512, 256, 128)},
-             "dream": {"math": (512, 256, 128), "code": (1024, 512, 512), "countdown": (512, 256, 128),
-                       "sudoku": (512, 256, 128)}}
-# ESPO: KL beta, clip, group size
-_ESPO_TASKS = {"math": (0.001, 0.2, 16), "code": (0.01, 0.2, 10), "countdown": (0.003, 0.0, 6),
-               "sudoku": (0.01, 0.2, 6)}
-# algorithms whose reference recipes use one setting for every task
-_TASK_FREE = ("d-treerpo", "dmpo")
-
 
 def task_settings(family: str, algorithm: str, task: str) -> dict[str, object]:
-    """The dotted overrides DARE's recipe scripts set for `task` (empty where nothing changes).
+    """The dotted overrides DARE's recipe scripts set for `task` (empty where nothing changes): the algorithm
+    entry's `task_overrides`.
 
     Raises:
         ValueError: `task` is not one of `TASKS`.
     """
-    if task not in TASKS:
-        raise ValueError(f"task={task!r} is unknown; choose one of {', '.join(TASKS)}")
-    if algorithm in _TASK_FREE:
-        return {}
-    if family_kind(family) == "block":
-        if family not in ("sdar", "llada2"):  # no DARE RL script
-            return {}
-        # SDAR and LLaDA2 scripts: responses of 2048 for every task, prompts of 1024 for code
-        out: dict[str, object] = {"data.max_prompt_length": 1024 if task == "code" else 512}
-        if family == "llada2" and algorithm in ("bgpo", "ebpo"):
-            # LLaDA2 BGPO/EBPO decode R/2 steps in all (R for code): per block of 32, 16 (32)
-            out["rollout.steps"] = 32 if task == "code" else 16
-        return out
-    prompt, response, steps = (_CJ_TASKS[family][task] if algorithm == "cj-grpo" and family in _CJ_TASKS
-                               else _MASKED_TASKS[task])
-    if algorithm == "justgrpo":  # decodes one token per step
-        steps = response
-    out = {"data.max_prompt_length": prompt, "rollout.max_new_tokens": response, "rollout.steps": steps}
-    if algorithm == "espo":
-        beta, clip, group = _ESPO_TASKS[task]
-        out.update({"algorithm.kl_coef": beta, "algorithm.clip_low": clip, "algorithm.clip_high": clip,
-                    "rl.group_size": group})
-    return out
+    check_task(task)
+    overrides = rl_entry(algorithm).task_overrides
+    return {} if overrides is None else dict(overrides(family, task))
 
 
 def with_task(cfg: RunConfig, task: str) -> RunConfig:
