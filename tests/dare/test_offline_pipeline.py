@@ -228,3 +228,40 @@ def test_wandb_switch_without_the_package_says_what_to_install(folders: dict[str
     msg = _fails(_args("llada-sft", folders, tmp_path / "x", "sft.steps=2", "trainer.wandb=true"), capsys)
     assert "pip install 'dllm-train[wandb]'" in msg and "trainer.wandb=false" in msg
     assert not (tmp_path / "x" / "checkpoints").exists()
+
+
+def _live_parameter_elements() -> int:
+    """Elements of every live parameter tensor (what the process holds in weights)."""
+    import gc
+    import warnings
+
+    with warnings.catch_warnings():  # (isinstance on some torch module objects warns of deprecations)
+        warnings.simplefilter("ignore")
+        params = {id(o): o for o in gc.get_objects() if isinstance(o, torch.nn.Parameter)}
+    return sum(int(p.numel()) for p in params.values())
+
+
+@pytest.mark.parametrize("lora", [True, False])
+def test_a_lora_preference_run_holds_no_second_copy_of_the_model(lora: bool, folders: dict[str, Path], tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under LoRA the reference is the policy's own base weights (the RL assembly's rule); full fine-tuning
+    holds a frozen copy. Counted in live parameter elements while the worker trains."""
+    import dllm_train.offline as offline
+
+    seen: dict[str, object] = {}
+    step = offline.OfflineWorker.step
+
+    def spy(self: offline.OfflineWorker[Any, Any], i: int) -> dict[str, float]:
+        if "live" not in seen:
+            seen["live"] = _live_parameter_elements()
+            seen["model"] = sum(int(p.numel()) for p in self.model.parameters())
+            seen["same"] = self.ref_model is self.model
+        return step(self, i)
+
+    monkeypatch.setattr(offline.OfflineWorker, "step", spy)
+    extra = ["checkpoint.lora_rank=4", "checkpoint.lora_alpha=8"] if lora else []
+    assert main(_args("llada-dpo", folders, tmp_path / "run", "trainer.max_steps=1", *extra)) == 0
+    live, model = int(seen["live"]), int(seen["model"])  # type: ignore[call-overload]
+    # the policy (with its adapters) is everything a LoRA run holds; full fine-tuning holds two models
+    assert seen["same"] is lora
+    assert (live < 1.5 * model) if lora else (live >= 2 * model - 1), (live, model)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from dllm_eval import (
@@ -127,7 +129,10 @@ def test_dare_local_follows_the_local_bench_script() -> None:
 
 
 def test_a_block_model_decodes_a_preset_on_its_own_block_grid() -> None:
-    from dllm_eval.presets import for_model
+    from dllm_rollout import on_model_grid
+
+    def for_model(cfg: SamplingConfig, block: int | None) -> SamplingConfig:
+        return on_model_grid(cfg, block, convert=True)
 
     d1_like = SamplingConfig(max_new_tokens=256, steps=128, block_length=32)
     assert for_model(d1_like, None) == d1_like  # masked diffusion: as the preset says
@@ -139,5 +144,16 @@ def test_a_block_model_decodes_a_preset_on_its_own_block_grid() -> None:
     # a cache the preset names is kept, so a masked-diffusion cache is refused for a block model
     with pytest.raises(ValueError, match="cache='dual' is a masked-diffusion cache"):
         for_model(SamplingConfig(max_new_tokens=256, steps=256, block_length=8, cache="dual"), 32)
+    # a preset on the model's own block still counts total steps: 256 steps of 256 tokens is one token a
+    # step, 32 steps per block of 32 (before, it kept 256 "per block" and no cache)
     same_grid = for_model(SamplingConfig(max_new_tokens=256, steps=256, block_length=32), 32)
-    assert (same_grid.steps, same_grid.cache, same_grid.block_diffusion) == (256, None, True)
+    assert (same_grid.steps, same_grid.cache, same_grid.block_diffusion) == (32, "prefix", True)
+    # settings written for the block model keep their per-block steps; another block is refused unconverted
+    native = SamplingConfig(max_new_tokens=64, steps=4, block_length=4, block_diffusion=True)
+    assert on_model_grid(native, 4) == native and on_model_grid(native, 4, convert=True) == native
+    with pytest.raises(ValueError, match="block_length=8 but the model decodes blocks of 4"):
+        on_model_grid(SamplingConfig(max_new_tokens=64, steps=4, block_length=8, block_diffusion=True), 4,
+                      convert=True)
+    with pytest.raises(ValueError, match="block_length=32 but the model decodes blocks of 4"):
+        on_model_grid(d1_like, 4)  # an evaluation preset must be converted explicitly
+    assert not on_model_grid(dataclasses.replace(native, max_new_tokens=8, steps=2), None).block_diffusion

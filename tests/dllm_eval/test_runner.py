@@ -200,7 +200,11 @@ def test_the_manifest_records_the_models_decoding_mode() -> None:
     res = run_benchmark(block_model, CharTokenizer(), "gsm8k", preset="d1", limit=1, generate_fn=generate,
                         hash_weights=False)
     assert seen[0].block_diffusion and res.manifest["decoding"]["block_diffusion"] is True
-    assert dataclasses.replace(seen[0], block_diffusion=False) == get_benchmark("gsm8k").decoding("d1")
+    # d1's 256 tokens in 128 steps (two a step) on LLaDA2's grid of 32: 16 steps per block, the prefix cache
+    d1 = get_benchmark("gsm8k").decoding("d1")
+    assert (d1.max_new_tokens, d1.steps, d1.block_length) == (256, 128, 32)
+    assert seen[0] == dataclasses.replace(d1, steps=16, cache="prefix", block_diffusion=True)
+    assert res.manifest["decoding"]["steps"] == 16
     masked = run_benchmark(SimpleNamespace(traits=SimpleNamespace(block_length=None, family="llada")),
                            CharTokenizer(), "gsm8k", preset="d1", limit=1, generate_fn=generate, hash_weights=False)
     assert masked.manifest["decoding"]["block_diffusion"] is False
@@ -226,3 +230,18 @@ def test_responses_are_cut_at_the_models_stop_ids() -> None:
     whole = run_benchmark(plain, CharTokenizer(), "gsm8k", limit=2, generate_fn=generate, family="llada",
                           hash_weights=False)
     assert [s.response for s in whole.samples] == ["\\boxed{1}|\\boxed{2}"] * 2
+
+
+def test_run_benchmark_decodes_an_sdar_model_with_a_presets_masked_settings() -> None:
+    """`run_benchmark(model, tok, "gsm8k")` on a block model: the preset (block 32, total steps) is moved onto
+    the model's grid (before, it raised: block_length 32 is not SDAR's 4)."""
+    from tests.tiny_rl import TOK, tiny_model
+
+    model = tiny_model("sdar")
+    block = int(model.traits.block_length)
+    res = run_benchmark(model, TOK, "gsm8k", preset="dare_local", limit=1, hash_weights=False,
+                        filter_overlong=False)
+    d = res.manifest["decoding"]
+    assert d["block_diffusion"] is True and d["block_length"] == block and len(res.samples) == 1
+    # dare_local's gsm8k: 512 tokens in 512 steps, one a step: `block` steps per block
+    assert (d["max_new_tokens"], d["steps"], d["cache"]) == (512, block, "prefix")

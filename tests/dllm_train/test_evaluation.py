@@ -74,3 +74,27 @@ def test_validation_decodes_the_preset_at_the_rollout_lengths(monkeypatch: pytes
     preset = SamplingConfig(max_new_tokens=16 * block, steps=2, block_length=block, cache="prefix",
                             block_diffusion=True)
     assert seen == [preset, preset]  # dare_local's greedy prefix-cache decoding, the rollout's lengths
+
+
+def test_dream_validation_decodes_as_dare_eval_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Validation and `dare eval` resolve decoding by one rule (`dllm_eval.resolve_decoding`): on Dream,
+    dare_local's temperature 0.2 and top-p 0.95 (before, validation decoded at temperature 0)."""
+    import dllm_train.evaluation as evaluation
+    from dllm_eval import get_benchmark, resolve_decoding
+
+    seen: list[SamplingConfig] = []
+
+    def spy(*args: Any, decoding: SamplingConfig, **kwargs: Any) -> Any:
+        seen.append(decoding)
+        return type("Result", (), {"accuracy": 0.5, "mean_score": 0.5})()
+
+    monkeypatch.setattr(evaluation, "run_benchmark", spy)
+    model = tiny_model("dream")
+    rollout = SamplingConfig(max_new_tokens=16, steps=8, block_length=8, temperature=0.2)
+    benchmark_validator(model, TOK, ["gsm8k"], limit=1, rollout=rollout)()
+    lengths = {"max_new_tokens": 16, "steps": 8, "block_length": 8}
+    # what `dare eval --max-new-tokens 16 --steps 8 --block-length 8` decodes with (apps/dare evaluate.py)
+    dare_eval = resolve_decoding(get_benchmark("gsm8k"), "dare_local", family="dream", block_length=None,
+                                 overrides=lengths)
+    assert seen == [dare_eval]
+    assert (seen[0].temperature, seen[0].top_p) == (0.2, 0.95)

@@ -106,7 +106,7 @@ def test_opencompass_end_to_end(tmp_path: Path) -> None:
         # the decoding the OpenCompass model ran: the preset's (dare_local decodes with the prefix
         # cache) with the test's overrides
         native = run_benchmark(model, tok, r["benchmark"], preset="dare_local", limit=LIMIT,
-                               batch_size=1, seed=0, decoding=decoding_for(r["benchmark"], "dare_local", DECODING),
+                               batch_size=1, seed=0, decoding=decoding_for(r["benchmark"], "dare_local", DECODING, checkpoint=ckpt),
                                hash_weights=False, filter_overlong=False)  # OC keeps every row
         assert oc_preds == [s.response for s in native.samples], r["benchmark"]
         assert native.manifest["prompt_template_hash"] == \

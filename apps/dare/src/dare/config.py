@@ -321,17 +321,12 @@ def _all_hints() -> dict[str, Any]:
 
 def _sft_entry(cfg: SFTRecipeConfig, entry: Any) -> Any:
     """The SFT entry holding the run's `sft` section (its loss settings) and the adapters of `checkpoint.lora_*`."""
-    from dare.algorithms import LoRA
-
     ckpt, sft = cfg.checkpoint, cfg.sft
     if entry.lora is not None and ckpt.lora_rank < 1:
         raise ValueError(f"algorithm {cfg.algorithm_name!r} trains LoRA adapters but checkpoint.lora_rank="
                          f"{ckpt.lora_rank}; set checkpoint.lora_rank=16 (or another rank >= 1), "
                          "or use algorithm sft for full fine-tuning")
-    lora = None
-    if ckpt.lora_rank:
-        lora = dataclasses.replace(entry.lora or LoRA(), rank=ckpt.lora_rank, alpha=ckpt.lora_alpha)
-    return dataclasses.replace(cfg.algorithm, sft=sft, lora=lora)
+    return dataclasses.replace(cfg.algorithm, sft=sft, lora=ckpt.lora())
 
 
 def to_dict(cfg: Any) -> Any:

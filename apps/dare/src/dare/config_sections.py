@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from dare.config_tree import did_you_mean
 
@@ -62,6 +63,11 @@ class CheckpointModelConfig:
         dtype: parameter dtype: 'bfloat16', 'float16' or 'float32' (`DTYPES`).
         lora_rank: LoRA rank (0: full fine-tuning); adapters only are handed to the rollout.
         lora_alpha: LoRA scaling numerator.
+        lora_dropout: dropout on the adapters' input during training (LoRA's `lora_dropout`).
+
+    The adapters of every kind of run (RL, SFT, preference) come from here, applied once to the loaded
+    policy (`lora()`, `dare.pipeline.policy_with_adapters`); with them a reference is the policy's own base
+    weights, never a copy.
     """
 
     checkpoint: str = ""
@@ -69,6 +75,7 @@ class CheckpointModelConfig:
     dtype: str = "bfloat16"
     lora_rank: int = 0
     lora_alpha: float = 64.0
+    lora_dropout: float = 0.0
 
     def __post_init__(self) -> None:
         from dllm_models import FAMILY_NAMES
@@ -84,6 +91,14 @@ class CheckpointModelConfig:
             raise ValueError(f"checkpoint.lora_rank must be >= 0 (0 disables LoRA), got {self.lora_rank}")
         if not self.lora_alpha > 0:
             raise ValueError(f"checkpoint.lora_alpha must be > 0 (LoRA scale = alpha / rank), got {self.lora_alpha}")
+        if not 0.0 <= self.lora_dropout < 1.0:
+            raise ValueError(f"checkpoint.lora_dropout must be in [0, 1), got {self.lora_dropout}")
+
+    def lora(self) -> Any:
+        """The run's LoRA adapters (`dllm_algorithms.LoRA`), or None for full fine-tuning (`lora_rank` 0)."""
+        from dllm_algorithms import LoRA
+
+        return LoRA(rank=self.lora_rank, alpha=self.lora_alpha, dropout=self.lora_dropout) if self.lora_rank else None
 
 
 @dataclass(frozen=True, kw_only=True)

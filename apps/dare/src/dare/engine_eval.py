@@ -13,7 +13,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from dllm_rollout import RolloutBatch, SamplingConfig
+from dllm_rollout import RolloutBatch, SamplingConfig, on_model_grid
 
 
 class EngineGenerate:
@@ -47,7 +47,7 @@ class EngineGenerate:
     def __call__(self, model: Any, prompts: list[list[int]], cfg: SamplingConfig, *,
                  seed: list[int] | None = None) -> RolloutBatch:
         """Decode `prompts` with the engine (`model` only supplies the decoding mode)."""
-        cfg = dataclasses.replace(cfg, block_diffusion=model.traits.block_length is not None)
+        cfg = on_model_grid(cfg, model.traits.block_length)
         out: RolloutBatch = self._engine_for(cfg).generate(prompts, seed)
         return out
 

@@ -125,11 +125,9 @@ def run_eval(args: argparse.Namespace) -> int:
 
         return run_opencompass(args.checkpoint, names, preset=presets, limit=args.limit, output_dir=out,
                                seed=args.seed, decoding=_overrides(args))
-    from dllm_eval import (get_benchmark, get_preset, infer_family, render_table, rescore, run_benchmark,
-                           weights_fingerprint, write_result)
-    from dllm_eval.presets import for_model
+    from dllm_eval import (get_benchmark, get_preset, infer_family, render_table, rescore, resolve_decoding,
+                           run_benchmark, weights_fingerprint, write_result)
     from dllm_models import load_model, load_tokenizer
-    from dllm_rollout import configure
 
     if args.adapter is not None:
         from dllm_models.lora import check_peft_adapter
@@ -152,12 +150,12 @@ def run_eval(args: argparse.Namespace) -> int:
 
     engine_fn = engine_generate(args.engine, args.checkpoint, model)
     results = []
+    block: int | None = getattr(model.traits, "block_length", None)
     for preset_name, name in [(p, n) for p in presets for n in names]:
         preset = get_preset(preset_name)
         bench = get_benchmark(name)
-        block: int | None = getattr(model.traits, "block_length", None)
-        decoding = for_model(bench.decoding(preset, family), block)
-        decoding = configure(decoding, **_overrides(args))
+        decoding = resolve_decoding(bench, preset, family=family, block_length=block,
+                                    overrides=_overrides(args))
         from dare.inputs import eval_prompt_warnings
 
         for warning in eval_prompt_warnings(model, tokenizer, bench, preset, decoding.max_new_tokens, limit=args.limit):

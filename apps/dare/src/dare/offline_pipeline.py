@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from dare.algorithms import PREFERENCE_ALGORITHMS, SFT_ALGORITHMS, LoRA
+from dare.algorithms import PREFERENCE_ALGORITHMS, SFT_ALGORITHMS
 from dare.config import CheckpointRun, PreferenceRecipeConfig, SFTRecipeConfig
 from dare.datasets import (
     encode_preference,
@@ -29,7 +29,7 @@ from dare.datasets import (
     sft_batch,
     step_indices,
 )
-from dare.pipeline import check_inputs, finish, load_policy, set_num_threads, validator
+from dare.pipeline import check_inputs, finish, policy_with_adapters, set_num_threads, validator
 from dare.run_folder import open_run_folder
 from dare.sinks import open_wandb_run
 from dare.inputs import config_positions
@@ -82,7 +82,7 @@ def run_sft_recipe(cfg: SFTRecipeConfig, output_dir: Path, *, progress: bool = T
     examples = encode_sft(rows, tokenizer, max_prompt_length=data.max_prompt_length,
                           max_response_length=data.max_response_length, positions=_positions(cfg))
     wandb_run = _open(cfg, output_dir)  # after every data check: nothing is written before
-    model = load_policy(cfg)
+    model = policy_with_adapters(cfg)  # (the SFT entry's `lora` is checkpoint.lora(): its worker adds none again)
     set_activation_checkpointing(model, cfg.trainer.activation_checkpointing)
     device, pad, seed = next(model.parameters()).device, _pad_id(tokenizer), cfg.trainer.seed
     size = sft.batch_size
@@ -110,8 +110,9 @@ def run_sft_recipe(cfg: SFTRecipeConfig, output_dir: Path, *, progress: bool = T
 def run_preference_recipe(cfg: PreferenceRecipeConfig, output_dir: Path, *, progress: bool = True) -> dict[str, Any]:
     """Run (or resume) a preference recipe (DPO-style on ELBOs) for `trainer.max_steps` steps.
 
-    The reference is a frozen copy of the checkpoint taken before `Run` loads a resume
-    checkpoint, so a resumed run compares against the same reference as an uninterrupted one.
+    The reference is the initial policy, taken before `Run` loads a resume checkpoint (so a resumed run
+    compares against the same reference as an uninterrupted one): under LoRA the policy's own frozen base
+    weights, else a frozen copy (offloaded between passes with `trainer.reference_offload`).
     """
     if cfg.algorithm_name not in PREFERENCE_ALGORITHMS:
         raise ValueError(f"algorithm {cfg.algorithm_name!r} is not a preference algorithm "
@@ -125,11 +126,11 @@ def run_preference_recipe(cfg: PreferenceRecipeConfig, output_dir: Path, *, prog
     examples = encode_preference(rows, tokenizer, max_prompt_length=data.max_prompt_length,
                                  max_response_length=data.max_response_length, positions=_positions(cfg))
     wandb_run = _open(cfg, output_dir)  # after every data check: nothing is written before
-    model = load_policy(cfg)
+    model = policy_with_adapters(cfg)
     set_activation_checkpointing(model, cfg.trainer.activation_checkpointing)
-    reference = copy.deepcopy(model)
-    if ckpt.lora_rank:
-        LoRA(rank=ckpt.lora_rank, alpha=ckpt.lora_alpha).apply(model, seed=cfg.trainer.seed)
+    # the reference by the RL assembly's rule: under LoRA the policy's own base weights (no copy), else a
+    # frozen copy of the initial policy (on the CPU between its passes with trainer.reference_offload)
+    reference = model if ckpt.lora_rank else copy.deepcopy(model)
     device, pad, seed = next(model.parameters()).device, _pad_id(tokenizer), cfg.trainer.seed
     size = cfg.preference.pairs_per_step
 
@@ -140,6 +141,7 @@ def run_preference_recipe(cfg: PreferenceRecipeConfig, output_dir: Path, *, prog
 
     optim = cfg.preference_optim
     worker = OfflineWorker(model, entry, batches, optim, seed=seed, steps=cfg.trainer.max_steps, ref_model=reference,
+                           reference_offload=cfg.trainer.reference_offload,
                            attention=resolved_attention(cfg.trainer, model),
                            max_tokens_per_pass=cfg.trainer.max_tokens_per_pass)
     validate = validator(cfg, model, tokenizer)

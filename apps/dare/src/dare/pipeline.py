@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from dare.algorithms import LoRA, check_family, family_key
+from dare.algorithms import check_family, family_key
 from dare.config import CheckpointRun, RLRecipeConfig, RunConfig
 from dare.inputs import check_checkpoint, check_family_name, check_rl_data, train_file_entries
 from dare.rl_data import rl_prompts
@@ -120,11 +120,12 @@ def detokenizer(tokenizer: Any) -> Callable[[list[int]], str]:
 
 
 def policy_with_adapters(cfg: CheckpointRun, device: str | None = None) -> Any:
-    """`load_policy` plus the LoRA adapters of `checkpoint.lora_rank` (drawn from the trainer seed)."""
+    """`load_policy` plus the LoRA adapters of `checkpoint.lora_*` (drawn from the trainer seed): the one place
+    every kind of run (RL, SFT, preference) applies them."""
     model = load_policy(cfg, device)
-    ckpt = cfg.checkpoint
-    if ckpt.lora_rank:
-        LoRA(rank=ckpt.lora_rank, alpha=ckpt.lora_alpha).apply(model, seed=cfg.trainer.seed)
+    lora = cfg.checkpoint.lora()
+    if lora is not None:
+        lora.apply(model, seed=cfg.trainer.seed)
     return model
 
 

@@ -114,7 +114,8 @@ class SFT(OfflineObjective[SFTBatch, MaskPlan]):
 
     def worker(self, model: Any, batches: Callable[[int], SFTBatch], optim: OptimConfig, *, steps: int, seed: int,
                attention: str | None = None, max_tokens_per_pass: int = 0) -> OfflineWorker[SFTBatch, MaskPlan]:
-        """The worker that trains this objective (adapters injected into `model` first when `lora` is set).
+        """The worker that trains this objective (adapters injected into `model` first when `lora` is set and
+        `model` has none yet).
 
         Args:
             batches: step -> batch, deterministic in step.
@@ -122,7 +123,9 @@ class SFT(OfflineObjective[SFTBatch, MaskPlan]):
             attention: packed attention backend of its passes (None: the padded batch).
             max_tokens_per_pass: token budget of one forward (0: the whole batch at once).
         """
-        if self.lora is not None:
+        from dllm_models import has_adapters
+
+        if self.lora is not None and not has_adapters(model):  # (`dare` applies the run's adapters itself)
             model = self.lora.apply(model, seed=seed)
         return OfflineWorker(model, self, batches, optim, seed=seed, steps=steps,
                              scorer=Scorer(model, attention=attention), max_tokens_per_pass=max_tokens_per_pass)

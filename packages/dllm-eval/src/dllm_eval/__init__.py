@@ -3,6 +3,7 @@
 from dllm_eval.benchmarks import BENCHMARKS, Benchmark, get_benchmark
 from dllm_eval.data import DATASETS, Row, load_rows
 from dllm_eval.manifest import weights_fingerprint
+from dllm_eval.decoding import resolve_decoding
 from dllm_eval.presets import PRESETS, Preset, get_preset
 from dllm_eval.reproduce import D1FileScore, score_d1_file
 from dllm_eval.rewards import (
@@ -48,6 +49,7 @@ from dllm_eval.sandbox import (
 )
 
 __all__ = [
+    "resolve_decoding",
     "BENCHMARKS",
     "DATASETS",
     "PRESETS",

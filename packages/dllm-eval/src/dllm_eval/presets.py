@@ -37,7 +37,7 @@ from dllm_eval.prompts import (
 )
 
 __all__ = ["D1_MATH_SYSTEM_PROMPT", "GROUPS", "PRESETS", "REWARD_MODE_NAMES", "Preset", "did_you_mean",
-           "for_model", "get_preset"]
+           "get_preset"]
 
 GROUPS: tuple[str, ...] = ("math", "code", "puzzle")
 REWARD_MODE_NAMES: tuple[str, ...] = ("default", "dare", "d1")
@@ -53,7 +53,7 @@ class Preset:
     Args:
         name: registry key.
         decoding: ``dllm_rollout.SamplingConfig`` per benchmark group (``math``, ``code``,
-            ``puzzle``), written for masked-diffusion models (see :func:`for_model`).
+            ``puzzle``), written for masked-diffusion models (a block model decodes them on its grid: `dllm_eval.resolve_decoding`).
         benchmark_decoding: settings for single benchmarks, overriding their group's.
         family_decoding: per model family (``dream``, ...), fields replaced in the decoding
             settings (e.g. DARE validates Dream at temperature 0.2, top-p 0.95).
@@ -116,25 +116,6 @@ class Preset:
         """Decoding settings of ``benchmark`` (in ``group``) for a model of ``family``."""
         settings = self.benchmark_decoding.get(benchmark, self.decoding[group])
         return configure(settings, **self.family_decoding.get(family or "", {}))
-
-
-def for_model(settings: SamplingConfig, block_length: int | None) -> SamplingConfig:
-    """A preset's decoding as a model of block size `block_length` runs it.
-
-    Masked-diffusion models (`block_length` None) take the settings as they are. A block-diffusion
-    model decodes on its own block grid (`block_diffusion=True`), so the preset's block becomes the
-    model's, its total steps become steps per block at the preset's tokens per step (e.g. d1's
-    length / 2 steps: two tokens a step), and the decoding uses the exact KV cache of finished
-    blocks ("prefix") unless the preset names a cache.
-    """
-    if block_length is None:
-        return settings
-    if settings.block_length == block_length:
-        return dataclasses.replace(settings, block_diffusion=True)
-    per_block = max(1, round(block_length * settings.steps / settings.max_new_tokens))
-    length = -(-settings.max_new_tokens // block_length) * block_length
-    return dataclasses.replace(settings, max_new_tokens=length, block_length=block_length, steps=per_block,
-                               cache=settings.cache or "prefix", block_diffusion=True)
 
 
 def _d(length: int, steps: int, block: int, **kw: object) -> SamplingConfig:

@@ -12,10 +12,11 @@ from pathlib import Path
 from typing import Any, Mapping, Protocol, Sequence
 
 import torch
-from dllm_rollout import SamplingConfig, generate
+from dllm_rollout import SamplingConfig, generate, on_model_grid
 
 from dllm_eval.benchmarks import Benchmark, get_benchmark
 from dllm_eval.data import Message, Row
+from dllm_eval.decoding import resolve_decoding
 from dllm_eval.manifest import build_manifest
 from dllm_eval.presets import Preset, get_preset
 
@@ -195,16 +196,6 @@ def rescore(result: BenchmarkResult, mode: str, *, score_workers: int = 4) -> Be
                            manifest={**result.manifest, "reward_mode": mode}, reward_mode=mode)
 
 
-def _in_model_mode(settings: SamplingConfig, model: Any) -> SamplingConfig:
-    """`settings` in the decoding mode of `model` (masked or block diffusion, as `generate` sets it),
-    so the manifest records what runs; unchanged for a model without `traits`."""
-    traits = getattr(model, "traits", None)
-    if traits is None:
-        return settings
-    block = getattr(traits, "block_length", None) is not None
-    return settings if settings.block_diffusion == block else dataclasses.replace(settings, block_diffusion=block)
-
-
 def run_benchmark(
     model: Any,
     tokenizer: ChatTokenizer,
@@ -245,7 +236,9 @@ def run_benchmark(
         output_dir: where to write outputs; nothing is written when None.
         generate_fn: generation function (see :data:`GenerateFn`).
         decoding: the decoding settings (``dllm_rollout.SamplingConfig``) for this benchmark,
-            instead of the preset's.
+            instead of the preset's (:func:`dllm_eval.resolve_decoding`, which a block model
+            decodes on its grid); either way moved onto a block model's grid
+            (``dllm_rollout.on_model_grid``).
         score_workers: threads used for scoring (code rewards run in the sandbox).
         hash_weights: include the weights' fingerprint in the manifest
             (:func:`dllm_eval.manifest.weights_fingerprint`, computed on the model's device).
@@ -267,7 +260,9 @@ def run_benchmark(
     pre = get_preset(preset) if isinstance(preset, str) else preset
     mode = reward_mode or pre.reward_mode
     fam = family or infer_family(model)
-    settings = _in_model_mode(decoding or bench.decoding(pre, fam), model)
+    block = getattr(getattr(model, "traits", None), "block_length", None)
+    settings = (resolve_decoding(bench, pre, family=fam, block_length=block) if decoding is None
+                else on_model_grid(decoding, block, convert=True))
     gen: GenerateFn = generate_fn or generate
     all_rows: list[Row] = bench.load(limit=limit, preset=pre)
     encoded = [_encode(tokenizer, bench.messages(row, pre), pre.assistant_prefill)

@@ -203,3 +203,34 @@ def configure(base: SamplingConfig | None = None, /, **settings: Any) -> Samplin
     if base is None:
         return SamplingConfig(**settings)
     return dataclasses.replace(base, **settings) if settings else base
+
+
+def on_model_grid(cfg: SamplingConfig, block_length: int | None, *, convert: bool = False) -> SamplingConfig:
+    """`cfg` in the decoding mode of a model whose native block is `block_length` (None: masked diffusion).
+
+    The one rule that sets `block_diffusion` and the block grid (`generate`, the trainer's rollouts,
+    `dllm_eval`'s decoding resolver). A masked-diffusion model takes `cfg` as it is (`block_diffusion`
+    False). A block-diffusion model decodes on its own grid (`block_diffusion` True): settings already
+    written for it must have its block; with `convert`, settings written for masked models (an
+    evaluation preset: `block_diffusion` False, total steps) move onto the grid: the model's block,
+    steps per block at the settings' tokens per step (e.g. d1's length / 2 steps: two tokens a step),
+    the length rounded up to whole blocks, and the exact KV cache of finished blocks ("prefix") unless a
+    cache is named.
+
+    Raises:
+        ValueError: a block model and a `cfg.block_length` other than its block that is not converted,
+            naming both blocks and the fix.
+    """
+    if block_length is None:
+        return dataclasses.replace(cfg, block_diffusion=False) if cfg.block_diffusion else cfg
+    if cfg.block_diffusion or not convert:
+        if cfg.block_length == block_length:
+            return cfg if cfg.block_diffusion else dataclasses.replace(cfg, block_diffusion=True)
+        raise ValueError(
+            f"block_length={cfg.block_length} but the model decodes blocks of {block_length}: a block-diffusion "
+            f"model's attention uses its own grid; set block_length={block_length} (or build the model with "
+            f"block size {cfg.block_length})")
+    per_block = max(1, round(block_length * cfg.steps / cfg.max_new_tokens))
+    length = -(-cfg.max_new_tokens // block_length) * block_length
+    return dataclasses.replace(cfg, max_new_tokens=length, block_length=block_length, steps=per_block,
+                               cache=cfg.cache or "prefix", block_diffusion=True)

@@ -11,7 +11,7 @@ import torch
 
 from dllm_rollout.batch import RolloutBatch
 from dllm_rollout.block import decode_blocks
-from dllm_rollout.config import SamplingConfig, configure
+from dllm_rollout.config import SamplingConfig, configure, on_model_grid
 from dllm_rollout.masked import decode_masked
 from dllm_rollout.prompts import left_pad, sample_seeds
 
@@ -68,17 +68,11 @@ def generate(
     Returns:
         RolloutBatch with `response_ids` [B, max_new_tokens].
     """
-    native = model.traits.block_length
-    settings["block_diffusion"] = native is not None
     if ref_model is not None:
         settings["record_trajectory"] = True
-    cfg = configure(cfg, **settings)
-    if native is not None and cfg.block_length != native:
-        raise ValueError(
-            f"block_length ({cfg.block_length}) must equal the model's block_length ({native}) for "
-            "block diffusion: its attention mask uses that grid; build the model with another "
-            "block size to decode with one"
-        )
+    native = model.traits.block_length
+    settings["block_diffusion"] = native is not None  # (validated as the model decodes it)
+    cfg = on_model_grid(configure(cfg, **settings), native)
     device = next(model.parameters()).device
     ids, mask = left_pad(prompts, model.traits.pad_token_id, device)
     return decode(model, ids, mask, sample_seeds(seed, len(prompts)), cfg, ref_model)

@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from dllm_eval import get_benchmark, get_preset, run_benchmark
+from dllm_eval import get_benchmark, get_preset, infer_family, resolve_decoding, run_benchmark
 from dllm_rollout import SamplingConfig
 
 logger = logging.getLogger(__name__)
 
 VALIDATION_FROM_ROLLOUT = ("max_new_tokens", "steps", "block_length")
 """The SamplingConfig fields held-out validation takes from the run's rollout; the others (greedy,
-cache, ...) are the evaluation preset's, and the model sets `block_diffusion`."""
+cache, per-family temperature and top-p) are the evaluation preset's, resolved as `dare eval` resolves them
+(`dllm_eval.resolve_decoding`)."""
 
 
 def benchmark_validator(
@@ -56,12 +56,12 @@ def benchmark_validator(
     logger.info("validation scores %s of %s", "every row" if limit is None else f"the first {limit} rows",
                 ", ".join(b.name for b in benches))
 
+    family = infer_family(model)
+
     def settings(bench: Any) -> SamplingConfig:
-        base: SamplingConfig = bench.decoding(resolved)
-        if rollout is None:
-            return base
-        lengths = {k: getattr(rollout, k) for k in VALIDATION_FROM_ROLLOUT}
-        return dataclasses.replace(base, **lengths, block_diffusion=model.traits.block_length is not None)
+        lengths = {k: getattr(rollout, k) for k in VALIDATION_FROM_ROLLOUT} if rollout is not None else None
+        return resolve_decoding(bench, resolved, family=family, block_length=model.traits.block_length,
+                                overrides=lengths)
 
     def validate() -> dict[str, float]:
         was_training = model.training

@@ -21,6 +21,7 @@ import torch
 from dllm_train.config import OptimConfig
 from dllm_train.likelihood import Scorer
 from dllm_train.metrics import device_peak
+from dllm_train.model_setup import BaseWeightsScorer, OffloadedScorer
 from dllm_train.objective import OfflineInputs, OfflineObjective
 from dllm_train.optim import OptimizerStep
 from dllm_train.passes import ValuesScorer, accumulate, evaluate, token_budget
@@ -28,6 +29,22 @@ from dllm_train.seeding import generator
 
 B = TypeVar("B")
 D = TypeVar("D")
+
+
+def _reference_scorer(model: Any, ref_model: Any, *, attention: str | None, offload: bool) -> Scorer:
+    """The reference's scorer: the policy's base weights when `ref_model` is the LoRA policy itself, else a frozen
+    `ref_model` (offloaded to the CPU between passes when `offload`)."""
+    from dllm_models import has_adapters
+
+    if ref_model is model:
+        if not has_adapters(model):
+            raise ValueError("ref_model is the policy itself, which is the initial policy only under LoRA (its base "
+                             "weights); pass a frozen copy of the initial policy for full fine-tuning")
+        return BaseWeightsScorer(model, attention=attention)
+    ref_model.eval()
+    for p in ref_model.parameters():
+        p.requires_grad_(False)
+    return OffloadedScorer(ref_model, attention=attention) if offload else Scorer(ref_model, attention=attention)
 
 
 class OfflineWorker(Generic[B, D]):
@@ -41,7 +58,9 @@ class OfflineWorker(Generic[B, D]):
         seed: root seed of the noise.
         steps: the phase's number of steps (the horizon of a cosine schedule without decay_steps).
         ref_model: the frozen reference (the initial policy), required when
-            `objective.needs_reference`; frozen here.
+            `objective.needs_reference`; frozen here. `model` itself under LoRA: its base weights
+            (adapters off, `BaseWeightsScorer`), so no second copy is held (the RL assembly's rule).
+        reference_offload: keep a separate reference on the CPU between its passes (`OffloadedScorer`).
         attention: packed attention backend of the policy and reference passes (None: padded).
         scorer: how the policy is run (default `Scorer(model, attention=attention)`).
         max_tokens_per_pass: token budget of one forward (0: each scorer call at once); the
@@ -50,7 +69,8 @@ class OfflineWorker(Generic[B, D]):
 
     def __init__(self, model: Any, objective: OfflineObjective[B, D], batches: Callable[[int], B],
                  optim: OptimConfig, *, seed: int, steps: int = 0, ref_model: Any = None,
-                 attention: str | None = None, scorer: Scorer | None = None, max_tokens_per_pass: int = 0) -> None:
+                 reference_offload: bool = False, attention: str | None = None, scorer: Scorer | None = None,
+                 max_tokens_per_pass: int = 0) -> None:
         if objective.needs_reference and ref_model is None:
             raise ValueError(f"{objective.label} compares with a reference model; pass ref_model (a frozen copy of "
                              "the initial policy)")
@@ -66,10 +86,7 @@ class OfflineWorker(Generic[B, D]):
         self.ref_model = ref_model
         self.ref_scorer: Scorer | None = None
         if objective.needs_reference:
-            ref_model.eval()
-            for p in ref_model.parameters():
-                p.requires_grad_(False)
-            self.ref_scorer = Scorer(ref_model, attention=attention)
+            self.ref_scorer = _reference_scorer(model, ref_model, attention=attention, offload=reference_offload)
 
     def _prepare(self, step: int) -> tuple[B, D, torch.Tensor | None]:
         """(batch, data, reference values or None) of step `step`."""

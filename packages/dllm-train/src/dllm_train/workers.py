@@ -20,7 +20,7 @@ from typing import Any, Generic, Protocol, TypeVar
 import torch
 
 from dllm_models import BaseWeightsView, merged_adapters
-from dllm_rollout import RolloutBatch, SamplingConfig, left_pad
+from dllm_rollout import RolloutBatch, SamplingConfig, left_pad, on_model_grid
 from dllm_train.algorithm import LossInputs, RLAlgorithm, RLBatch, SpecialTokens
 from dllm_train.config import OptimConfig
 from dllm_train.likelihood import Scorer
@@ -48,12 +48,9 @@ def special_tokens(model: Any) -> SpecialTokens:
 
 
 def sampling_for(model: Any, sampling: SamplingConfig, algorithm: RLAlgorithm[Any] | None) -> SamplingConfig:
-    """The run's SamplingConfig with the model's decoding mode and the algorithm's records."""
-    block = model.traits.block_length
-    fields: dict[str, Any] = {"block_diffusion": block is not None}
-    if block is not None:
-        fields["block_length"] = int(block)
-    out = dataclasses.replace(sampling, **fields)
+    """The run's SamplingConfig on the model's grid (`dllm_rollout.on_model_grid`: a block model refuses another
+    `block_length`) with the algorithm's records."""
+    out = on_model_grid(sampling, model.traits.block_length)
     return algorithm.sampling(out) if algorithm is not None else out
 
 

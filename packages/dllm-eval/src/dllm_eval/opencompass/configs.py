@@ -21,6 +21,7 @@ file that OpenCompass loads with ``Config.fromfile``. This module imports no Ope
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import pprint
 import re
@@ -30,10 +31,11 @@ from typing import Any, Mapping, Sequence
 from dllm_rollout import SamplingConfig, configure
 
 from dllm_eval.benchmarks import get_benchmark
+from dllm_eval.decoding import resolve_decoding
 from dllm_eval.presets import get_preset
 
 __all__ = ["DATASET_TYPE", "EVALUATOR_TYPE", "MODEL_TYPE", "build_config", "dataset_abbr",
-           "decoding_for", "model_abbr", "write_config", "write_jsonl"]
+           "checkpoint_grid", "decoding_for", "model_abbr", "write_config", "write_jsonl"]
 
 MODEL_TYPE = "dllm_eval.opencompass.model.DLLMModel"
 DATASET_TYPE = "dllm_eval.opencompass.dataset.DLLMJsonlDataset"
@@ -49,12 +51,29 @@ def dataset_abbr(benchmark: str, preset: str) -> str:
     return f"{benchmark}-{preset}"
 
 
-def decoding_for(benchmark: str, preset: str,
-                 overrides: Mapping[str, Any] | None = None) -> SamplingConfig:
-    """The preset's decoding settings for ``benchmark`` with ``overrides`` (SamplingConfig fields;
-    None values are skipped) applied."""
-    base = get_benchmark(benchmark).decoding(preset)
-    return configure(base, **{k: v for k, v in (overrides or {}).items() if v is not None})
+def checkpoint_grid(checkpoint: str | Path | None) -> tuple[str | None, int | None]:
+    """(family, native block length) of the checkpoint folder's model, from its config.json (built on the meta
+    device, no weights read); (None, None) without a checkpoint."""
+    if checkpoint is None:
+        return None, None
+    return _grid(str(Path(checkpoint).resolve()))
+
+
+@functools.lru_cache(maxsize=8)
+def _grid(folder: str) -> tuple[str | None, int | None]:
+    from dllm_models import load_model
+
+    traits: Any = load_model(folder, device="meta").traits
+    block: int | None = traits.block_length
+    return str(traits.family), block
+
+
+def decoding_for(benchmark: str, preset: str, overrides: Mapping[str, Any] | None = None, *,
+                 checkpoint: str | Path | None = None) -> SamplingConfig:
+    """The settings ``benchmark`` decodes with under ``preset`` on ``checkpoint``'s model, with ``overrides``
+    (SamplingConfig fields; None values skipped): `dllm_eval.resolve_decoding`, the rule `dare eval` uses."""
+    family, block = checkpoint_grid(checkpoint)
+    return resolve_decoding(benchmark, preset, family=family, block_length=block, overrides=overrides)
 
 
 def model_abbr(checkpoint: str | Path, decoding: SamplingConfig) -> str:
@@ -178,7 +197,7 @@ def build_config(
     combos: dict[str, list[dict[str, Any]]] = {}
     for preset in presets:
         for bench in benchmarks:
-            settings = decoding_for(bench, preset, decoding)
+            settings = decoding_for(bench, preset, decoding, checkpoint=ckpt)
             jsonl = data / f"{dataset_abbr(bench, preset)}.jsonl"
             roles = write_jsonl(bench, preset, jsonl, limit=limit)
             ds = _dataset_cfg(bench, preset, jsonl, roles, settings, score_workers)

@@ -120,7 +120,7 @@ def _manifests(args: argparse.Namespace, presets: Sequence[str],
             bench = get_benchmark(name)
             rows = bench.load(limit=args.limit)
             prompts = [encode_messages(tokenizer, bench.messages(r, preset)) for r in rows]
-            settings = decoding_for(name, preset, overrides)
+            settings = decoding_for(name, preset, overrides, checkpoint=args.checkpoint)
             m = build_manifest(
                 benchmark=name, preset=preset, decoding=dataclasses.asdict(settings),
                 eos_handling=("response cut at the first EOS id; decoded with "
@@ -183,7 +183,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     missing: list[str] = []
     for preset in presets:
         for name in args.benchmarks:
-            settings = decoding_for(name, preset, overrides)
+            settings = decoding_for(name, preset, overrides, checkpoint=args.checkpoint)
             m_abbr = model_abbr(args.checkpoint, settings)
             d_abbr = dataset_abbr(name, preset)
             path = run_dir / "results" / m_abbr / f"{d_abbr}.json"
