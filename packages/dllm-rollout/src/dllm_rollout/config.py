@@ -59,7 +59,9 @@ class SamplingConfig:
         max_post_steps: with editing, at most this many steps per block after its last mask was
             filled (LLaDA2.1's `max_post_steps`); ignored without editing.
         record_trajectory: record per token the step it was committed at and its log-prob.
-        record_steps: record per step the canvas, the proposals and their confidences.
+        record_steps: record per step the canvas, the clean prediction and its confidences
+            (masked diffusion: of the whole response, MDPO's x^(t), docs/algorithms.md#mdpo; needs
+            cache=None).
         block_diffusion: masked (False) or block diffusion (True); the model decides it: `generate`
             sets it from `model.traits.block_length`.
         max_rows: decode at most this many rows at a time (0: the whole batch in one call), so
@@ -136,6 +138,11 @@ class SamplingConfig:
             raise ValueError(
                 "cache='dual' is a masked-diffusion cache; block diffusion takes cache=None "
                 "(recompute) or cache='prefix' (exact KV cache of finished blocks)"
+            )
+        if self.record_steps and self.cache is not None and not self.block_diffusion:
+            raise ValueError(
+                f"record_steps=True with cache={self.cache!r}: masked-diffusion step records predict the "
+                "whole response at every step (one full forward each), which no cache serves; set cache=None"
             )
         if self.threshold is not None and not 0.0 <= self.threshold <= 1.0:
             raise ValueError(f"threshold must be in [0, 1] or None, got {self.threshold}")
