@@ -92,6 +92,10 @@ _LORA = {"d-treerpo": (128, 64.0), "dmpo": (128, 64.0), "lora-sft": (16, 32.0)}
 def _rollout(family: str, algorithm: str) -> SamplingConfig:
     base = _FAMILY_ROLLOUT[family]
     changes = {} if base.block_diffusion else dict(_ROLLOUT_CHANGES.get(algorithm, {}))
+    if base.block_diffusion and algorithm == "cj-grpo":
+        # DARE's CJ rollout ends every response on the block grid (`align_cj_max_new_tokens`,
+        # verl/workers/rollout/cj_trajectory.py:108-138), so the terminal block replays completely
+        changes["block_aligned_budget"] = True
     return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
 
 

@@ -50,6 +50,10 @@ class SamplingConfig:
             "truncate" counts tokens through the first EOS only.
         stop_at_eos: block diffusion: a row stops after a block whose response part holds EOS
             (remaining positions are filled with EOS).
+        block_aligned_budget: block diffusion: each row's response ends on the global block grid,
+            max_new_tokens - (prompt_length + max_new_tokens) % block_length tokens (DARE's
+            `align_cj_max_new_tokens`, CJ-GRPO), so no length cut falls inside a block; the
+            columns after it are not counted (`response_mask`) and carry no records.
         editing_threshold: block diffusion: LLaDA2.1 token editing (joint-threshold decoding,
             docs/generation.md#llada2). Each step also overwrites already-filled, non-prompt
             tokens of the current block whose new proposal differs with confidence >
@@ -84,6 +88,7 @@ class SamplingConfig:
     threshold: float | None = None
     eos_handling: str = "keep"
     stop_at_eos: bool = True
+    block_aligned_budget: bool = False
     editing_threshold: float | None = None
     max_post_steps: int = 16
     record_trajectory: bool = False
@@ -138,6 +143,16 @@ class SamplingConfig:
             raise ValueError(
                 "cache='dual' is a masked-diffusion cache; block diffusion takes cache=None "
                 "(recompute) or cache='prefix' (exact KV cache of finished blocks)"
+            )
+        if self.block_aligned_budget and not self.block_diffusion:
+            raise ValueError(
+                "block_aligned_budget=True is a block-diffusion setting (masked-diffusion responses are "
+                "block-aligned already); set block_aligned_budget=False"
+            )
+        if self.block_aligned_budget and self.max_new_tokens < self.block_length:
+            raise ValueError(
+                f"block_aligned_budget=True needs max_new_tokens >= block_length so every prompt keeps a "
+                f"positive budget; got max_new_tokens={self.max_new_tokens}, block_length={self.block_length}"
             )
         if self.record_steps and self.cache is not None and not self.block_diffusion:
             raise ValueError(
