@@ -32,7 +32,7 @@ class RolloutBatch:
         step_canvas: [B, S, R] long, the response canvas before each of the sample's own steps
             (S = most steps any row took; rows that took fewer are padded with the mask id).
         step_x0: [B, S, R] long, the clean prediction at each step, committed tokens kept; masked
-            diffusion: a token sampled at every masked position (MDPO's x^(t),
+            diffusion: a token sampled at every masked position (the full prediction,
             `dllm_rollout.prediction`); block diffusion: proposals inside the block being decoded.
         step_confidence: [B, S, R] float32; masked diffusion: softmax(filter(logits / T)) at each
             position's sampled token; block diffusion: the sampler's confidence inside the block

@@ -1,8 +1,8 @@
-"""Response budgets aligned to the global block grid (block diffusion; DARE's CJ-GRPO rollouts).
+"""Response budgets aligned to the global block grid (block diffusion; DARE's trajectory-replay rollouts).
 
 A block-diffusion model denoises whole blocks of the global grid (the prompt's first real token
 at position 0). When `prompt_length + max_new_tokens` falls inside a block, the length cut ends
-the response in the middle of a block whose other tokens were denoised with it. DARE's CJ-GRPO
+the response in the middle of a block whose other tokens were denoised with it. DARE's trajectory-replay
 rollout shortens each request's budget to the last block boundary instead
 (`align_cj_max_new_tokens`, verl/workers/rollout/cj_trajectory.py:108-138 at 83ae8a3), so a
 response ends on the grid or at a stop token inside its terminal block.

@@ -52,7 +52,7 @@ class SamplingConfig:
             (remaining positions are filled with EOS).
         block_aligned_budget: block diffusion: each row's response ends on the global block grid,
             max_new_tokens - (prompt_length + max_new_tokens) % block_length tokens (DARE's
-            `align_cj_max_new_tokens`, CJ-GRPO), so no length cut falls inside a block; the
+            `align_cj_max_new_tokens`), so no length cut falls inside a block; the
             columns after it are not counted (`response_mask`) and carry no records.
         editing_threshold: block diffusion: LLaDA2.1 token editing (joint-threshold decoding,
             docs/generation.md#llada2). Each step also overwrites already-filled, non-prompt
@@ -64,7 +64,7 @@ class SamplingConfig:
             filled (LLaDA2.1's `max_post_steps`); ignored without editing.
         record_trajectory: record per token the step it was committed at and its log-prob.
         record_steps: record per step the canvas, the clean prediction and its confidences
-            (masked diffusion: of the whole response, MDPO's x^(t), docs/algorithms.md#mdpo; needs
+            (masked diffusion: of the whole response at every step, `dllm_rollout.prediction`; needs
             cache=None).
         block_diffusion: masked (False) or block diffusion (True); the model decides it: `generate`
             sets it from `model.traits.block_length`.

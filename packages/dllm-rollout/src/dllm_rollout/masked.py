@@ -201,7 +201,7 @@ def decode_masked(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
                     break
                 # quota schedules fill a block in spb steps, threshold decoding in at most bl
                 check_progress(step, spb + bl, start, end, logits)
-                # step records (MDPO) predict the whole response: one forward, the block sliced from it
+                # step records predict the whole response: one forward, the block sliced from it
                 step_logits = response_logits(model, canvas, attn, pos, p) if cfg.record_steps else None
                 logits = block_logits(start, end, step) if step_logits is None else step_logits[:, start - p:end - p]
                 # LLaDA's confidences read the raw logits; Dream's read softmax(filtered)
