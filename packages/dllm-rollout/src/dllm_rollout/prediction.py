@@ -1,13 +1,13 @@
 """The full clean prediction of one masked-diffusion step (the per-step record x^(t)).
 
 Algorithms that reward intermediate predictions (He et al., arXiv 2508.13148) score the model's
-prediction of the whole response at every denoising step: a token is sampled at every position from softmax(filter(logits / T)), masked
-positions take it, committed positions keep their token, and the record's confidence is the
-sampled token's probability under that same tempered, filtered distribution
-(docs/algorithms.md, per-step records). Decoding itself reads only the current block; this module adds the
-rest of the response without touching what the sampler commits: the block's proposals are the
-sampler's own, and the other positions draw from a second per-row stream (`record_noise`), so a
-run with step records decodes the same responses as one without.
+prediction of the whole response at every denoising step: a token is sampled at every position
+from softmax(filter(logits / T)), masked positions take it, committed positions keep their token,
+and the record's confidence is the sampled token's probability under that same tempered, filtered
+distribution (docs/algorithms.md, per-step records). Decoding itself reads only the current block;
+this module adds the rest of the response without touching what the sampler commits: the block's
+proposals are the sampler's own, and the other positions draw from a second per-row stream
+(`record_noise`), so a run with step records decodes the same responses as one without.
 """
 
 from __future__ import annotations
