@@ -366,15 +366,12 @@ def test_cj_grpo_block_replays_terminal_block_as_dare(family: str) -> None:
     _assert_close(ours_loss, dare_loss, _grads(ours_loss, model), dare_grads)
 
 
-def test_cj_grpo_block_refuses_a_terminal_block_past_the_response() -> None:
-    # prompt of 4 tokens, R = 7, no stop: the last block (columns 4-7) ends past the response
+def test_cj_grpo_block_replays_a_cut_terminal_block_up_to_the_response_end() -> None:
+    # without aligned budgets (not DARE's protocol): a prompt of 4 tokens, R = 7, block 4, no stop:
+    # the last block (columns 4-7) is cut by the length budget and replayed up to column 6
     rollout = _rollout(unmask_step=torch.zeros(3, 7, dtype=torch.long))
-    with pytest.raises(ValueError, match="block_aligned_budget=True"):
-        da.CJGRPO().prepare(_batch(rollout), torch.Generator().manual_seed(0))
-
-
-def test_cj_grpo_decodes_block_models_with_aligned_budgets() -> None:
-    block = SamplingConfig(max_new_tokens=8, steps=4, block_length=BLOCK, block_diffusion=True)
-    masked = SamplingConfig(max_new_tokens=8, steps=4, block_length=BLOCK)
-    assert da.CJGRPO().sampling(block).block_aligned_budget
-    assert not da.CJGRPO().sampling(masked).block_aligned_budget
+    data = da.CJGRPO().prepare(_batch(rollout), torch.Generator().manual_seed(0))
+    # row 0 (P 4, 7 counted): block 2 ends at column 8, cut to 7; row 1 (P 6, 4 counted): columns
+    # 2-5 form its terminal block; row 2 (P 5, 6 counted): its block ends at column 7
+    want = torch.tensor([[1] * 7, [1, 1, 1, 1, 1, 1, 0], [1] * 7], dtype=torch.bool)
+    assert torch.equal(data.attention[:, 6:], want)

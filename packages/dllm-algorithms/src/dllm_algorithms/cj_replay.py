@@ -23,12 +23,13 @@ def replay_response(rollout: RolloutBatch) -> torch.Tensor:
 
     Masked models: the counted response (`response_mask`). Block models: the counted response
     extended through the end of its terminal block on the global grid (block ids counted from
-    the first real prompt token); a row without counted tokens replays nothing.
+    the first real prompt token), up to the response's last column; a row without counted tokens
+    replays nothing. With DARE's budgets (`SamplingConfig.block_aligned_budget`, which the block
+    CJ-GRPO recipes set) every terminal block ends inside the response; without them a block cut
+    by the length budget is replayed up to the response's end (its decoded rest is not kept).
 
     Raises:
-        ValueError: a terminal block ends past the response columns (its rest was not kept: decode
-            with `block_aligned_budget=True`, which `CJGRPO.sampling` sets), or a replayed position
-            has no recorded unmask step.
+        ValueError: a replayed position has no recorded unmask step.
     """
     counted = rollout.response_mask
     if not is_block(rollout):
@@ -39,13 +40,7 @@ def replay_response(rollout: RolloutBatch) -> torch.Tensor:
     if not torch.equal(counted, torch.arange(r, device=n.device)[None] < n[:, None]):
         raise ValueError("CJ-GRPO replay: rollout.response_mask must be a prefix of each response")
     plen = rollout.prompt_mask.long().sum(-1)
-    end = torch.where(n > 0, (plen + n + bl - 1) // bl * bl - plen, 0)  # terminal block's end column
-    if bool((end > r).any()):
-        row = int(torch.nonzero(end > r)[0, 0])
-        raise ValueError(
-            f"CJ-GRPO replay: row {row}'s terminal block ends at response column {int(end[row])}, past "
-            f"max_new_tokens={r} (prompt of {int(plen[row])} tokens, block_length={bl}); decode with "
-            "rollout.block_aligned_budget=True so every response ends on the block grid")
+    end = torch.where(n > 0, (plen + n + bl - 1) // bl * bl - plen, 0).clamp(max=r)  # terminal block's end
     replay = torch.arange(r, device=n.device)[None] < end[:, None]
     if bool((replay & (rollout.unmask_step < 0)).any()):
         raise ValueError("CJ-GRPO replay: a position of a terminal block has no recorded unmask step "

@@ -80,8 +80,8 @@ class CJGRPO(DualClip, RLAlgorithm[Trajectory]):
     the tokens committed at k are scored from it (one scored row per state); per-step token
     means (masked) or the paper-exact per-transition weights (block models). On block models the
     terminal block is replayed completely (`replay_response`: the tokens after the stop inside it
-    are context and actions of the same advantage) and each response ends on the block grid
-    (`SamplingConfig.block_aligned_budget`).
+    are context and actions of the same advantage); DARE's rollouts also end each response on the
+    block grid (`SamplingConfig.block_aligned_budget`, set by the block CJ-GRPO recipes).
     """
 
     families: ClassVar[tuple[str, ...]] = ALL_FAMILIES
@@ -89,7 +89,7 @@ class CJGRPO(DualClip, RLAlgorithm[Trajectory]):
     replays_trajectory = True
 
     def sampling(self, sampling: SamplingConfig) -> SamplingConfig:
-        return with_fields(sampling, record_trajectory=True, block_aligned_budget=sampling.block_diffusion)
+        return with_fields(sampling, record_trajectory=True)
 
     def prepare(self, batch: RLBatch, generator: torch.Generator) -> Trajectory:
         rollout = batch.rollout
