@@ -72,3 +72,13 @@ def test_show_prints_the_task_values_and_unknown_tasks_get_one_error(capsys: pyt
         assert exit_info.value.code == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("dare: error: task=") and fix in err[0], err
+
+
+@pytest.mark.parametrize("family", ["sdar", "llada2"])
+def test_block_cj_grpo_recipes_align_the_budget_to_the_block_grid(family: str,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    # DARE's CJ rollout: align_cj_max_new_tokens (verl/workers/rollout/cj_trajectory.py:108-138)
+    assert main(["show", f"{family}-cj-grpo"]) == 0
+    assert "rollout.block_aligned_budget = true" in capsys.readouterr().out.lower()
+    assert not get_recipe(f"{family}-bgpo").rollout.block_aligned_budget  # type: ignore[attr-defined]
+    assert not get_recipe("llada-cj-grpo").rollout.block_aligned_budget  # type: ignore[attr-defined]

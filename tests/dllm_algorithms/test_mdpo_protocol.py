@@ -6,6 +6,7 @@ verl/workers/actor/llada_dp_actor_mdpo.py:237-304 and verl/trainer/ppo/mdpo_algo
 from __future__ import annotations
 
 import copy
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -162,3 +163,48 @@ def test_losses_equal_dare_mini_batch_loop(run: dict[str, Any]) -> None:
         assert ol == pytest.approx(dl, rel=1e-4, abs=1e-6), (j, dare, ours)
         assert oc == pytest.approx(dc, abs=1e-6), (j, dc, oc)
     assert any(c > 0 for _, c in dare[1:])  # the comparison covers clipped mini-batches
+
+
+# --- the training rows' positions and attention (DARE: verl/trainer/ppo/dllm_ray_trainer.py:734-765) ---
+
+
+def test_rows_train_every_masked_position_of_the_response() -> None:
+    """DARE's completion mask is every masked position of the step input (dllm_ray_trainer.py:757-758),
+    not only the block being decoded; our step records predict the whole response
+    (tests/dllm_rollout/test_prediction.py), so a row at step 0 of two blocks is active in both."""
+    model = tiny_model("llada")
+    sampling = SamplingConfig(max_new_tokens=K, steps=K, block_length=K // 2, temperature=1.0)
+    rl = local_rl(model, da.MDPO(), sampling=sampling, reward=text_reward, lr=LR, grad_clip=1.0)
+    prompts, answers, groups = addition_prompts(2, 4, 0)(0).expanded()
+    rl.rank.rollout_step(0, prompts, answers, sample_seeds(0, len(prompts), "rollout", 0), groups)
+    prepared = rl.rank.prepared
+    assert prepared is not None
+    r, p = prepared.batch.rollout, prepared.batch.rollout.prompt_ids.shape[1]
+    b, mask = r.batch_size, model.traits.mask_token_id  # type: ignore[union-attr]
+    masked = prepared.data.noisy[:, p:] == mask
+    counted = r.response_mask.repeat(K, 1)
+    assert torch.equal(prepared.data.active, masked & counted)
+    first = prepared.data.active[:b]  # step 0: the all-mask canvas
+    assert bool(first[:, : K // 2].any()) and bool(first[:, K // 2:].any())
+    assert not bool((prepared.data.clean[:, p:] == mask).any())  # targets (and step rewards) without masks
+
+
+def test_post_eos_columns_attended_and_not_trained(run: dict[str, Any]) -> None:
+    """A deliberate difference (docs/algorithms.md#mdpo): DARE's rows take the final response's
+    attention mask (dllm_ray_trainer.py:737,765; mdpo_llada_rollout.py:290-297), so the columns after
+    the first EOS are dropped from the packed forward (llada_dp_actor_mdpo.py:118-121) while their
+    masked positions stay in the completion mask with zero logits (log-prob -log V under both the old
+    and the new policy: ratio 1, no gradient, counted in lam = R / |m| and in the mean). Ours scores
+    every row on the canvas the rollout decoded from, all response columns attended, as the policy saw
+    it, and trains only the response's counted positions."""
+    batch = run["prepared"].batch
+    counted = batch.rollout.response_mask.clone()
+    counted[:, K // 2:] = False  # as if every response ended at column K / 2 - 1
+    batch = dataclasses.replace(batch, rollout=dataclasses.replace(batch.rollout, response_mask=counted))
+    data = da.MDPO().prepare(batch, torch.Generator().manual_seed(0))
+    p = batch.rollout.prompt_ids.shape[1]
+    assert bool(data.attention[:, p:].all())
+    assert torch.equal(data.attention[:, :p], batch.rollout.prompt_mask.repeat(K, 1))
+    masked = data.noisy[:, p:] == batch.tokens.mask_id
+    assert torch.equal(data.active, masked & counted.repeat(K, 1))
+    assert bool((masked & ~counted.repeat(K, 1)).any())  # post-EOS masked positions exist and are not trained

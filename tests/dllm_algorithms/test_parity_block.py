@@ -274,32 +274,104 @@ def test_ebpo_block_matches_dare(family: str, empty_row: bool) -> None:
     _assert_close(ours_loss, dare_loss, _grads(ours_loss, model), dare_grads)
 
 
-def test_cj_grpo_block_weights_and_loss_match_dare() -> None:
-    # global unmask steps, contiguous inside every block once made block-local (P = 6, block 4):
-    # sample 0's response starts on a block boundary, samples 1 and 2 mid-block
-    unmask = torch.tensor([[0, 1, 0, 1, 2, 3, 2], [0, 1, 2, 2, -1, -1, -1], [0, 0, 1, 2, 3, 4, -1]])
+def _aligned_cj_rollout() -> tuple[RolloutBatch, torch.Tensor, torch.Tensor]:
+    """An aligned CJ rollout with post-EOS tokens in terminal blocks, and DARE's view of it.
+
+    Prompts of 4, 6 and 5 real tokens (P = 6), R = 7, block 4 on the global grid. Budgets aligned
+    to the grid (`align_cj_max_new_tokens`): 7 - (4 + 7) % 4 = 4, 7 - 13 % 4 = 6, 7 - 12 % 4 = 7.
+    Row 0 stops at response column 1 (EOS) inside block 1 (columns 0-3): SGLang's replay payload
+    is columns 0-3. Row 1 stops at column 0, in block 1 (columns 0-1): replay 0-1. Row 2 runs to its
+    budget, which ends on the grid: replay = the visible response.
+
+    Returns:
+        (our rollout, DARE's replay response mask [B, R], DARE's block-local steps [B, R], -1 off replay)
+    """
+    unmask = torch.tensor([[0, 1, 0, 1, 2, 3, 2],  # blocks: cols 0-3 | 4-6
+                           [0, 1, 2, 2, 3, 3, 4],  # cols 0-1 | 2-5 | 6
+                           [0, 0, 1, 2, 3, 4, 4]])  # cols 0-2 | 3-6
+    counted = torch.tensor([[1, 1, 0, 0, 0, 0, 0], [1, 0, 0, 0, 0, 0, 0], [1] * 7], dtype=torch.bool)
     rollout = _rollout(unmask_step=unmask)
+    response = rollout.response_ids.clone()
+    response[0, 1], response[1, 0] = EOS, EOS
+    response = torch.where(response == EOS, torch.where(counted, EOS, 7), response)  # EOS only where it stops
+    cfg = SamplingConfig(max_new_tokens=7, steps=4, block_length=BLOCK, block_diffusion=True,
+                         block_aligned_budget=True)
+    rollout = RolloutBatch(prompt_ids=rollout.prompt_ids, prompt_mask=rollout.prompt_mask, response_ids=response,
+                           response_mask=counted, seeds=rollout.seeds, config=cfg, unmask_step=unmask)
+    replay = torch.tensor([[1, 1, 1, 1, 0, 0, 0], [1, 1, 0, 0, 0, 0, 0], [1] * 7], dtype=torch.bool)
+    # SGLang's 1-based block-local step maps minus 1 (cj_trajectory.py:350), -1 off the replay payload
+    local = torch.tensor([[0, 1, 0, 1, -1, -1, -1], [0, 1, -1, -1, -1, -1, -1], [0, 0, 1, 0, 1, 2, 2]])
+    return rollout, replay, local
+
+
+def _dare_cj_trajectory(local: torch.Tensor, replay: torch.Tensor, prompt_length: int, k: int) -> torch.Tensor:
+    """cj_trajectory.py `build_block_parallel_cj_trajectory` (lines 559-631): [B, K, P + R] indicators."""
+    b, r = local.shape
+    out = torch.zeros(b, k, r, dtype=torch.bool)
+    bi, ri = torch.nonzero(replay, as_tuple=True)
+    out[bi, local[bi, ri], ri] = True
+    return torch.cat([torch.zeros(b, k, prompt_length, dtype=torch.bool), out], -1)
+
+
+def _dare_cj_step_logp(model: torch.nn.Module, ids: torch.Tensor, attn: torch.Tensor, traj: torch.Tensor,
+                       step: int, r: int) -> torch.Tensor:
+    """cj_grpo_sglang_mixin.py `_step_forward_micro_batch` (130-171) with block_diffusion_utils.py
+    `build_block_parallel_cj_step_inputs` (242-301): [B, R] log-probs of the step's targets."""
+    p = ids.shape[1] - r
+    initial = torch.full_like(ids, MASK)
+    initial[:, :p] = ids[:, :p]
+    noisy = initial if step == 0 else torch.where(traj[:, :step].any(1), ids, initial)
+    target = traj[:, step] & attn
+    target[:, :p] = False
+    pos = (attn.long().cumsum(-1) - 1).clamp(min=0)
+    art = _dare_compact(noisy, ids, attn, pos, target, torch.ones(ids.shape, dtype=torch.float64), p)
+    return _dare_scatter(-_dare_token_losses(model, art), art, r)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_cj_grpo_block_replays_terminal_block_as_dare(family: str) -> None:
+    """DARE 5f8e5f0: the tokens after EOS in the terminal block are context and latent actions."""
+    model = _model(family)
+    rollout, replay, local = _aligned_cj_rollout()
     batch, alg = _batch(rollout), da.CJGRPO()
     data = alg.prepare(batch, torch.Generator().manual_seed(0))
-    local, k = da.trajectory_steps(rollout)
-    assert k == 3
-    traj = torch.stack([local == s for s in range(k)], 1)  # DARE's reversed_traj_unmask_positions [B, K, S]
-    dare_w = _dare_cj_weights(traj, rollout.response_mask, rollout.attention_mask)
-    # DARE's weights sum to 1 per sample and its step loss is divided by the sample count B;
-    # ours fold the 1 / B into the weights
-    torch.testing.assert_close(data.weights[:, :, 6:] * 3, dare_w)
-    assert float(data.weights[:, :, :6].abs().sum()) == 0.0
+    p, r, k = 6, 7, 3
+    assert data.plan.mask.shape[1] == k
+    assert torch.equal(data.attention[:, p:], replay)
+    assert not torch.equal(replay, rollout.response_mask)  # the replay adds post-EOS tokens
 
-    # loss and gradient on shared per-step log-probs (the replay forward is the scorer's)
+    # DARE: build_cj_replay_model_inputs (block_diffusion_utils.py:73-178): prompt + replay tokens,
+    # attention = prompt mask + replay mask; advantages expanded to the replay (193-230)
+    ids = rollout.input_ids
+    attn = torch.cat([rollout.prompt_mask, replay], 1)
+    traj = _dare_cj_trajectory(local, replay, p, k)
+    dare_w = _dare_cj_weights(traj, replay, attn)
+    torch.testing.assert_close(data.weights[:, :, p:] * 3, dare_w)
+    dare_lp = torch.stack([_dare_cj_step_logp(model, ids, attn, traj, s, r) for s in range(k)], 1)  # [B, K, R]
     g = torch.Generator().manual_seed(2)
-    scored = data.plan.meta["scored"].double()
-    lp = (-torch.rand(3, k, 13, generator=g, dtype=torch.float64) * scored).requires_grad_(True)
-    old = (lp.detach() + 0.3 * torch.randn(3, k, 13, generator=g, dtype=torch.float64)) * scored
-    resp = rollout.response_mask.double()
-    dare_loss = sum(_dare_policy_pg(old[:, s, 6:], lp[:, s, 6:], ADV[:, None] * resp, dare_w[:, s].double())
+    old = dare_lp.detach() + 0.3 * torch.randn(3, k, r, generator=g, dtype=torch.float64)
+    adv = ADV[:, None] * replay.double()
+    # cj_grpo_sglang_mixin.py:497-560: per local step compute_policy_loss with the weights as the
+    # mask, times (step mass + 1e-8) / B, summed over steps
+    dare_loss = sum(_dare_policy_pg(old[:, s], dare_lp[:, s], adv, dare_w[:, s].double())
                     * (dare_w[:, s].sum().double() + 1e-8) / 3 for s in range(k))
-    (dare_g,) = torch.autograd.grad(dare_loss, lp)
-    ours_loss, _ = alg.loss(lp, LossInputs(batch=batch, data=data, iteration=0, advantages=ADV, old=old, ref=None))
-    (ours_g,) = torch.autograd.grad(ours_loss, lp)
-    assert ours_loss.item() == pytest.approx(dare_loss.item(), rel=1e-6)
-    torch.testing.assert_close(ours_g.double(), dare_g, rtol=1e-5, atol=1e-9)
+    dare_grads = _grads(dare_loss, model)
+
+    ours_v = alg.values(Scorer(model), batch, data, 0)
+    w = dare_w > 0
+    torch.testing.assert_close(ours_v[:, :, p:].double()[w], dare_lp[w], rtol=1e-6, atol=1e-7)
+    ours_old = torch.cat([torch.zeros(3, k, p, dtype=torch.float64), old], -1)
+    ours_loss, _ = alg.loss(ours_v, LossInputs(batch=batch, data=data, iteration=0, advantages=ADV, old=ours_old,
+                                               ref=None))
+    _assert_close(ours_loss, dare_loss, _grads(ours_loss, model), dare_grads)
+
+
+def test_cj_grpo_block_replays_a_cut_terminal_block_up_to_the_response_end() -> None:
+    # without aligned budgets (not DARE's protocol): a prompt of 4 tokens, R = 7, block 4, no stop:
+    # the last block (columns 4-7) is cut by the length budget and replayed up to column 6
+    rollout = _rollout(unmask_step=torch.zeros(3, 7, dtype=torch.long))
+    data = da.CJGRPO().prepare(_batch(rollout), torch.Generator().manual_seed(0))
+    # row 0 (P 4, 7 counted): block 2 ends at column 8, cut to 7; row 1 (P 6, 4 counted): columns
+    # 2-5 form its terminal block; row 2 (P 5, 6 counted): its block ends at column 7
+    want = torch.tensor([[1] * 7, [1, 1, 1, 1, 1, 1, 0], [1] * 7], dtype=torch.bool)
+    assert torch.equal(data.attention[:, 6:], want)

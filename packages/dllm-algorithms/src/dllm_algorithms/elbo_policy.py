@@ -47,16 +47,18 @@ def _elbo_normalizer(rollout: RolloutBatch) -> float | torch.Tensor:
 
 def _sequence_loss(value: torch.Tensor, x: LossInputs[Any], *, clip_low: float, clip_high: float,
                    kl_coef: float, kl_kind: str, length: float,
-                   valid: torch.Tensor | None = None) -> tuple[torch.Tensor, Metrics]:
+                   valid: torch.Tensor | None = None, k1_grad_correction: bool = False) -> tuple[torch.Tensor, Metrics]:
     """Clipped sequence ratio plus `kl_coef` times the sequence KL to the reference (on value x length).
 
     `valid` ([B] bool): average both terms over these sequences only (None: all).
+    `k1_grad_correction`: ESPO's k1 gradient (1 + Delta) grad E (`sequence_kl`).
     """
     assert x.old is not None
     pg, metrics = sequence_clip_loss(value, x.old, x.advantages, clip_low=clip_low, clip_high=clip_high,
                                      valid=valid)
     if kl_coef and x.ref is not None:
-        per_seq = sequence_kl(value * length, x.ref * length, kl_kind, length=length)
+        per_seq = sequence_kl(value * length, x.ref * length, kl_kind, length=length,
+                              k1_grad_correction=k1_grad_correction)
         w = torch.ones_like(per_seq) if valid is None else valid.to(per_seq.dtype)
         kl = (per_seq * w).sum() / w.sum().clamp_min(1)
         metrics = {**metrics, "kl": kl.detach()}
@@ -106,7 +108,8 @@ class ESPO(RatioClip, RLAlgorithm[list[tuple[MaskPlan, MaskPlan]]]):
         mc_num: count masks per sequence and iteration (each scored with its complement).
         num_iterations: optimizer steps per rollout batch, each on fresh masks.
         kl_coef: weight of the sequence KL to the frozen reference (0: no reference model).
-        kl_kind: estimator of that KL on the ELBO gap: "k1", "k2", "k3" or "abs".
+        kl_kind: estimator of that KL on the ELBO gap: "k1" (value Delta, gradient
+            (1 + Delta) grad E as the official ESPO code), "k2", "k3" or "abs".
     """
 
     mc_num: int = 2
@@ -139,8 +142,10 @@ class ESPO(RatioClip, RLAlgorithm[list[tuple[MaskPlan, MaskPlan]]]):
 
     def loss(self, values: torch.Tensor,
              inputs: LossInputs[list[tuple[MaskPlan, MaskPlan]]]) -> tuple[torch.Tensor, Metrics]:
+        # DARE's ESPO k1 carries the official ESPO code's gradient correction; its EBPO k1 does not
         return _sequence_loss(values, inputs, clip_low=self.clip_low, clip_high=self.clip_high, kl_coef=self.kl_coef,
-                              kl_kind=self.kl_kind, length=float(inputs.batch.rollout.response_ids.shape[1]))
+                              kl_kind=self.kl_kind, length=float(inputs.batch.rollout.response_ids.shape[1]),
+                              k1_grad_correction=self.kl_kind in ("k1", "kl"))
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -26,26 +26,32 @@ from dllm_objectives import (
     weighted_policy_loss,
 )
 from dllm_rollout import RolloutBatch, SamplingConfig, tree_generate
-from dllm_train import LossInputs, MiniBatchRows, RLAlgorithm, RLBatch, ValuesScorer, with_fields
+from dllm_train import LossInputs, MiniBatchRows, RLAlgorithm, RLBatch, ValuesScorer, plan_token_logp, with_fields
 
+from dllm_algorithms.cj_replay import replay_response
 from dllm_algorithms.clipping import DualClip
 from dllm_algorithms.families import ALL_FAMILIES, MASKED
-from dllm_algorithms.scoring import Metrics, inputs, is_block, plan_logp
+from dllm_algorithms.scoring import Metrics, inputs, is_block
 
 
-def trajectory_steps(rollout: RolloutBatch) -> tuple[torch.Tensor, int]:
-    """Step map [B, P + R] (-1 off the response) and the number of replay states K.
+def trajectory_steps(rollout: RolloutBatch, response: torch.Tensor | None = None) -> tuple[torch.Tensor, int]:
+    """Step map [B, P + R] (-1 off the replayed response) and the number of replay states K.
 
     Masked models: the global unmask step. Block models: the step local to the token's block
     (all blocks are replayed in parallel at the same local step).
+
+    Args:
+        response: [B, R] bool, the replayed response positions (default `rollout.response_mask`;
+            CJ-GRPO passes `replay_response`).
     """
     if rollout.unmask_step is None:
         raise ValueError("trajectory replay needs rollout.unmask_step (SamplingConfig.record_trajectory=True)")
-    step = torch.where(rollout.response_mask, rollout.unmask_step, -1)
+    response = rollout.response_mask if response is None else response
+    step = torch.where(response, rollout.unmask_step, -1)
     full = torch.cat([torch.full_like(rollout.prompt_ids, -1), step], dim=1)
     if is_block(rollout):
         assert rollout.config is not None
-        ids = block_ids(rollout.attention_mask, rollout.config.block_length)
+        ids = block_ids(torch.cat([rollout.prompt_mask, response], dim=1), rollout.config.block_length)
         big = torch.iinfo(full.dtype).max
         local = full.clone()
         for b in torch.unique(ids[full >= 0]).tolist():
@@ -58,10 +64,12 @@ def trajectory_steps(rollout: RolloutBatch) -> tuple[torch.Tensor, int]:
 
 @dataclass(frozen=True)
 class Trajectory:
-    """CJ-GRPO's replay: one plan copy per state, and each token's weight in the loss [B, K, S]."""
+    """CJ-GRPO's replay: one plan copy per state, each token's weight in the loss [B, K, S], and the
+    replay view's attention [B, S] (prompt and `replay_response`)."""
 
     plan: MaskPlan
     weights: torch.Tensor
+    attention: torch.Tensor
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,7 +78,10 @@ class CJGRPO(DualClip, RLAlgorithm[Trajectory]):
 
     Replays the recorded unmasking order: state k reveals the tokens committed before step k;
     the tokens committed at k are scored from it (one scored row per state); per-step token
-    means (masked) or the paper-exact per-transition weights (block models).
+    means (masked) or the paper-exact per-transition weights (block models). On block models the
+    terminal block is replayed completely (`replay_response`: the tokens after the stop inside it
+    are context and actions of the same advantage); DARE's rollouts also end each response on the
+    block grid (`SamplingConfig.block_aligned_budget`, set by the block CJ-GRPO recipes).
     """
 
     families: ClassVar[tuple[str, ...]] = ALL_FAMILIES
@@ -82,18 +93,20 @@ class CJGRPO(DualClip, RLAlgorithm[Trajectory]):
 
     def prepare(self, batch: RLBatch, generator: torch.Generator) -> Trajectory:
         rollout = batch.rollout
-        step, k = trajectory_steps(rollout)
+        response = replay_response(rollout)
+        attention = torch.cat([rollout.prompt_mask, response], dim=1)
+        step, k = trajectory_steps(rollout, response)
         plan = replay_plan(step, k)
         if is_block(rollout):
             assert rollout.config is not None
-            ids = block_ids(rollout.attention_mask, rollout.config.block_length)
+            ids = block_ids(attention, rollout.config.block_length)
             weights = cj_token_weights(step, k, block_ids=ids, mode="paper_exact")
         else:
             weights = cj_token_weights(step, k, mode="step_token_mean")
-        return Trajectory(plan=plan, weights=weights)
+        return Trajectory(plan=plan, weights=weights, attention=attention)
 
     def values(self, scorer: ValuesScorer, batch: RLBatch, data: Trajectory, iteration: int) -> torch.Tensor:
-        lp = plan_logp(scorer, batch, data.plan)
+        lp = plan_token_logp(scorer, batch.rollout.input_ids, data.attention, data.plan)
         return lp * data.plan.meta["scored"].to(lp.dtype)
 
     def loss(self, values: torch.Tensor, inputs: LossInputs[Trajectory]) -> tuple[torch.Tensor, Metrics]:

@@ -224,7 +224,9 @@ def sequence_clip_loss(
         valid: optional bool ``[B]``, sequences that enter the mean.
 
     Returns:
-        ``(loss, metrics)`` with ``clip_frac`` and ``ratio_mean``.
+        ``(loss, metrics)`` with ``clip_frac`` (the share of sequences, among ``valid``, with
+        ``rho > log(1 + clip_high)`` and ``A > 0`` or ``rho < log(1 - clip_low)`` and ``A < 0``) and
+        ``ratio_mean``.
     """
     _check_clips(clip_low, clip_high, None)
     check_same_shape(value=value, old_value=old_value, advantages=advantages)
@@ -237,7 +239,9 @@ def sequence_clip_loss(
     w = torch.ones_like(per_seq) if valid is None else valid.float()
     loss = (per_seq * w).sum() / w.sum().clamp_min(1)
     with torch.no_grad():
-        clipped = (eff != rho).float()
+        # a clip that moves the loss: rho above the upper bound with A > 0 or below the lower with
+        # A < 0 (A = 0 sequences carry no gradient and are never counted)
+        clipped = (((rho > hi) & (adv > 0)) | ((rho < lo) & (adv < 0))).float()
         metrics = {
             "clip_frac": (clipped * w).sum() / w.sum().clamp_min(1),
             "ratio_mean": torch.exp(rho.clamp(max=80.0)).mean(),

@@ -31,10 +31,12 @@ class RolloutBatch:
             canvases (`generate(..., ref_model=...)`).
         step_canvas: [B, S, R] long, the response canvas before each of the sample's own steps
             (S = most steps any row took; rows that took fewer are padded with the mask id).
-        step_x0: [B, S, R] long, the clean prediction at each step: proposals inside the block
-            being decoded, the canvas elsewhere (committed tokens kept).
-        step_confidence: [B, S, R] float32 confidence of each proposal inside the block being
-            decoded (NaN elsewhere).
+        step_x0: [B, S, R] long, the clean prediction at each step, committed tokens kept; masked
+            diffusion: a token sampled at every masked position (the full prediction,
+            `dllm_rollout.prediction`); block diffusion: proposals inside the block being decoded.
+        step_confidence: [B, S, R] float32; masked diffusion: softmax(filter(logits / T)) at each
+            position's sampled token; block diffusion: the sampler's confidence inside the block
+            being decoded (NaN elsewhere).
         config: the SamplingConfig that produced the batch (None for engine outputs without one).
         extras: further per-sample tensors (block diffusion with trajectories: `tail_ids`,
             `tail_unmask_step` [B, T], the decoded rest of the terminal block after the response,

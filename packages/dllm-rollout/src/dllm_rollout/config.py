@@ -50,6 +50,10 @@ class SamplingConfig:
             "truncate" counts tokens through the first EOS only.
         stop_at_eos: block diffusion: a row stops after a block whose response part holds EOS
             (remaining positions are filled with EOS).
+        block_aligned_budget: block diffusion: each row's response ends on the global block grid,
+            max_new_tokens - (prompt_length + max_new_tokens) % block_length tokens (DARE's
+            `align_cj_max_new_tokens`), so no length cut falls inside a block; the
+            columns after it are not counted (`response_mask`) and carry no records.
         editing_threshold: block diffusion: LLaDA2.1 token editing (joint-threshold decoding,
             docs/generation.md#llada2). Each step also overwrites already-filled, non-prompt
             tokens of the current block whose new proposal differs with confidence >
@@ -59,7 +63,9 @@ class SamplingConfig:
         max_post_steps: with editing, at most this many steps per block after its last mask was
             filled (LLaDA2.1's `max_post_steps`); ignored without editing.
         record_trajectory: record per token the step it was committed at and its log-prob.
-        record_steps: record per step the canvas, the proposals and their confidences.
+        record_steps: record per step the canvas, the clean prediction and its confidences
+            (masked diffusion: of the whole response at every step, `dllm_rollout.prediction`; needs
+            cache=None).
         block_diffusion: masked (False) or block diffusion (True); the model decides it: `generate`
             sets it from `model.traits.block_length`.
         max_rows: decode at most this many rows at a time (0: the whole batch in one call), so
@@ -82,6 +88,7 @@ class SamplingConfig:
     threshold: float | None = None
     eos_handling: str = "keep"
     stop_at_eos: bool = True
+    block_aligned_budget: bool = False
     editing_threshold: float | None = None
     max_post_steps: int = 16
     record_trajectory: bool = False
@@ -136,6 +143,21 @@ class SamplingConfig:
             raise ValueError(
                 "cache='dual' is a masked-diffusion cache; block diffusion takes cache=None "
                 "(recompute) or cache='prefix' (exact KV cache of finished blocks)"
+            )
+        if self.block_aligned_budget and not self.block_diffusion:
+            raise ValueError(
+                "block_aligned_budget=True is a block-diffusion setting (masked-diffusion responses are "
+                "block-aligned already); set block_aligned_budget=False"
+            )
+        if self.block_aligned_budget and self.max_new_tokens < self.block_length:
+            raise ValueError(
+                f"block_aligned_budget=True needs max_new_tokens >= block_length so every prompt keeps a "
+                f"positive budget; got max_new_tokens={self.max_new_tokens}, block_length={self.block_length}"
+            )
+        if self.record_steps and self.cache is not None and not self.block_diffusion:
+            raise ValueError(
+                f"record_steps=True with cache={self.cache!r}: masked-diffusion step records predict the "
+                "whole response at every step (one full forward each), which no cache serves; set cache=None"
             )
         if self.threshold is not None and not 0.0 <= self.threshold <= 1.0:
             raise ValueError(f"threshold must be in [0, 1] or None, got {self.threshold}")

@@ -11,6 +11,7 @@ import torch
 
 from dllm_rollout.batch import RolloutBatch
 from dllm_rollout.block import decode_blocks
+from dllm_rollout.budget import align_to_block_grid
 from dllm_rollout.config import SamplingConfig, configure, on_model_grid
 from dllm_rollout.masked import decode_masked
 from dllm_rollout.prompts import left_pad, sample_seeds
@@ -29,7 +30,8 @@ def decode(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, seed
     # q/k/v and gate/up as one GEMM each while decoding (`DLLM_MODELS_FUSED_PROJECTIONS=1`)
     with fusion.fused_projections(model) if fusion.FUSED_PROJECTIONS else nullcontext():
         if cfg.block_diffusion:
-            return decode_blocks(model, prompt_ids, prompt_mask, seeds, cfg, ref_model)
+            out = decode_blocks(model, prompt_ids, prompt_mask, seeds, cfg, ref_model)
+            return align_to_block_grid(out) if cfg.block_aligned_budget else out
         return decode_masked(model, prompt_ids, prompt_mask, seeds, cfg, ref_model)
 
 

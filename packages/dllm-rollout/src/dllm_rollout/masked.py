@@ -23,6 +23,7 @@ from dllm_rollout.config import LLADA_REMASKING, SamplingConfig
 from dllm_rollout.graphs import GraphedStep, graph_pool
 from dllm_rollout.head import block_forward, head_columns, raw_columns
 from dllm_rollout.noise import RowNoise
+from dllm_rollout.prediction import full_prediction, record_noise, response_logits
 from dllm_rollout.progress import check_progress
 from dllm_rollout.record import Recorder
 from dllm_rollout.sampling import propose_scored, sample_positions, select
@@ -181,6 +182,7 @@ def decode_masked(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
     attn = torch.cat([prompt_mask, torch.ones((b, r), dtype=torch.bool, device=device)], dim=1)
     pos = positions_from_mask(attn)
     noise = RowNoise(seeds, device)
+    rec_noise = record_noise(noise)
     rec = Recorder(b, r, device, steps=cfg.record_steps, ref=ref_model is not None)
     rec.row_step += first_step
     block_logits = _BlockLogits(model, cfg, canvas, attn, pos)
@@ -199,7 +201,9 @@ def decode_masked(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
                     break
                 # quota schedules fill a block in spb steps, threshold decoding in at most bl
                 check_progress(step, spb + bl, start, end, logits)
-                logits = block_logits(start, end, step)
+                # step records predict the whole response: one forward, the block sliced from it
+                step_logits = response_logits(model, canvas, attn, pos, p) if cfg.record_steps else None
+                logits = block_logits(start, end, step) if step_logits is None else step_logits[:, start - p:end - p]
                 # LLaDA's confidences read the raw logits; Dream's read softmax(filtered)
                 x0, conf, logp = propose_scored(logits, remasking=cfg.remasking, temperature=cfg.temperature,
                                                 top_k=cfg.top_k, top_p=cfg.top_p, noise=noise, active=active,
@@ -219,8 +223,10 @@ def decode_masked(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
                                         attention_mask=attn, position_ids=pos).logits.float()
                     ref_logp = torch.log_softmax(ref / t, dim=-1).gather(-1, x0[..., None]).squeeze(-1)
                 before = canvas[:, p:].clone() if cfg.record_steps else canvas[:, :0]
+                prediction = None if step_logits is None else full_prediction(
+                    step_logits, before, x0, start - p, cfg=cfg, noise=rec_noise, active=active, mask_id=mask_id)
                 canvas[:, start:end] = torch.where(commit, x0, canvas[:, start:end])
-                rec.record(active, start - p, commit, x0, logp, conf, before, ref_logp)
+                rec.record(active, start - p, commit, x0, logp, conf, before, ref_logp, prediction)
                 step += 1
     finally:
         block_logits.release()  # on an exception too (see `_BlockLogits`: the cache would wait for the gc)

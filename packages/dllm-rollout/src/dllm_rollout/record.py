@@ -36,12 +36,16 @@ class Recorder:
         conf: torch.Tensor,
         region_before: torch.Tensor,
         ref_logp: torch.Tensor | None = None,
+        prediction: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> None:
         """One decoding step over region columns [lo, lo + n).
 
         Args:
             active: [B] rows that took this step; commit/x0/logp/conf/ref_logp: [B, n];
             region_before: [B, W] the region canvas before the commit.
+            prediction: the step's record over the whole region, ([B, W] tokens, [B, W] confidences)
+                (`dllm_rollout.prediction.full_prediction`); None: the block's proposals `x0` and
+                confidences `conf` on the region canvas (NaN confidence outside the block).
         """
         hi = lo + commit.shape[1]
         step = self.row_step[:, None].expand_as(commit)
@@ -50,13 +54,11 @@ class Recorder:
         if self.ref_step_logp is not None and ref_logp is not None:
             self.ref_step_logp[:, lo:hi] = torch.where(commit, ref_logp.float(), self.ref_step_logp[:, lo:hi])
         if self.keep_steps:
-            x0_region = region_before.clone()
-            x0_region[:, lo:hi] = x0
-            conf_region = torch.full(region_before.shape, float("nan"), device=conf.device)
-            conf_region[:, lo:hi] = conf.float()
+            if prediction is None:
+                prediction = _block_prediction(region_before, lo, x0, conf)
             self._canvas.append(region_before.clone())
-            self._x0.append(x0_region)
-            self._conf.append(conf_region)
+            self._x0.append(prediction[0])
+            self._conf.append(prediction[1].float())
             self._when.append(torch.where(active, self.row_step, -1))
         self.row_step += active.long()
 
@@ -89,7 +91,7 @@ class Recorder:
         Returns:
             unmask_step, step_logp, ref_step_logp [B, R]; with steps also step_canvas, step_x0
             [B, S, R] long (mask id after a row's last step) and step_confidence [B, S, R] float32
-            (NaN outside the block that was being decoded).
+            (without a full `prediction`: NaN outside the block that was being decoded).
         """
         idx = offsets[:, None] + torch.arange(length, device=offsets.device)[None]
         out = {
@@ -111,3 +113,13 @@ class Recorder:
                 conf[rows, when[rows]] = f.gather(1, idx)[rows]
             out.update(step_canvas=canvas, step_x0=x0, step_confidence=conf)
         return out
+
+
+def _block_prediction(region: torch.Tensor, lo: int, x0: torch.Tensor,
+                      conf: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The block's proposals x0 [B, n] written over `region` [B, W] at [lo, lo + n), confidences NaN elsewhere."""
+    x0_region = region.clone()
+    x0_region[:, lo:lo + x0.shape[1]] = x0
+    conf_region = torch.full(region.shape, float("nan"), device=conf.device)
+    conf_region[:, lo:lo + x0.shape[1]] = conf.float()
+    return x0_region, conf_region

@@ -286,8 +286,14 @@ BUILTIN: tuple[RLEntry, ...] = (
     ), task_overrides=tasks.grpo_style(llada2_steps=True)),
     RLEntry(name="spg", algorithm=SPG(), paper="Wang et al., arXiv 2510.09541", defaults=_SPG_DARE,
             task_overrides=tasks.grpo_style()),
-    RLEntry(name="cj-grpo", algorithm=CJGRPO(), paper="Yang et al., arXiv 2509.23924", defaults=_CJ_GRPO_DARE,
-            task_overrides=tasks.cj_grpo),
+    RLEntry(name="cj-grpo", algorithm=CJGRPO(), paper="Yang et al., arXiv 2509.23924", defaults=(
+        *_CJ_GRPO_DARE,
+        # DARE's CJ rollout ends every response on the block grid, so the terminal block replays completely
+        _dare("rollout.block_aligned_budget", True, "verl/workers/rollout/sglang_rollout/sglang_rollout.py:674",
+              "aligned_max_new_tokens = align_cj_max_new_tokens(  # True", "sdar", "llada2"),
+        _ours("rollout.block_aligned_budget", True, "DARE has no SDAR-MoE RL script; the terminal-block replay "
+              "needs whole blocks as on SDAR", "sdar_moe"),
+    ), task_overrides=tasks.cj_grpo),
     RLEntry(name="mdpo", algorithm=MDPO(), paper="He et al., arXiv 2508.13148", defaults=_MDPO_DARE,
             task_overrides=tasks.grpo_style()),
     RLEntry(name="d-treerpo", algorithm=DTreeRPO(), paper="Pan et al., arXiv 2512.09675", defaults=(
