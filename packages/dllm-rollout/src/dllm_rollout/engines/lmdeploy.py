@@ -3,11 +3,15 @@
 
 What the adapter maps, and what it refuses (each refusal names the field and the fix):
 
-- Decoding: `dllm_block_length`, `dllm_denoising_steps` and the unmasking strategy
-  (`low_confidence_static`, or `low_confidence_dynamic` with a threshold). lmdeploy commits
+- Decoding: `dllm_block_length`, `dllm_denoising_steps` and the unmasking strategy:
+  `low_confidence_static` for the quota (`remasking="low_confidence"`, no threshold), and
+  `low_confidence_dynamic` at the same threshold for `remasking="low_confidence_dynamic"`
+  (DARE's threshold rule, docs/generation.md#threshold-rule). lmdeploy commits
   `block_length // steps` tokens per static step, so `steps` must divide `block_length`; its
-  dynamic strategy commits the best mask plus every mask over the threshold, which is
-  `generate`'s rule only at one token per step (`steps == block_length`). Token editing is refused.
+  dynamic strategy commits the best mask plus every mask at or over the threshold, which is
+  `generate`'s rule at one token per step (`steps == block_length`) up to a confidence exactly at
+  the threshold (lmdeploy compares with >=, SGLang, LLaDA2 and `generate` with >). A threshold
+  with `remasking="low_confidence"` (filtered confidence, >=) and token editing are refused.
 - Sampling: temperature, top-k and top-p, the same for every row of a call (lmdeploy 0.18's dLLM
   sampler repeats per-sequence settings block-major while its logits are sequence-major, so mixed
   per-row settings would reach the wrong rows; `tests/dllm_rollout/test_lmdeploy.py` holds the
@@ -65,17 +69,25 @@ def lmdeploy_engine_config(cfg: SamplingConfig) -> dict[str, Any]:
             f"rollout.steps={cfg.steps} does not divide block_length={cfg.block_length}: lmdeploy commits "
             f"block_length // steps tokens per step and would leave masks; use steps that divide it"
         )
-    if cfg.threshold is not None and cfg.steps != cfg.block_length:
+    dynamic = cfg.remasking == "low_confidence_dynamic"
+    if cfg.threshold is not None and not dynamic:
         raise ValueError(
-            f"rollout.threshold={cfg.threshold} with steps={cfg.steps}: lmdeploy's dynamic strategy commits "
-            f"at least one token per step, generate() the quota; set rollout.steps={cfg.block_length}"
+            f"rollout.threshold={cfg.threshold} with rollout.remasking={cfg.remasking!r} (the quota plus every mask "
+            ">= threshold by its filtered probability) is not an lmdeploy strategy; lmdeploy's low_confidence_dynamic "
+            "is rollout.remasking=low_confidence_dynamic"
+        )
+    if dynamic and cfg.steps != cfg.block_length:
+        raise ValueError(
+            f"rollout.steps={cfg.steps} with remasking='low_confidence_dynamic': lmdeploy's dynamic strategy commits "
+            f"at least one token per step, generate() the quota block_length // steps; set "
+            f"rollout.steps={cfg.block_length}"
         )
     out: dict[str, Any] = {
         "dllm_block_length": cfg.block_length,
         "dllm_denoising_steps": cfg.steps,
-        "dllm_unmasking_strategy": "low_confidence_static" if cfg.threshold is None else "low_confidence_dynamic",
+        "dllm_unmasking_strategy": "low_confidence_dynamic" if dynamic else "low_confidence_static",
     }
-    if cfg.threshold is not None:
+    if dynamic:
         out["dllm_confidence_threshold"] = cfg.threshold
     return out
 
