@@ -307,7 +307,7 @@ def dream_sample_tokens(logits: torch.Tensor, u: torch.Tensor, temperature: floa
 
 def dare_dream_rollout(model: torch.nn.Module, prompt: list[int], seed: int, *, max_new: int, steps: int,
                        block_length: int, temperature: float, top_p: float) -> list[int]:
-    """One row of DARE's Dream rollout (`_sample`, verl/workers/rollout/generation_utils_block.py:517-745,
+    """One row of DARE's Dream rollout (`_sample`, verl/workers/rollout/generation_utils_block.py:517-738,
     `alg="entropy"`, rollout_utils.py:800-801), every forward over the whole canvas (DARE keeps the
     prefix's keys from the block's first forward, an approximation `cache=None` does not make)."""
     mask = model.traits.mask_token_id  # type: ignore[attr-defined]
@@ -322,12 +322,12 @@ def dare_dream_rollout(model: torch.nn.Module, prompt: list[int], seed: int, *, 
         logits = model(x).logits.double()
         logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
         u = noise.uniform((block_length,), on)[0]
-        _, x0 = dream_sample_tokens(logits[0, start:end], u, temperature, top_p)  # DARE :590
-        x[:, start] = x0[0]  # DARE :591: the block's first position, whatever its confidence
+        _, x0 = dream_sample_tokens(logits[0, start:end], u, temperature, top_p)  # DARE :592
+        x[:, start] = x0[0]  # DARE :593: the block's first position, whatever its confidence
         i = 1
         while True:
             mask_index = x[0, start:end] == mask
-            if i == steps_per_block:  # DARE :684
+            if i == steps_per_block:  # DARE :686
                 break
             logits = model(x).logits.double()
             logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)

@@ -84,6 +84,23 @@ _ROLLOUT_CHANGES: dict[str, dict[str, object]] = {
     # temperature 0.2 over TRL's default 256-token completions
     "dmpo": {"max_new_tokens": 256, "steps": 128, "temperature": 0.2},
 }
+# DARE's rollout per block family and RL algorithm (docs/algorithms.md#rollout-settings; each value with
+# its DARE file:line in tests/dare/test_dare_rollouts.py): the threshold rule of SGLang's LowConfidence,
+# lmdeploy's low_confidence_dynamic and LLaDA2's generate, one token at least per step (steps = block)
+_DYNAMIC: dict[str, object] = {"remasking": "low_confidence_dynamic", "threshold": 0.95}
+_BLOCK_ROLLOUT: dict[str, dict[str, object]] = {
+    "sdar-bgpo": {**_DYNAMIC, "threshold": 0.9},  # lmdeploy's server, threshold 0.9
+    "sdar-ebpo": _DYNAMIC,  # SGLang LowConfidence at its default threshold
+    "sdar-cj-grpo": _DYNAMIC,  # SGLang LowConfidence, recipe/sdar/sglang_low_confidence_sdar.yaml
+    # LLaDA2's HF generate: no top-k / top-p; DARE's steps = R/2 (R) per block is one token for 32 steps
+    "llada2-bgpo": {**_DYNAMIC, "steps": 32, "top_k": None, "top_p": None},
+    "llada2-ebpo": {**_DYNAMIC, "steps": 32, "top_k": None, "top_p": None},
+    "llada2-cj-grpo": {**_DYNAMIC, "steps": 32},  # SGLang LowConfidence, top-k 50, top-p 0.95
+}
+# DARE's Dream rollouts: the cached block decoder with entropy confidence and top-p 0.95; MDPO's own
+# full-canvas rollout (entropy, no top-p); d-TreeRPO's tree rollout keeps LLaDA's low-confidence rule
+_DREAM_ROLLOUT: dict[str, object] = {"remasking": "entropy", "top_p": 0.95, "commit_block_start": True}
+_DREAM_OWN_ROLLOUT: dict[str, dict[str, object]] = {"mdpo": {"remasking": "entropy"}, "d-treerpo": {}}
 # optimizer settings other than the learning rate, where the reference differs from DARE's AdamW
 _OPTIM: dict[str, dict[str, Any]] = {"dmpo": {"betas": (0.9, 0.99), "weight_decay": 0.1, "grad_clip": 0.2}}
 _LORA = {"d-treerpo": (128, 64.0), "dmpo": (128, 64.0), "lora-sft": (16, 32.0)}
@@ -91,7 +108,12 @@ _LORA = {"d-treerpo": (128, 64.0), "dmpo": (128, 64.0), "lora-sft": (16, 32.0)}
 
 def _rollout(family: str, algorithm: str) -> SamplingConfig:
     base = _FAMILY_ROLLOUT[family]
-    changes = {} if base.block_diffusion else dict(_ROLLOUT_CHANGES.get(algorithm, {}))
+    if base.block_diffusion:
+        changes = dict(_BLOCK_ROLLOUT.get(f"{family}-{algorithm}", {}))
+    else:
+        changes = dict(_ROLLOUT_CHANGES.get(algorithm, {}))
+        if family == "dream":
+            changes.update(_DREAM_OWN_ROLLOUT.get(algorithm, _DREAM_ROLLOUT))
     return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
 
 
@@ -220,9 +242,8 @@ def task_settings(family: str, algorithm: str, task: str) -> dict[str, object]:
             return {}
         # SDAR and LLaDA2 scripts: responses of 2048 for every task, prompts of 1024 for code
         out: dict[str, object] = {"data.max_prompt_length": 1024 if task == "code" else 512}
-        if family == "llada2" and algorithm in ("bgpo", "ebpo"):
-            # LLaDA2 BGPO/EBPO decode R/2 steps in all (R for code): per block of 32, 16 (32)
-            out["rollout.steps"] = 32 if task == "code" else 16
+        # LLaDA2 BGPO/EBPO pass steps = R/2 (R for code) per block to LLaDA2's generate: one token for
+        # each of a block's first 32 steps, so the recipes' steps=32 for every task (docs/algorithms.md)
         return out
     prompt, response, steps = (_CJ_TASKS[family][task] if algorithm == "cj-grpo" and family in _CJ_TASKS
                                else _MASKED_TASKS[task])
