@@ -291,7 +291,8 @@ class LMDeployEngine:
 
         Args:
             cfg: decoding settings for this call (default: the engine's own `self.cfg`); the block
-                length and step count must be the engine's (they are fixed when it starts).
+                length, step count, remasking and threshold must be the engine's (they are fixed
+                when it starts).
         """
         if self.sleeping:
             raise RuntimeError("the lmdeploy engine is asleep; call wake() before generate()")
@@ -299,6 +300,10 @@ class LMDeployEngine:
         if (cfg.block_length, cfg.steps) != (self.cfg.block_length, self.cfg.steps):
             raise ValueError(f"block_length={cfg.block_length}, steps={cfg.steps}: the engine was started with "
                              f"block_length={self.cfg.block_length}, steps={self.cfg.steps}; start another engine")
+        if (cfg.remasking, cfg.threshold) != (self.cfg.remasking, self.cfg.threshold):
+            raise ValueError(f"remasking={cfg.remasking!r}, threshold={cfg.threshold}: the engine was started with "
+                             f"remasking={self.cfg.remasking!r}, threshold={self.cfg.threshold} (its unmasking "
+                             "strategy); start another engine")
         seeds = sample_seeds(seed, len(prompts))
         gen = self.lmdeploy.GenerationConfig(**lmdeploy_gen_config(cfg, stop_ids=self.stop_ids))
         outputs = self._run(self._all([[int(t) for t in p] for p in prompts], gen))
