@@ -23,13 +23,14 @@ Both also stop at the folder's EOS ids. tokens/s then counts the tokens each row
 quota: native `remasking="low_confidence_dynamic"` (docs/generation.md#threshold-rule), lmdeploy
 `low_confidence_dynamic` at the same threshold (the sdar-bgpo recipe's rule; 0.9 there). Random weights
 rarely pass a threshold, so pair it with `--head-scale` (a sharper head commits several tokens per step);
-native rows also print `tokens_per_step`, the mean tokens committed per denoising step.
+native rows also print `response_tokens_per_step` (response tokens over the denoising steps the rows took;
+the rest of a terminal block takes steps too, so a rule of one token a step prints slightly under 1).
 With `--engine-checks`: the weight hand-off (load changed weights -> output changes; restore ->
 output back), sleep/wake, the exact served-weights check, and the per-row settings reproduction.
 
     python3 benchmarks/e2e_gpu.py --prepare-devshare --runs sdar-bgpo          # here, once
     python3 benchmarks/engine_decode.py --rows 64,128 --new 1024,2048 --engine-checks   # H200
-    python3 benchmarks/engine_decode.py --rows 128 --new 1024 --threshold 0.9 --head-scale 8  # H200
+    python3 benchmarks/engine_decode.py --rows 128 --new 1024 --threshold 0.9 --head-scale 10 --workdir /dev/shm/ed_thr  # H200
     uv run python benchmarks/engine_decode.py --tiny --engines native            # CPU smoke run
 """
 
@@ -170,7 +171,7 @@ def native(folder: Path, prompts: list[list[int]], new: int, device: str, *, lor
 
     `switches`: the decoder's module switches for this run (`SWITCHES[engine]`).
     `threshold`: DARE's threshold rule at this threshold (`threshold_settings`); `stats` then receives
-    `tokens_per_step`, the mean tokens a row commits per denoising step.
+    `response_tokens_per_step`, the mean tokens a row commits per denoising step.
     `stop_tokens`: rows stop after the block holding one of them (`stop_at_eos` with them as the
     model's stop ids); the responses are then cut after the first.
     `lora="merged"`: rank-64 adapters (non-zero B) decoded through the rollout worker (`dare train`'s
@@ -200,7 +201,7 @@ def _native(folder: Path, prompts: list[list[int]], new: int, device: str, *, lo
     kw: dict[str, Any] = dict(max_new_tokens=new, steps=4, block_length=4, temperature=0.0, cache="prefix",
                               stop_at_eos=False, **threshold_settings(threshold))
     if threshold is not None:
-        kw["record_trajectory"] = True  # the steps each row took (tokens_per_step)
+        kw["record_trajectory"] = True  # the steps each row took (response_tokens_per_step)
     if stop_tokens:
         import dataclasses
 
@@ -234,7 +235,7 @@ def _native(folder: Path, prompts: list[list[int]], new: int, device: str, *, lo
     out = responses(batch)
     if stats is not None and batch.unmask_step is not None:
         steps = (batch.unmask_step.max(dim=1).values + 1).clamp(min=1)  # steps each row took
-        stats["tokens_per_step"] = round(sum(map(len, out)) / float(steps.sum()), 3)
+        stats["response_tokens_per_step"] = round(sum(map(len, out)) / float(steps.sum()), 3)
     del model, batch
     gc.collect()
     torch.cuda.empty_cache()
