@@ -53,6 +53,7 @@ def test_only_cuda_logits_and_kernel_confidences_take_the_fused_path() -> None:
     if torch.cuda.is_available() and fused_sampling.HAS_TRITON:
         gpu = cpu.cuda()
         assert fuses(gpu, "low_confidence", None) and fuses(gpu, "origin", 1.0)
+        assert fuses(gpu, "low_confidence_dynamic", None) and not fuses(gpu, "low_confidence_dynamic", 0.95)
         assert not fuses(gpu, "entropy", None) and not fuses(gpu, "topk_margin", None)
         assert not fuses(gpu, "maskgit_plus", 0.9)
 
@@ -66,7 +67,7 @@ def check_against_unfused(device: str, dtype: torch.dtype) -> None:
     active = torch.tensor([True, True, False, True, True, True, False, True], device=device)
     for temperature in (0.0, 0.7, 1.0):
         for top_k in (None, 1, 7, 50):
-            for remasking in ("maskgit_plus", "low_confidence", "random"):
+            for remasking in ("maskgit_plus", "low_confidence", "random", "low_confidence_dynamic"):
                 out = []
                 for fused in (True, False):
                     sampling.FUSED_SAMPLING = fused
@@ -92,6 +93,9 @@ DECODES: list[tuple[str, dict[str, Any]]] = [
     ("Dream", {"cache": None, "temperature": 1.0, "top_k": 20}),  # maskgit_plus
     ("sdar", {"cache": "prefix", "temperature": 1.0, "top_k": 20}),  # block diffusion
     ("sdar", {"cache": "prefix", "temperature": 0.0}),
+    # DARE's threshold rule: confidence exp(logp), before top-k
+    ("sdar", {"cache": "prefix", "temperature": 1.0, "top_k": 20, "remasking": "low_confidence_dynamic",
+              "threshold": 0.05}),
 ]
 
 
