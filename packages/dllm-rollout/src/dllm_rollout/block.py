@@ -122,8 +122,9 @@ def decode_blocks(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
     probability under softmax(logits / T) (before top-k / top-p) is strictly above `threshold`, and
     at least the quota (docs/generation.md#threshold-rule). Its number of commits per step is known
     only on the device, so it runs the step loop (each forward a CUDA graph of fixed shape), never
-    the whole-step chain, which needs a known number of steps per block. A row stops after a block whose response part contains a stop id (`stop_at_eos`; the
-    model's `traits.stop_ids`: its EOS and, for SDAR chat models, `<|im_end|>`).
+    the whole-step chain, which needs a known number of steps per block. A row stops after a block
+    whose response part contains a stop id (`stop_at_eos`; the model's `traits.stop_ids`: its EOS
+    and, for SDAR chat models, `<|im_end|>`).
 
     With `editing_threshold` (LLaDA2.1 joint-threshold decoding, docs/generation.md#llada2;
     `editing.py`) each step also overwrites filled, non-prompt tokens of the block whose proposal
