@@ -178,7 +178,7 @@ class SamplingConfig:
         if self.threshold is None:
             raise ValueError(
                 "remasking='low_confidence_dynamic' needs threshold (commit every mask above it); got "
-                "threshold=None. DARE's recipes use 0.9 (SDAR BGPO, lmdeploy) or 0.95 (the others)"
+                "threshold=None. DARE's block-family recipes use 0.9 (through lmdeploy) or 0.95"
             )
         if self.editing_threshold is not None:
             raise ValueError(
