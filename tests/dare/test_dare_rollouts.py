@@ -94,17 +94,17 @@ DREAM: dict[str, tuple[object, str]] = {
     "remasking": ("entropy", f"{DREAM_FAST} alg='entropy'; cj-grpo: rollout_utils.py:1077-1078"),
     "top_p": (0.95, f"{DREAM_FAST} top_p=0.95 if temperature > 0"),
     "commit_block_start": (True, DREAM_BLOCK),
-    "alg_temp": (None, f"{DREAM_FAST} alg_temp=0.0"),
-    "threshold": (None, "generation_utils_block.py:647 (alg != 'confidence_threshold')"),
+    "alg_temp": (None, "verl/workers/rollout/rollout_utils.py:802 alg_temp=0.0"),
+    "threshold": (None, "verl/workers/rollout/generation_utils_block.py:647 (alg is not 'confidence_threshold')"),
 }
 DREAM_OWN: dict[str, dict[str, tuple[object, str]]] = {
     "dream-mdpo": {  # MDPO's own full-canvas rollout (use_cache=False, run_mdpo_dream_7b_instruct.sh:178)
         "remasking": ("entropy", "recipe/dream/run_mdpo_dream_7b_instruct.sh:113 conf_alg"),
         "top_p": (None, "verl/workers/rollout/mdpo_dream_rollout.py:220 (config top_p: "
                         "verl/trainer/config/ppo_trainer.yaml:104 top_p: 1)"),
-        "commit_block_start": (False, "verl/workers/rollout/mdpo_dream_rollout.py:61 (no blocks)"),
+        "commit_block_start": (False, "verl/workers/rollout/mdpo_dream_rollout.py:61-62 (no blocks)"),
     },
-    "dream-d-treerpo": {  # the tree rollout (verl/workers/dllm_fsdp_workers.py:652-659)
+    "dream-d-treerpo": {  # the tree rollout (verl/workers/dllm_fsdp_workers.py:654-661)
         "remasking": ("low_confidence", "verl/workers/rollout/dtreerpo_llada_rollout.py:80"),
         "top_p": (None, "verl/workers/rollout/dtreerpo_llada_rollout.py (no nucleus filter)"),
         "commit_block_start": (False, "verl/workers/rollout/dtreerpo_llada_rollout.py (no first-position rule)"),
