@@ -57,7 +57,7 @@ BLOCK: dict[str, dict[str, tuple[object, str]]] = {
         "top_p": (None, f"{SDAR_CJ}:213 top_p=1.0"),
     },
     "llada2-bgpo": {  # LLaDA2's HF generate (the script's default engine, :54; llada2_rollout.py:65-73)
-        "remasking": ("low_confidence_dynamic", f"{LLADA2_GEN}:1577-1592"),
+        "remasking": ("low_confidence_dynamic", f"{LLADA2_GEN}:1577-1591"),
         "threshold": (0.95, f"{LLADA2_GEN}:1462 (the rollout passes none: llada2_rollout.py:65-73)"),
         "block_length": (32, f"{LLADA2_BGPO}:130"),
         "steps": (32, f"{LLADA2_BGPO}:97,104 steps=R/2 or R per block ({LLADA2_GEN}:1521,1549-1552): "
@@ -68,7 +68,7 @@ BLOCK: dict[str, dict[str, tuple[object, str]]] = {
         "max_new_tokens": (2048, f"{LLADA2_BGPO}:96"),
     },
     "llada2-ebpo": {
-        "remasking": ("low_confidence_dynamic", f"{LLADA2_GEN}:1577-1592"),
+        "remasking": ("low_confidence_dynamic", f"{LLADA2_GEN}:1577-1591"),
         "threshold": (0.95, f"{LLADA2_GEN}:1462"),
         "block_length": (32, f"{LLADA2_EBPO}:132"),
         "steps": (32, f"{LLADA2_EBPO}:99,106 steps=R/2 or R per block"),

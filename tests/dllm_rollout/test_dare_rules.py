@@ -112,7 +112,7 @@ def lmdeploy_commit(conf: torch.Tensor, masked: torch.Tensor, threshold: float) 
 
 
 def llada2_commit(conf: torch.Tensor, masked: torch.Tensor, threshold: float, num_to_transfer: int) -> torch.Tensor:
-    """LLaDA2 `generate`'s step (models/LLaDA2.0-mini/modeling_llada2_moe.py:1577-1592): all masks above
+    """LLaDA2 `generate`'s step (models/LLaDA2.0-mini/modeling_llada2_moe.py:1577-1591): all masks above
     the threshold if at least `num_to_transfer` are, else the top min(num_to_transfer, masks)."""
     transfer = torch.zeros_like(masked)
     confidence = torch.where(masked, conf, torch.tensor(float("-inf"), dtype=conf.dtype))
@@ -281,7 +281,7 @@ def test_dynamic_confidence_is_the_tempered_probability_before_filters(temperatu
 
 def dream_sample_tokens(logits: torch.Tensor, u: torch.Tensor, temperature: float, top_p: float | None,
                         neg_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """Dream `sample_tokens` (verl/workers/rollout/generation_utils_block.py:82-117; top_p_logits :60-71):
+    """Dream `sample_tokens` (verl/workers/rollout/generation_utils_block.py:82-112; top_p_logits :60-71):
     logits / T, top-p (finfo.min fill), softmax, a draw (Categorical) or the argmax at T=0, and the
     negative entropy sum p log(p + 1e-10) as confidence with `neg_entropy`."""
     if temperature > 0:
