@@ -139,8 +139,10 @@ def dare_block_rollout(model: torch.nn.Module, prompt: list[int], seed: int, *, 
     """One row, blocks on the global grid, every step a forward of [0, block end) (LLaDA2's HF
     `generate`, modeling_llada2_moe.py:1549-1603; SGLang and lmdeploy compute the same logits with a
     KV cache). `rule`: "sglang" (at most block_size steps per block, low_confidence.py `for _ in
-    range(self.block_size)`) or "llada2" (`dare_steps` steps per block with LLaDA2's quota schedule;
-    DARE passes steps = R/2 or R, recipe/llada2_mini/run_bgpo_llada2_mini.sh:97,104).
+    range(self.block_size)`), "lmdeploy" (a step until the block is unmasked; with top-k only, its
+    draw from the top-k of logits / T and its score softmax(logits / T)[x0] are SGLang's) or "llada2"
+    (`dare_steps` steps per block with LLaDA2's quota schedule; DARE passes steps = R/2 or R,
+    recipe/llada2_mini/run_bgpo_llada2_mini.sh:97,104).
 
     Returns:
         (response tokens, the row's step at which each was committed).
@@ -155,15 +157,16 @@ def dare_block_rollout(model: torch.nn.Module, prompt: list[int], seed: int, *, 
     schedule = llada2_schedule(BL, dare_steps)
     for start in range(p // BL * BL, total, BL):
         end = start + BL
-        for step in range(BL if rule == "sglang" else dare_steps):
+        for step in range(dare_steps if rule == "llada2" else BL):
             masked = torch.tensor([x[j] == mask for j in range(start, end)])
             if not bool(masked.any()):
                 break
             logits = model(torch.tensor([x[:end]])).logits[0, start:end].double()
             u = noise.uniform((BL,), torch.tensor([True]))[0]
-            if rule == "sglang":
+            if rule in ("sglang", "lmdeploy"):
                 x0, conf = sglang_sample(logits, u, temperature=temperature, top_k=top_k, top_p=top_p)
-                transfer = sglang_commit(conf, masked, threshold)
+                commit = sglang_commit if rule == "sglang" else lmdeploy_commit
+                transfer = commit(conf, masked, threshold)
             else:
                 x0, conf = llada2_sample(logits, u, temperature=temperature)
                 transfer = llada2_commit(conf, masked, threshold, schedule[step])
@@ -186,6 +189,8 @@ def _multi_commit_steps(steps: list[int]) -> int:
     # SDAR through SGLang (EBPO, CJ-GRPO): T=1, top-k 50 of DARE's scripts (here 5 of a 64-token vocabulary)
     ("sdar", "sglang", {"temperature": 1.0, "top_k": 5}),
     ("sdar", "sglang", {"temperature": 0.0}),
+    # SDAR BGPO through lmdeploy: T=1, top-k 50
+    ("sdar", "lmdeploy", {"temperature": 1.0, "top_k": 5}),
     # LLaDA2 CJ-GRPO through SGLang: T=0.6, top-p 0.95, top-k 50
     ("llada2_moe", "sglang", {"temperature": 0.6, "top_p": 0.95, "top_k": 5}),
     # LLaDA2 BGPO / EBPO through its HF generate: T=0.6, no filters, DARE's steps = R/2 per block
