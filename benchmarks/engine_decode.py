@@ -19,11 +19,18 @@ row (the full length where none occurs) has its mean nearest `--stop-mean` (a fr
 tokens): one pilot for the native variants, and lmdeploy's own pilot for lmdeploy (on random weights
 their greedy tokens part after a few tokens, so one set would stop them at different lengths).
 Both also stop at the folder's EOS ids. tokens/s then counts the tokens each row generated up to its stop.
+`--threshold T` (issue 35 item 6): both decode with DARE's threshold rule at T instead of the static
+quota: native `remasking="low_confidence_dynamic"` (docs/generation.md#threshold-rule), lmdeploy
+`low_confidence_dynamic` at the same threshold (the sdar-bgpo recipe's rule; 0.9 there). Random weights
+rarely pass a threshold, so pair it with `--head-scale` (a sharper head commits several tokens per step);
+native rows also print `response_tokens_per_step` (response tokens over the denoising steps the rows took;
+the rest of a terminal block takes steps too, so a rule of one token a step prints slightly under 1).
 With `--engine-checks`: the weight hand-off (load changed weights -> output changes; restore ->
 output back), sleep/wake, the exact served-weights check, and the per-row settings reproduction.
 
     python3 benchmarks/e2e_gpu.py --prepare-devshare --runs sdar-bgpo          # here, once
     python3 benchmarks/engine_decode.py --rows 64,128 --new 1024,2048 --engine-checks   # H200
+    python3 benchmarks/engine_decode.py --rows 128 --new 1024 --threshold 0.9 --head-scale 10 --workdir /dev/shm/ed_thr  # H200
     uv run python benchmarks/engine_decode.py --tiny --engines native            # CPU smoke run
 """
 
@@ -158,10 +165,13 @@ def switched(values: dict[str, Any]) -> Iterator[None]:
 
 
 def native(folder: Path, prompts: list[list[int]], new: int, device: str, *, lora: str = "",
-           switches: dict[str, Any] | None = None, stop_tokens: tuple[int, ...] = ()) -> tuple[float, list[list[int]]]:
+           switches: dict[str, Any] | None = None, stop_tokens: tuple[int, ...] = (),
+           threshold: float | None = None, stats: dict[str, Any] | None = None) -> tuple[float, list[list[int]]]:
     """Seconds and responses of the native decoder (after one warm-up call on 2 rows).
 
     `switches`: the decoder's module switches for this run (`SWITCHES[engine]`).
+    `threshold`: DARE's threshold rule at this threshold (`threshold_settings`); `stats` then receives
+    `response_tokens_per_step`, the mean tokens a row commits per denoising step.
     `stop_tokens`: rows stop after the block holding one of them (`stop_at_eos` with them as the
     model's stop ids); the responses are then cut after the first.
     `lora="merged"`: rank-64 adapters (non-zero B) decoded through the rollout worker (`dare train`'s
@@ -169,18 +179,29 @@ def native(folder: Path, prompts: list[list[int]], new: int, device: str, *, lor
     at every call: the worker's path before).
     """
     with switched(switches or {}):
-        return _native(folder, prompts, new, device, lora=lora, stop_tokens=stop_tokens)
+        return _native(folder, prompts, new, device, lora=lora, stop_tokens=stop_tokens, threshold=threshold,
+                       stats=stats)
+
+
+def threshold_settings(threshold: float | None) -> dict[str, Any]:
+    """The decoding settings of DARE's threshold rule at `threshold` (none: the static quota)."""
+    if threshold is None:
+        return {}
+    return {"remasking": "low_confidence_dynamic", "threshold": threshold}
 
 
 def _native(folder: Path, prompts: list[list[int]], new: int, device: str, *, lora: str,
-            stop_tokens: tuple[int, ...]) -> tuple[float, list[list[int]]]:
+            stop_tokens: tuple[int, ...], threshold: float | None = None,
+            stats: dict[str, Any] | None = None) -> tuple[float, list[list[int]]]:
     from dllm_models import apply_lora, load_model
     from dllm_rollout import SamplingConfig, generate
     from dllm_train.workers import RolloutWorker
 
     model = load_model(folder, dtype=torch.bfloat16, device=device).eval()
     kw: dict[str, Any] = dict(max_new_tokens=new, steps=4, block_length=4, temperature=0.0, cache="prefix",
-                              stop_at_eos=False)
+                              stop_at_eos=False, **threshold_settings(threshold))
+    if threshold is not None:
+        kw["record_trajectory"] = True  # the steps each row took (response_tokens_per_step)
     if stop_tokens:
         import dataclasses
 
@@ -212,6 +233,9 @@ def _native(folder: Path, prompts: list[list[int]], new: int, device: str, *, lo
     _sync()
     seconds = time.perf_counter() - t0
     out = responses(batch)
+    if stats is not None and batch.unmask_step is not None:
+        steps = (batch.unmask_step.max(dim=1).values + 1).clamp(min=1)  # steps each row took
+        stats["response_tokens_per_step"] = round(sum(map(len, out)) / float(steps.sum()), 3)
     del model, batch
     gc.collect()
     torch.cuda.empty_cache()
@@ -274,11 +298,12 @@ def responses(batch: Any) -> list[list[int]]:
     return [ids[:int(m.sum())] for ids, m in zip(batch.response_ids.tolist(), batch.response_mask)]
 
 
-def engine_cfg(new: int, stop: bool = False) -> Any:
+def engine_cfg(new: int, stop: bool = False, threshold: float | None = None) -> Any:
     from dllm_rollout import SamplingConfig
 
     return SamplingConfig(max_new_tokens=new, steps=4, block_length=4, temperature=0.0, cache="prefix",
-                          stop_at_eos=stop, block_diffusion=True, eos_handling="truncate" if stop else "keep")
+                          stop_at_eos=stop, block_diffusion=True, eos_handling="truncate" if stop else "keep",
+                          **threshold_settings(threshold))
 
 
 def agreement(a: list[list[int]], b: list[list[int]]) -> dict[str, float]:
@@ -370,6 +395,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workdir", type=Path, default=Path("/dev/shm/engine_decode"))
     ap.add_argument("--tiny", action="store_true")
     ap.add_argument("--head-scale", type=float, default=1.0, help="sharpen the random head (greedy agreement)")
+    ap.add_argument("--threshold", type=float, default=None,
+                    help="DARE's threshold rule at this threshold for both engines (native low_confidence_dynamic, "
+                         "lmdeploy low_confidence_dynamic) instead of the static quota")
     ap.add_argument("--stop-token", default="", help="ids (comma-separated), or auto: rows stop at them (module doc)")
     ap.add_argument("--stop-mean", type=float, default=0.4, help="with --stop-token auto: the mean stop, a fraction")
     ap.add_argument("--json", type=Path, default=None)
@@ -397,7 +425,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.stop_token != "auto":
             stops[r, n] = tuple(int(t) for t in args.stop_token.split(","))
             continue
-        s, pilot = native(folder, prompts_all[:r], n, device)  # to the full length: the no-stop figure too
+        s, pilot = native(folder, prompts_all[:r], n, device, threshold=args.threshold)  # full length: no-stop figure too
         toks, stats = pick_stop_tokens(pilot, args.stop_mean)
         stops[r, n] = toks
         row = {"engine": "native (pilot, no stop)", "rows": r, "new": n, "s": round(s, 2), "tok_s": round(r * n / s),
@@ -409,12 +437,13 @@ def main(argv: list[str] | None = None) -> int:
             lora = {"native_lora": "merged", "native_lora_unmerged": "unmerged"}.get(name, "")
             if name not in SWITCHES:
                 raise SystemExit(f"engine_decode: unknown engine {name!r}; choose from {sorted(SWITCHES)} or lmdeploy")
+            stats: dict[str, Any] = {}
             s, out = native(folder, prompts_all[:r], n, device, lora=lora, switches=SWITCHES[name],
-                            stop_tokens=stops.get((r, n), ()))
+                            stop_tokens=stops.get((r, n), ()), threshold=args.threshold, stats=stats)
             outputs[name, r, n] = out
             tokens = sum(map(len, out))
             row = {"engine": name, "rows": r, "new": n, "s": round(s, 2), "tok_s": round(tokens / s),
-                   "tokens": tokens}
+                   "tokens": tokens, "threshold": args.threshold, **stats}
             ref = {"native_lora_unmerged": "native_lora", "native_lora": ""}.get(name, "native")
             if ref and name != ref and (ref, r, n) in outputs:
                 row.update(agreement(outputs[ref, r, n], out))
@@ -432,17 +461,17 @@ def main(argv: list[str] | None = None) -> int:
                              "or pass --stop-token IDS")
         # the native decoder's stop ids: the folder's (ignored unless rows stop), or the chosen stop tokens
         stop_ids = next(iter(stops.values())) if stops else generation_stop_ids(folder)
-        engine = LMDeployEngine(folder, engine_cfg(max(news)), stop_ids=stop_ids, pad_id=int(gen_cfg.get("pad_token_id", 0)),
+        engine = LMDeployEngine(folder, engine_cfg(max(news), threshold=args.threshold), stop_ids=stop_ids, pad_id=int(gen_cfg.get("pad_token_id", 0)),
                                 engine_options={"max_batch_size": max(rows), "cache_max_entry_count": 0.6,
                                                 "session_len": max(len(p) for p in prompts_all) + max(news) + 8})
         print(json.dumps({"lmdeploy_start_s": round(time.perf_counter() - t0, 1)}), flush=True)
         for r, n in shapes:
-            engine.cfg = engine_cfg(n, stop=bool(stops))
-            engine.generate(prompts_all[:r], cfg=engine_cfg(8))  # warm-up at the measured batch size
+            engine.cfg = engine_cfg(n, stop=bool(stops), threshold=args.threshold)
+            engine.generate(prompts_all[:r], cfg=engine_cfg(8, threshold=args.threshold))  # warm-up, measured batch
             _sync()
             if args.stop_token == "auto":  # lmdeploy's own greedy tokens differ: its own stop set, the same mean
                 t0 = time.perf_counter()
-                pilot = responses(engine.generate(prompts_all[:r], cfg=engine_cfg(n)))
+                pilot = responses(engine.generate(prompts_all[:r], cfg=engine_cfg(n, threshold=args.threshold)))
                 s = time.perf_counter() - t0
                 toks, stats = pick_stop_tokens(pilot, args.stop_mean)
                 engine.stop_ids = toks
@@ -459,7 +488,8 @@ def main(argv: list[str] | None = None) -> int:
             s = time.perf_counter() - t0
             outputs["lmdeploy", r, n] = out
             tokens = sum(map(len, out))
-            row = {"engine": "lmdeploy", "rows": r, "new": n, "s": round(s, 2), "tok_s": round(tokens / s), "tokens": tokens}
+            row = {"engine": "lmdeploy", "rows": r, "new": n, "s": round(s, 2), "tok_s": round(tokens / s), "tokens": tokens,
+                   "threshold": args.threshold}
             if ("native", r, n) in outputs:
                 row.update(agreement(outputs["native", r, n], out))
                 nat = next(x for x in results if x["engine"] == "native" and x["rows"] == r and x["new"] == n)

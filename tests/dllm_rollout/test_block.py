@@ -30,6 +30,7 @@ def test_grid_layout_aligns_blocks_to_position_zero() -> None:
 @pytest.mark.parametrize("kwargs", [
     {},
     {"threshold": 0.3},
+    {"threshold": 0.05, "remasking": "low_confidence_dynamic", "temperature": 1.0, "top_k": 8},
     {"temperature": 1.0, "top_k": 8, "top_p": 0.9, "steps": 2},
 ])
 def test_kv_cache_equals_recompute_token_for_token(tiny_block_model: torch.nn.Module, kwargs: dict[str, object]) -> None:
@@ -253,6 +254,7 @@ def _batch_sizes(model: torch.nn.Module) -> tuple[list[int], object]:
 @pytest.mark.parametrize("kwargs", [
     {"cache": "prefix"},
     {"cache": "prefix", "threshold": 0.3},
+    {"cache": "prefix", "threshold": 0.05, "remasking": "low_confidence_dynamic", "temperature": 1.0, "top_k": 8},
     {"cache": None},
     {"cache": "prefix", "threshold": 0.7, "editing_threshold": 0.5, "max_post_steps": 2},
 ])

@@ -22,7 +22,7 @@ from dllm_rollout.engines import (
 )
 
 CFG = SamplingConfig(max_new_tokens=6, steps=4, block_length=4, temperature=1.0, top_k=50,
-                     threshold=0.9, block_diffusion=True)
+                     remasking="low_confidence_dynamic", threshold=0.9, block_diffusion=True)
 PROMPTS = [[1, 2, 3], [4, 5]]
 PROMPTS3 = [[1, 2, 3, 4, 5], [7, 8, 9, 10, 11, 12, 13, 14, 15, 16], [20, 21, 22]]
 

@@ -53,6 +53,7 @@ def test_only_cuda_logits_and_kernel_confidences_take_the_fused_path() -> None:
     if torch.cuda.is_available() and fused_sampling.HAS_TRITON:
         gpu = cpu.cuda()
         assert fuses(gpu, "low_confidence", None) and fuses(gpu, "origin", 1.0)
+        assert fuses(gpu, "low_confidence_dynamic", None) and not fuses(gpu, "low_confidence_dynamic", 0.95)
         assert not fuses(gpu, "entropy", None) and not fuses(gpu, "topk_margin", None)
         assert not fuses(gpu, "maskgit_plus", 0.9)
 
@@ -93,13 +94,19 @@ DECODES: list[tuple[str, dict[str, Any]]] = [
     ("sdar", {"cache": "prefix", "temperature": 1.0, "top_k": 20}),  # block diffusion
     ("sdar", {"cache": "prefix", "temperature": 0.0}),
 ]
+# GPU only (the interpreter run is slow enough): DARE's threshold rule, whose confidence is the kernel's
+# exp(logp), compared above for every setting
+GPU_DECODES: list[tuple[str, dict[str, Any]]] = [
+    ("sdar", {"cache": "prefix", "temperature": 1.0, "top_k": 20, "remasking": "low_confidence_dynamic",
+              "threshold": 0.05}),
+]
 
 
 def check_decodes(device: str) -> None:
     """Whole tiny decodes with the kernel on and off: the same tokens and step log-probs."""
     from tests.dllm_models.tiny_configs import build_tiny
 
-    for family, kwargs in DECODES:
+    for family, kwargs in DECODES + (GPU_DECODES if device == "cuda" else []):
         model = build_tiny(family).to(device)
         bl = int(getattr(model, "traits").block_length or 8)
         out = []

@@ -61,20 +61,24 @@ def test_masked_steps_replay_as_graphs(monkeypatch: pytest.MonkeyPatch, family: 
 
 
 @pytest.mark.parametrize("family", ["sdar", "llada2_moe"])
-def test_block_steps_replay_as_graphs(monkeypatch: pytest.MonkeyPatch, family: str) -> None:
+@pytest.mark.parametrize("rule", [{}, {"remasking": "low_confidence_dynamic", "threshold": 0.05}])
+def test_block_steps_replay_as_graphs(monkeypatch: pytest.MonkeyPatch, family: str, rule: dict[str, Any]) -> None:
+    """Static quota and DARE's threshold rule (a commit count known only on the device): the forwards
+    are the same graphs, the rule runs after them."""
     model = _cuda_model(family)
     bl = int(model.traits.block_length)  # type: ignore[union-attr]
     graphed, eager, captures = _decode_both(monkeypatch, model, max_new_tokens=3 * bl, steps=bl, block_length=bl,
-                                            cache="prefix", temperature=1.0, top_k=20)
+                                            cache="prefix", temperature=1.0, top_k=20, **rule)
     if family == "sdar":
         assert captures == 2  # the block step, and the two-block step that folds a finished block's store pass
     assert torch.equal(graphed.response_ids, eager.response_ids)
     torch.testing.assert_close(graphed.step_logp, eager.step_logp, rtol=0, atol=1e-4)
 
 
-def test_block_steps_recapture_after_rows_retire(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("rule", [{}, {"remasking": "low_confidence_dynamic", "threshold": 0.05}])
+def test_block_steps_recapture_after_rows_retire(monkeypatch: pytest.MonkeyPatch, rule: dict[str, Any]) -> None:
     """Finished rows leave the batch: the cached steps are captured anew at the smaller batch and give
-    the samples of eager steps on a batch that keeps every row."""
+    the samples of eager steps on a batch that keeps every row (static quota and the threshold rule)."""
     import dllm_rollout.block as block
     from tests.dllm_rollout.test_block import _stop_rows_apart
 
@@ -82,7 +86,7 @@ def test_block_steps_recapture_after_rows_retire(monkeypatch: pytest.MonkeyPatch
     prompts = [PROMPTS[i % 3] for i in range(10)]
     args: dict[str, Any] = {"max_new_tokens": 24, "steps": 4, "block_length": 4, "seed": list(range(10)),
                             "temperature": 1.0, "top_k": 20, "cache": "prefix", "record_trajectory": True,
-                            "eos_handling": "truncate"}
+                            "eos_handling": "truncate", **rule}
     _stop_rows_apart(monkeypatch, model, prompts, args)
     captured = _spy_captures(monkeypatch)
     monkeypatch.setattr(graphs, "CUDA_GRAPHS", True)

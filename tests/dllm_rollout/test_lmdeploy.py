@@ -237,6 +237,10 @@ def test_refusals_name_the_field() -> None:
         lmdeploy_engine_config(SamplingConfig(max_new_tokens=8, steps=3, block_length=4, block_diffusion=True))
     with pytest.raises(ValueError, match="rollout.steps=4"):
         lmdeploy_engine_config(SamplingConfig(max_new_tokens=8, steps=2, block_length=4, threshold=0.9,
+                                              remasking="low_confidence_dynamic", block_diffusion=True))
+    # a threshold on the quota rule (filtered confidence, >=) is not lmdeploy's dynamic strategy
+    with pytest.raises(ValueError, match="rollout.remasking=low_confidence_dynamic"):
+        lmdeploy_engine_config(SamplingConfig(max_new_tokens=8, steps=4, block_length=4, threshold=0.9,
                                               block_diffusion=True))
     with pytest.raises(ValueError, match="traits.stop_ids"):
         lmdeploy_gen_config(CFG, stop_ids=(-1,))

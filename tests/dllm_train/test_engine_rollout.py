@@ -155,6 +155,11 @@ def test_what_an_engine_cannot_do_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="step records"):
         check_engine_support("sdar", BGPO(), dataclasses.replace(eng, record_trajectory=True), folder)
     check_engine_support("sdar", BGPO(), eng, folder)
+    # a threshold on the quota rule is no lmdeploy strategy; DARE's threshold rule is
+    with pytest.raises(ValueError, match="rollout.remasking=low_confidence_dynamic"):
+        check_engine_support("sdar", BGPO(), dataclasses.replace(eng, threshold=0.9), folder)
+    check_engine_support("sdar", BGPO(), dataclasses.replace(eng, threshold=0.9, remasking="low_confidence_dynamic",
+                                                            steps=eng.block_length), folder)
     mdpo = MDPO()
     with pytest.raises(ValueError, match="rollout.engine=native"):
         check_engine_support("sdar", mdpo, mdpo.sampling(eng), folder)

@@ -55,7 +55,7 @@ from dllm_rollout.masked import transfer_quota
 from dllm_rollout.noise import RowNoise
 from dllm_rollout.progress import check_progress
 from dllm_rollout.record import Recorder
-from dllm_rollout.sampling import propose_scored, select
+from dllm_rollout.sampling import propose_scored, select, select_above
 
 FOLD_STORE = os.environ.get("DLLM_ROLLOUT_FOLD_STORE", "1") != "0"
 # finished rows leave the batch once this many have gathered (0: never); each retirement captures
@@ -118,8 +118,13 @@ def decode_blocks(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
     `cache=None`, everything up to the end of the current block. Quota per step is
     block_length // steps (+1 for the first block_length % steps steps), restricted to masks;
     with `threshold` every mask with confidence >= threshold is committed, or the quota if fewer
-    pass. A row stops after a block whose response part contains a stop id (`stop_at_eos`; the
-    model's `traits.stop_ids`: its EOS and, for SDAR chat models, `<|im_end|>`).
+    pass. `remasking="low_confidence_dynamic"` is DARE's threshold rule instead: every mask whose
+    probability under softmax(logits / T) (before top-k / top-p) is strictly above `threshold`, and
+    at least the quota (docs/generation.md#threshold-rule). Its number of commits per step is known
+    only on the device, so it runs the step loop (each forward a CUDA graph of fixed shape), never
+    the whole-step chain, which needs a known number of steps per block. A row stops after a block
+    whose response part contains a stop id (`stop_at_eos`; the model's `traits.stop_ids`: its EOS
+    and, for SDAR chat models, `<|im_end|>`).
 
     With `editing_threshold` (LLaDA2.1 joint-threshold decoding, docs/generation.md#llada2;
     `editing.py`) each step also overwrites filled, non-prompt tokens of the block whose proposal
@@ -186,11 +191,11 @@ def decode_blocks(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
                     logits = cached.logits(start, end)
                 else:
                     logits = _recompute_logits(model, canvas, attn, pos, start, end)
-                x0, conf, logp = propose_scored(logits, remasking="maskgit_plus", temperature=cfg.temperature,
+                x0, conf, logp = propose_scored(logits, remasking=_confidence_of(cfg), temperature=cfg.temperature,
                                                 top_k=cfg.top_k, top_p=cfg.top_p, noise=noise, active=active,
                                                 mask_id=mask_id)
                 k = torch.full((canvas.shape[0],), quota_at(quota, step, bl), dtype=torch.long, device=device)
-                commit = select(conf, still, k, cfg.threshold) & active[:, None]
+                commit = _commit(cfg, conf, still, k) & active[:, None]
                 edits = step_edits(x0, conf, canvas[:, start:end], active, mask_id=mask_id, lo=start - r0,
                                    span=own, editing_threshold=cfg.editing_threshold)
                 ref_logp = None
@@ -238,6 +243,22 @@ def decode_blocks(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
     region = torch.where(region == mask_id, torch.full_like(region, eos_id), region)
     return decoded_batch(prompt_ids, prompt_mask, region, offsets, seeds, cfg, rec, mask_id=mask_id, stop_ids=stop_ids,
                          extras=_tail_extras(region, offsets, cfg, rec, mask_id, num_edits))
+
+
+def _confidence_of(cfg: SamplingConfig) -> str:
+    """The confidence a block step ranks masks by: "maskgit_plus" (the proposal's probability under
+    the filtered, tempered softmax) or, for DARE's threshold rule, "low_confidence_dynamic" (under
+    softmax(logits / T) before top-k / top-p)."""
+    return "low_confidence_dynamic" if cfg.remasking == "low_confidence_dynamic" else "maskgit_plus"
+
+
+def _commit(cfg: SamplingConfig, conf: torch.Tensor, still: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """[B, bl] masks a step commits: DARE's threshold rule (above the threshold, at least the quota)
+    or the quota plus every mask >= threshold (`select`)."""
+    if cfg.remasking == "low_confidence_dynamic":
+        assert cfg.threshold is not None  # SamplingConfig checks it
+        return select_above(conf, still, k, cfg.threshold)
+    return select(conf, still, k, cfg.threshold)
 
 
 def quota_at(quota: list[int], step: int, block: int) -> int:

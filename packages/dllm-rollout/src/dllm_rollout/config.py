@@ -9,7 +9,11 @@ from typing import Any
 
 LLADA_REMASKING = ("low_confidence", "random")
 DREAM_REMASKING = ("origin", "maskgit_plus", "topk_margin", "entropy")
-REMASKING = LLADA_REMASKING + DREAM_REMASKING
+# block diffusion: "low_confidence" (quota, or Fast-dLLM's threshold) and DARE's threshold rule
+BLOCK_REMASKING = ("low_confidence", "low_confidence_dynamic")
+REMASKING = LLADA_REMASKING + DREAM_REMASKING + BLOCK_REMASKING[1:]
+# Dream confidences ranked by top-k under the 1 - s/t schedule (what `commit_block_start` applies to)
+DREAM_RANKED = ("maskgit_plus", "topk_margin", "entropy")
 CACHES = (None, "prefix", "dual")
 EOS_HANDLING = ("keep", "truncate")
 ENGINES = ("native", "lmdeploy")
@@ -36,8 +40,21 @@ class SamplingConfig:
         top_p: keep the smallest set of tokens with mass >= top_p (None or 1.0: all).
         remasking: which proposals to commit. LLaDA: "low_confidence" (probability of the
             proposal at T=1), "random". Dream: "origin", "maskgit_plus", "topk_margin",
-            "entropy" (docs/generation.md#dream; these use Dream's 1 - s/t schedule). Block diffusion uses
-            "low_confidence" (probability under the filtered, tempered softmax).
+            "entropy" (docs/generation.md#dream; these use Dream's 1 - s/t schedule). Block diffusion:
+            "low_confidence" (the quota, or with `threshold` the quota plus every mask >= threshold;
+            confidence = probability under the filtered, tempered softmax) or
+            "low_confidence_dynamic", the threshold rule of DARE's block-family rollouts (SGLang's
+            `LowConfidence`, lmdeploy's `low_confidence_dynamic`, LLaDA2's `generate`;
+            docs/generation.md#threshold-rule): each step commits every mask of the block whose
+            confidence is strictly above `threshold`, and at least the step's quota of the most
+            confident (one per step with `steps=block_length`); confidence = probability of the
+            proposal under softmax(logits / T) before top-k / top-p (T=1 at temperature 0).
+            Needs `threshold`.
+        commit_block_start: Dream's cached block decoder (DARE's Dream rollouts, its
+            `generation_utils_block.py`): the first step of each block commits the block's first
+            position only (its proposal, whatever its confidence) and the 1 - s/t schedule runs on
+            the block's other steps. Masked diffusion with a Dream confidence
+            ("maskgit_plus", "topk_margin", "entropy") and no threshold.
         alg_temp: Dream position sampling: choose positions by sampling from
             softmax(confidence / alg_temp) without replacement instead of top-k (None/0: top-k).
         cache: masked diffusion: None, "prefix" or "dual" (Fast-dLLM; approximate). Block
@@ -83,6 +100,7 @@ class SamplingConfig:
     top_k: int | None = None
     top_p: float | None = None
     remasking: str = "low_confidence"
+    commit_block_start: bool = False
     alg_temp: float | None = None
     cache: str | None = None
     threshold: float | None = None
@@ -130,11 +148,16 @@ class SamplingConfig:
             raise ValueError(f"top_p must be in (0, 1] or None, got {self.top_p}")
         if self.remasking not in REMASKING:
             raise ValueError(f"remasking {self.remasking!r} unknown; choose one of {REMASKING}")
-        if self.block_diffusion and self.remasking != "low_confidence":
+        if self.block_diffusion and self.remasking not in BLOCK_REMASKING:
             raise ValueError(
                 f"remasking {self.remasking!r} is not available for block diffusion; use "
-                "'low_confidence' (static) or set threshold for dynamic unmasking"
+                "'low_confidence' (static quota, optionally with threshold) or 'low_confidence_dynamic' "
+                "with threshold (DARE's threshold rule)"
             )
+        if self.remasking == "low_confidence_dynamic":
+            self._check_dynamic()
+        if self.commit_block_start:
+            self._check_block_start()
         if self.alg_temp is not None and self.alg_temp < 0:
             raise ValueError(f"alg_temp must be >= 0 or None, got {self.alg_temp}")
         if self.cache not in CACHES:
@@ -167,6 +190,31 @@ class SamplingConfig:
             raise ValueError(f"max_post_steps must be >= 0, got {self.max_post_steps}")
         if self.editing_threshold is not None:
             self._check_editing(self.editing_threshold)
+
+    def _check_dynamic(self) -> None:
+        if not self.block_diffusion:
+            raise ValueError(
+                "remasking='low_confidence_dynamic' is the block-diffusion threshold rule (SDAR, LLaDA2); "
+                "masked diffusion takes remasking='low_confidence' with threshold (Fast-dLLM)"
+            )
+        if self.threshold is None:
+            raise ValueError(
+                "remasking='low_confidence_dynamic' needs threshold (commit every mask above it); got "
+                "threshold=None. DARE's block-family recipes use 0.9 (through lmdeploy) or 0.95"
+            )
+        if self.editing_threshold is not None:
+            raise ValueError(
+                f"editing_threshold={self.editing_threshold} (token editing) runs with remasking='low_confidence'; "
+                "set remasking='low_confidence' or editing_threshold=None"
+            )
+
+    def _check_block_start(self) -> None:
+        if self.block_diffusion or self.remasking not in DREAM_RANKED or self.threshold is not None:
+            raise ValueError(
+                f"commit_block_start=True (Dream's cached block decoder) needs masked diffusion with remasking in "
+                f"{DREAM_RANKED} and threshold=None; got block_diffusion={self.block_diffusion}, "
+                f"remasking={self.remasking!r}, threshold={self.threshold}: set commit_block_start=False"
+            )
 
     def _check_editing(self, editing_threshold: float) -> None:
         if not 0.0 <= editing_threshold <= 1.0:

@@ -162,6 +162,8 @@ def decode_masked(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
     """Decode a left-padded batch block by block (docs/generation.md#llada, #fast-dllm, #dream).
 
     Only still-masked positions of the current block compete; committed tokens are never revised.
+    With `commit_block_start` (Dream's cached block decoder, DARE's Dream rollouts) the first step of
+    a block commits its first position and the 1 - s/t schedule takes the other steps.
     Rows without masks in the block take no step (no forward result used, no random draw).
 
     Args:
@@ -209,7 +211,9 @@ def decode_masked(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
                                                 top_k=cfg.top_k, top_p=cfg.top_p, noise=noise, active=active,
                                                 mask_id=mask_id)
                 k = _quota(cfg, still, step, spb, quota)
-                if cfg.remasking == "origin" and cfg.threshold is None:
+                if cfg.commit_block_start and step == 0:  # Dream's cached block decoder: the block's first position
+                    commit = still & (torch.arange(bl, device=device) == 0)
+                elif cfg.remasking == "origin" and cfg.threshold is None:
                     reveal = float(_dream_ratio(step, spb)) if step < spb - 1 else 1.0
                     commit = still & (noise.uniform((bl,), active) < reveal)
                 elif cfg.alg_temp and cfg.threshold is None:

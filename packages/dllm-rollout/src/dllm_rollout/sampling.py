@@ -109,7 +109,9 @@ def inverse_cdf(probs: torch.Tensor, u: torch.Tensor, *, overwrite: bool = False
     return torch.searchsorted(cdf, target).squeeze(-1).clamp_(max=cdf.shape[-1] - 1)
 
 
-RAW_CONFIDENCES = ("low_confidence", "random")  # confidences that never read `probs`
+# the probability of the proposal under softmax(logits / T) before top-k / top-p: exp(logp)
+TEMPERED = "low_confidence_dynamic"
+RAW_CONFIDENCES = ("low_confidence", "random", TEMPERED)  # confidences that never read `probs`
 FUSED_CONFIDENCES = ("maskgit_plus", "origin", *RAW_CONFIDENCES)  # confidences `fused_sampling` returns
 
 
@@ -132,7 +134,9 @@ def propose_scored(
     mask_id: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """`propose` then `confidence(remasking, ...)`: proposals x0 [B, N], their confidences [B, N] and
-    log-probs [B, N], drawing the same noise in the same order.
+    log-probs [B, N], drawing the same noise in the same order. "low_confidence_dynamic"'s
+    confidence is exp(logp): the proposal's probability under softmax(logits / T) before top-k /
+    top-p (T=1 at temperature 0), as SGLang's `sample_block_tokens` and lmdeploy's unmasking score it.
 
     Where `fuses` holds, one Triton kernel (`fused_sampling.draw`) reads the logits twice instead
     of the dozen [B, N, V] float32 passes of the unfused path; it equals that path up to float32
@@ -141,6 +145,8 @@ def propose_scored(
     if not fuses(logits, remasking, top_p):
         x0, probs, logp = propose(logits, temperature=temperature, top_k=top_k, top_p=top_p, noise=noise,
                                   active=active, mask_id=mask_id, keep_probs=remasking not in RAW_CONFIDENCES)
+        if remasking == TEMPERED:
+            return x0, logp.exp(), logp
         return x0, confidence(remasking, logits, probs, x0, noise, active), logp
     shape = tuple(logits.shape[1:-1])
     u = noise.uniform(shape, active).reshape(-1) if temperature > 0 else None
@@ -149,6 +155,8 @@ def propose_scored(
     x0 = out.x0.view(-1, *shape)
     if remasking == "random":  # its own noise, drawn after the proposals' as in the unfused path
         conf = confidence(remasking, logits, None, x0, noise, active)
+    elif remasking == TEMPERED:
+        conf = out.logp.exp().view(-1, *shape)
     else:
         conf = (out.raw_prob if remasking == "low_confidence" else out.prob).view(-1, *shape)
     return x0, conf, out.logp.view(-1, *shape)
@@ -166,7 +174,8 @@ def confidence(
 
     "low_confidence": softmax(raw logits) at x0 (LLaDA: temperature 1, unfiltered);
     "random": U(0,1); Dream (docs/generation.md#dream) from the filtered, tempered `probs`:
-    "maskgit_plus" p(x0), "topk_margin" p(top1) - p(top2), "entropy" sum p log p (negative entropy).
+    "maskgit_plus" p(x0), "topk_margin" p(top1) - p(top2), "entropy" sum p log(p + 1e-10) (negative
+    entropy, with Dream's epsilon).
     """
     if remasking == "low_confidence":
         raw = logits.float()
@@ -180,8 +189,8 @@ def confidence(
     if remasking == "topk_margin":
         top2 = probs.topk(2, dim=-1).values
         return top2[..., 0] - top2[..., 1]
-    if remasking == "entropy":
-        return (probs * torch.log(probs.clamp_min(1e-30))).sum(-1)
+    if remasking == "entropy":  # Dream's epsilon (generation_utils.py `sample_tokens`)
+        return (probs * torch.log(probs + 1e-10)).sum(-1)
     raise ValueError(f"remasking {remasking!r} has no confidence")
 
 
@@ -206,6 +215,21 @@ def select(
     chosen = rank < k[:, None]
     if threshold is not None:
         chosen = chosen | (conf >= threshold)
+    return chosen & candidates
+
+
+def select_above(conf: torch.Tensor, candidates: torch.Tensor, k: torch.Tensor, threshold: float) -> torch.Tensor:
+    """Positions [B, N] to commit under DARE's threshold rule: every candidate with confidence
+    strictly above `threshold`, plus the k[b] most confident of row b (ties: lower index first).
+
+    With k = 1 this is SGLang's `LowConfidence` (above the threshold, else the single best) and
+    lmdeploy's `low_confidence_dynamic` (which compares with >=); with LLaDA2's quota k it is LLaDA2's
+    `generate` (all above the threshold if at least k are, else the k best), docs/generation.md#threshold-rule.
+
+    Args:
+        conf: [B, N] confidences; candidates: [B, N] bool; k: [B] long.
+    """
+    chosen = select(conf, candidates, k) | (conf.float() > threshold)
     return chosen & candidates
 
 

@@ -43,6 +43,10 @@ def check_engine_support(family: str, algorithm: RLAlgorithm[Any] | None, sampli
     if family not in ENGINE_FAMILIES:
         raise ValueError(f"rollout.engine={name} serves block-diffusion families {ENGINE_FAMILIES}; "
                          f"the model is {family!r}: set rollout.engine=native")
+    if name == "lmdeploy":  # a decoding rule lmdeploy cannot run is refused before its engine starts
+        from dllm_rollout.engines import lmdeploy_engine_config
+
+        lmdeploy_engine_config(sampling)
     if folder is None or not (Path(folder) / "config.json").is_file():
         raise ValueError(f"rollout.engine={name} loads the model from a release-layout folder "
                          f"(config.json, tokenizer, safetensors); checkpoint.checkpoint={folder!r} is not one")

@@ -26,8 +26,8 @@ from dllm_algorithms import (
 )
 
 
-def _dare(key: str, value: object, source: str, quote: str, *families: str) -> Default:
-    return Default(key=key, value=value, dare=source, quote=quote, families=families)
+def _dare(key: str, value: object, source: str, quote: str, *families: str, proof: str = "") -> Default:
+    return Default(key=key, value=value, dare=source, quote=quote, families=families, proof=proof)
 
 
 def _ours(key: str, value: object, reason: str, *families: str) -> Default:
@@ -250,51 +250,125 @@ _EBPO_DARE = (
     _dare("rollout.max_new_tokens", 2048, "recipe/llada2_mini/run_ebpo_llada2_mini.sh:98", 'max_response_length=2048', "llada2"),
 )
 
+# --- rollout rules (docs/algorithms.md#rollout-settings; the rules themselves equal DARE's code in
+# tests/dllm_rollout/test_dare_rules.py) ---
+_SDAR_BGPO = "recipe/sdar/run_bgpo_sdar_8b_chat.sh"
+_LLADA2_GEN = "models/LLaDA2.0-mini/modeling_llada2_moe.py"
+_SGLANG_LOW = ("DARE's SGLang fork (yjyddq/sglang, not in DARE's repository) runs LowConfidence: commit every "
+               "mask above the threshold, at least one a step; upstream sgl-project's rule, threshold default 0.95")
+_RULE_PROOF = "tests/dllm_rollout/test_dare_rules.py::test_block_threshold_rule_equals_dares"
+_DYNAMIC = "low_confidence_dynamic"
+
+
+def _llada2_generate(*, top: bool) -> tuple[Default, ...]:
+    """LLaDA2's HF generate (BGPO, EBPO: verl/workers/rollout/llada2_rollout.py:65-73 passes no top-k/top-p)."""
+    out = (
+        _dare("rollout.remasking", _DYNAMIC, f"{_LLADA2_GEN}:1581", "high_conf_mask = confidence[0] > threshold",
+              "llada2", proof=_RULE_PROOF),
+        _dare("rollout.threshold", 0.95, f"{_LLADA2_GEN}:1462", "threshold: float = 0.95,", "llada2"),
+        _dare("rollout.steps", 32, f"{_LLADA2_GEN}:1521", "steps = min(steps, gen_length // minimal_topk)", "llada2",
+              proof="tests/dllm_rollout/test_dare_rules.py::test_llada2_steps_cap_equals_one_token_per_step"),
+    )
+    if top:
+        return out
+    return (*out, _dare("rollout.top_k", None, f"{_LLADA2_GEN}:1459", "top_k: Optional[int] = None,", "llada2"),
+            _dare("rollout.top_p", None, f"{_LLADA2_GEN}:1458", "top_p: Optional[int] = None,", "llada2"))
+
+
+def _sglang_low_confidence(family: str, yaml: str) -> tuple[Default, ...]:
+    """SGLang's LowConfidence with its config file (CJ-GRPO)."""
+    return (_ours("rollout.remasking", _DYNAMIC, _SGLANG_LOW, family),
+            _dare("rollout.threshold", 0.95, f"{yaml}:2", "threshold: 0.95", family))
+
+
+_DREAM_ROLLOUT = (
+    _dare("rollout.remasking", "entropy", "verl/workers/rollout/rollout_utils.py:801", 'alg="entropy",', "dream"),
+    _dare("rollout.top_p", 0.95, "verl/workers/rollout/rollout_utils.py:800",
+          "top_p=0.95 if temperature > 0 else 1.0,", "dream"),
+    _dare("rollout.commit_block_start", True, "verl/workers/rollout/generation_utils_block.py:593",
+          "x[:, current_block_start] = x0[:, current_block_start]", "dream",
+          proof="tests/dllm_rollout/test_dare_rules.py::test_dream_block_rollout_equals_dares"),
+)
+"""DARE's Dream rollout: the cached block decoder with entropy confidence and top-p 0.95."""
+_DREAM_DEFAULT = tuple(_ours(d.key, d.value, "DARE has no Dream script for this algorithm: DARE's Dream rollout "
+                             f"({d.dare})", "dream") for d in _DREAM_ROLLOUT)
+
 _LLADA_ONLY = "DARE has no Dream script for this algorithm: the LLaDA script's value (recipe/llada/{script})"
 _DMPO_SOURCE = "DMPO is not in DARE: yuchen-zhu-zyc/DMPO, DMPO/dmpo_train_config.yaml"
 
 BUILTIN: tuple[RLEntry, ...] = (
-    RLEntry(name="d1", algorithm=D1(), paper="Zhao et al., arXiv 2504.12216", defaults=_D1_DARE,
+    RLEntry(name="d1", algorithm=D1(), paper="Zhao et al., arXiv 2504.12216",
+            defaults=(*_D1_DARE, *_DREAM_ROLLOUT),
             task_overrides=tasks.grpo_style()),
     RLEntry(name="coupled-grpo", algorithm=CoupledGRPO(), paper="DiffuCoder, arXiv 2506.20639",
-            defaults=_COUPLED_GRPO_DARE, task_overrides=tasks.grpo_style()),
+            defaults=(*_COUPLED_GRPO_DARE, *_DREAM_ROLLOUT), task_overrides=tasks.grpo_style()),
     # BridgeRatio-GRPO runs the coupled-grpo scripts (DARE PR #21)
     RLEntry(name="bridgeratio-grpo", algorithm=BridgeRatioGRPO(), paper="CURE-RLVR, DARE PR #21 (yjyddq/DARE 6d4791f)",
-            defaults=_COUPLED_GRPO_DARE, task_overrides=tasks.grpo_style()),
+            defaults=(*_COUPLED_GRPO_DARE, *_DREAM_ROLLOUT), task_overrides=tasks.grpo_style()),
     RLEntry(name="justgrpo", algorithm=JustGRPO(), paper="Ni et al., arXiv 2601.15165", defaults=(
         *_JUSTGRPO_DARE,
         _ours("rollout.block_length", 1, _LLADA_ONLY.format(script="run_justgrpo_llada_8b_instruct.sh:179"), "dream"),
         _ours("rollout.steps", 512, _LLADA_ONLY.format(script="run_justgrpo_llada_8b_instruct.sh:144"), "dream"),
+        *_DREAM_DEFAULT,
     ), task_overrides=tasks.grpo_style(one_token_steps=True)),
     RLEntry(name="bgpo", algorithm=BGPO(), paper="Lin et al., arXiv 2510.11683", defaults=(
         *_BGPO_DARE,
+        # the script's default engine is lmdeploy (:134), which it starts with these dLLM settings
+        _dare("rollout.remasking", _DYNAMIC, f"{_SDAR_BGPO}:85", 'UNMASKING_STRATEGY="low_confidence_dynamic"', "sdar"),
+        _dare("rollout.threshold", 0.9, f"{_SDAR_BGPO}:87", "CONFIDENCE_THRESHOLD=0.9", "sdar"),
+        _dare("rollout.steps", 4, f"{_SDAR_BGPO}:86", "DENOISING_STEPS=4", "sdar"),
+        _dare("rollout.top_k", 50, f"{_SDAR_BGPO}:314", "actor_rollout_ref.rollout.top_k=50", "sdar"),
+        *_llada2_generate(top=False),
+        *_DREAM_ROLLOUT,
         _ours("rl.prompts_per_step", 16, "DARE sets 16 for its SGLang engine (recipe/sdar/run_bgpo_sdar_8b_chat.sh:225) "
               "and 14 for its default lmdeploy engine (:223, engine default :134), an engine memory limit; 16 keeps "
               "the batch divisible over 8 GPUs and comparable with every earlier measurement", "sdar"),
-    ), task_overrides=tasks.grpo_style(llada2_steps=True)),
+    ), task_overrides=tasks.grpo_style()),
     RLEntry(name="espo", algorithm=ESPO(), paper="Ou et al., arXiv 2512.03759", defaults=(
         *_ESPO_DARE,
         _dare("rl.group_size", 16, "recipe/llada/run_espo_llada_8b_instruct.sh:193", "n_rollout=16", "llada"),
         _dare("algorithm.mc_num", 2, "recipe/llada/run_espo_llada_8b_instruct.sh:125", "mc_num=${mc_num:-2}", "llada"),
         _ours("rl.group_size", 16, _LLADA_ONLY.format(script="run_espo_llada_8b_instruct.sh:193"), "dream"),
         _ours("rollout.temperature", 1.0, _LLADA_ONLY.format(script="run_espo_llada_8b_instruct.sh:251"), "dream"),
+        *_DREAM_DEFAULT,
     ), task_overrides=tasks.espo),
     RLEntry(name="ebpo", algorithm=EBPO(), paper="LLaDA2.1, arXiv 2602.08676", defaults=(
         *_EBPO_DARE,
+        _ours("rollout.remasking", _DYNAMIC, _SGLANG_LOW + " (recipe/sdar/run_ebpo_sdar_8b_chat.sh:311)", "sdar"),
+        _ours("rollout.threshold", 0.95, _SGLANG_LOW, "sdar"),
+        _dare("rollout.top_k", 50, "recipe/sdar/run_ebpo_sdar_8b_chat.sh:317", "actor_rollout_ref.rollout.top_k=50",
+              "sdar"),
+        *_llada2_generate(top=False),
         _ours("rl.prompts_per_step", 16, "DARE's EBPO script sets 16 for its default SGLang engine "
               "(recipe/sdar/run_ebpo_sdar_8b_chat.sh:227, engine default :134) and 14 for lmdeploy (:225)", "sdar"),
-    ), task_overrides=tasks.grpo_style(llada2_steps=True)),
-    RLEntry(name="spg", algorithm=SPG(), paper="Wang et al., arXiv 2510.09541", defaults=_SPG_DARE,
+    ), task_overrides=tasks.grpo_style()),
+    RLEntry(name="spg", algorithm=SPG(), paper="Wang et al., arXiv 2510.09541",
+            defaults=(*_SPG_DARE, *_DREAM_ROLLOUT),
             task_overrides=tasks.grpo_style()),
     RLEntry(name="cj-grpo", algorithm=CJGRPO(), paper="Yang et al., arXiv 2509.23924", defaults=(
         *_CJ_GRPO_DARE,
+        *_sglang_low_confidence("sdar", "recipe/sdar/sglang_low_confidence_sdar.yaml"),
+        *_sglang_low_confidence("llada2", "recipe/llada2_mini/sglang_low_confidence_llada2.yaml"),
+        _ours("rollout.steps", 32, "SGLang's LowConfidence takes at most a block's 32 steps (one token at least a "
+              "step)", "llada2"),
+        _dare("rollout.top_k", 50, "recipe/llada2_mini/run_cj_grpo_llada2_mini.sh:202",
+              "actor_rollout_ref.rollout.top_k=50", "llada2"),
+        _dare("rollout.top_p", 0.95, "recipe/llada2_mini/run_cj_grpo_llada2_mini.sh:201",
+              "actor_rollout_ref.rollout.top_p=0.95", "llada2"),
+        *_DREAM_ROLLOUT,
         # DARE's CJ rollout ends every response on the block grid, so the terminal block replays completely
         _dare("rollout.block_aligned_budget", True, "verl/workers/rollout/sglang_rollout/sglang_rollout.py:674",
-              "aligned_max_new_tokens = align_cj_max_new_tokens(  # True", "sdar", "llada2"),
+              "aligned_max_new_tokens = align_cj_max_new_tokens(", "sdar", "llada2",
+              proof="tests/dllm_rollout/test_budget.py::test_aligned_budgets_equal_dare"),
         _ours("rollout.block_aligned_budget", True, "DARE has no SDAR-MoE RL script; the terminal-block replay "
               "needs whole blocks as on SDAR", "sdar_moe"),
     ), task_overrides=tasks.cj_grpo),
-    RLEntry(name="mdpo", algorithm=MDPO(), paper="He et al., arXiv 2508.13148", defaults=_MDPO_DARE,
+    RLEntry(name="mdpo", algorithm=MDPO(), paper="He et al., arXiv 2508.13148", defaults=(
+        *_MDPO_DARE,
+        # MDPO's own full-canvas rollout: entropy confidence, no top-p (verl/workers/rollout/mdpo_dream_rollout.py)
+        _dare("rollout.remasking", "entropy", "recipe/dream/run_mdpo_dream_7b_instruct.sh:113", 'conf_alg="entropy"',
+              "dream"),
+    ),
             task_overrides=tasks.grpo_style()),
     RLEntry(name="d-treerpo", algorithm=DTreeRPO(), paper="Pan et al., arXiv 2512.09675", defaults=(
         *_D_TREERPO_DARE,
@@ -320,6 +394,7 @@ BUILTIN: tuple[RLEntry, ...] = (
         _ours("rollout.temperature", 0.2, _DMPO_SOURCE),
         _ours("checkpoint.lora_rank", 128, _DMPO_SOURCE),
         _ours("checkpoint.lora_alpha", 64.0, _DMPO_SOURCE),
+        *_DREAM_DEFAULT,
     )),
 )
 """The built-in RL algorithms, in `dare recipes` order."""

@@ -26,7 +26,8 @@ def _value(value: object) -> str:
 
 def _source(d: Default) -> str:
     if d.dare:
-        return f"`{d.dare}`: `{d.quote}`"
+        proof = f" (equal by `{d.proof}`)" if d.proof else ""
+        return f"`{d.dare}`: `{d.quote}`{proof}"
     return f"**ours**: {d.reason}"
 
 

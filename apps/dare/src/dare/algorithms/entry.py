@@ -30,7 +30,9 @@ class Default:
         key: a dotted override key of an RL recipe (`rl.group_size`, `rollout.temperature`, `algorithm.mc_num`).
         value: the value (any value `dare train KEY=VALUE` accepts; tuples for list fields).
         dare: DARE's `path:line` at yjyddq/DARE 83ae8a3 that sets it; empty for a difference.
-        quote: that line's text (its relevant part), transcribed; the value must appear in it.
+        quote: that line's text (its relevant part), transcribed; the value must appear in it, or `proof` names
+            the test that shows our setting runs what the line does (a rule DARE writes as code, not as a value).
+        proof: `tests/...py::test_name`, the float64 test transcribing DARE's code that proves the equality.
         reason: why the value is not DARE's (a deliberate difference, or another source); empty when `dare` is set.
         families: the families this default applies to; empty: every family of the algorithm.
     """
@@ -39,6 +41,7 @@ class Default:
     value: object
     dare: str = ""
     quote: str = ""
+    proof: str = ""
     reason: str = ""
     families: tuple[str, ...] = ()
 
@@ -50,6 +53,8 @@ class Default:
                              f"or reason= (a deliberate difference), got dare={self.dare!r}, reason={self.reason!r}")
         if self.dare and (not re.fullmatch(r"[\w./-]+:\d+(-\d+)?(,\d+(-\d+)?)*", self.dare) or not self.quote):
             raise ValueError(f"Default {self.key}: dare={self.dare!r} must be 'path:line' with the line's quote=")
+        if self.proof and not re.fullmatch(r"tests/[\w/]+\.py::test_\w+", self.proof):
+            raise ValueError(f"Default {self.key}: proof={self.proof!r} must be 'tests/<path>.py::test_<name>'")
 
     def applies_to(self, family: str) -> bool:
         """Whether this default belongs to recipes of `family`."""

@@ -34,22 +34,20 @@ def _lengths(table: Mapping[str, tuple[int, int, int]], task: str, *, one_token_
             "rollout.steps": response if one_token_steps else steps}
 
 
-def _block(family: str, task: str, *, llada2_steps: bool) -> dict[str, object]:
-    """SDAR and LLaDA2 scripts: responses of 2048 for every task, prompts of 1024 for code."""
+def _block(family: str, task: str) -> dict[str, object]:
+    """SDAR and LLaDA2 scripts: responses of 2048 for every task, prompts of 1024 for code. (LLaDA2 BGPO/EBPO
+    pass steps = R/2, R for code, per block to LLaDA2's generate: one token for each of a block's first 32
+    steps either way, so the recipes' steps=32 holds for every task.)"""
     if family not in ("sdar", "llada2"):  # no DARE RL script (SDAR-MoE)
         return {}
-    out: dict[str, object] = {"data.max_prompt_length": 1024 if task == "code" else 512}
-    if family == "llada2" and llada2_steps:
-        # LLaDA2 BGPO/EBPO decode R/2 steps in all (R for code): per block of 32, 16 (32)
-        out["rollout.steps"] = 32 if task == "code" else 16
-    return out
+    return {"data.max_prompt_length": 1024 if task == "code" else 512}
 
 
-def grpo_style(*, llada2_steps: bool = False, one_token_steps: bool = False) -> TaskOverrides:
-    """The shared task block of the masked scripts; the block families' prompt lengths (and LLaDA2's steps)."""
+def grpo_style(*, one_token_steps: bool = False) -> TaskOverrides:
+    """The shared task block of the masked scripts; the block families' prompt lengths."""
     def overrides(family: str, task: str) -> Mapping[str, object]:
         if family_kind(family) == "block":
-            return _block(family, task, llada2_steps=llada2_steps)
+            return _block(family, task)
         return _lengths(MASKED_LENGTHS, task, one_token_steps=one_token_steps)
     return overrides
 
@@ -57,7 +55,7 @@ def grpo_style(*, llada2_steps: bool = False, one_token_steps: bool = False) -> 
 def cj_grpo(family: str, task: str) -> Mapping[str, object]:
     """CJ-GRPO's own length blocks on LLaDA and Dream; the block families' prompt lengths."""
     if family_kind(family) == "block":
-        return _block(family, task, llada2_steps=False)
+        return _block(family, task)
     return _lengths(CJ_LENGTHS[family], task, one_token_steps=False)
 
 

@@ -3,11 +3,15 @@
 
 What the adapter maps, and what it refuses (each refusal names the field and the fix):
 
-- Decoding: `dllm_block_length`, `dllm_denoising_steps` and the unmasking strategy
-  (`low_confidence_static`, or `low_confidence_dynamic` with a threshold). lmdeploy commits
+- Decoding: `dllm_block_length`, `dllm_denoising_steps` and the unmasking strategy:
+  `low_confidence_static` for the quota (`remasking="low_confidence"`, no threshold), and
+  `low_confidence_dynamic` at the same threshold for `remasking="low_confidence_dynamic"`
+  (DARE's threshold rule, docs/generation.md#threshold-rule). lmdeploy commits
   `block_length // steps` tokens per static step, so `steps` must divide `block_length`; its
-  dynamic strategy commits the best mask plus every mask over the threshold, which is
-  `generate`'s rule only at one token per step (`steps == block_length`). Token editing is refused.
+  dynamic strategy commits the best mask plus every mask at or over the threshold, which is
+  `generate`'s rule at one token per step (`steps == block_length`) up to a confidence exactly at
+  the threshold (lmdeploy compares with >=, SGLang, LLaDA2 and `generate` with >). A threshold
+  with `remasking="low_confidence"` (filtered confidence, >=) and token editing are refused.
 - Sampling: temperature, top-k and top-p, the same for every row of a call (lmdeploy 0.18's dLLM
   sampler repeats per-sequence settings block-major while its logits are sequence-major, so mixed
   per-row settings would reach the wrong rows; `tests/dllm_rollout/test_lmdeploy.py` holds the
@@ -65,17 +69,25 @@ def lmdeploy_engine_config(cfg: SamplingConfig) -> dict[str, Any]:
             f"rollout.steps={cfg.steps} does not divide block_length={cfg.block_length}: lmdeploy commits "
             f"block_length // steps tokens per step and would leave masks; use steps that divide it"
         )
-    if cfg.threshold is not None and cfg.steps != cfg.block_length:
+    dynamic = cfg.remasking == "low_confidence_dynamic"
+    if cfg.threshold is not None and not dynamic:
         raise ValueError(
-            f"rollout.threshold={cfg.threshold} with steps={cfg.steps}: lmdeploy's dynamic strategy commits "
-            f"at least one token per step, generate() the quota; set rollout.steps={cfg.block_length}"
+            f"rollout.threshold={cfg.threshold} with rollout.remasking={cfg.remasking!r} (the quota plus every mask "
+            ">= threshold by its filtered probability) is not an lmdeploy strategy; lmdeploy's low_confidence_dynamic "
+            "is rollout.remasking=low_confidence_dynamic"
+        )
+    if dynamic and cfg.steps != cfg.block_length:
+        raise ValueError(
+            f"rollout.steps={cfg.steps} with remasking='low_confidence_dynamic': lmdeploy's dynamic strategy commits "
+            f"at least one token per step, generate() the quota block_length // steps; set "
+            f"rollout.steps={cfg.block_length}"
         )
     out: dict[str, Any] = {
         "dllm_block_length": cfg.block_length,
         "dllm_denoising_steps": cfg.steps,
-        "dllm_unmasking_strategy": "low_confidence_static" if cfg.threshold is None else "low_confidence_dynamic",
+        "dllm_unmasking_strategy": "low_confidence_dynamic" if dynamic else "low_confidence_static",
     }
-    if cfg.threshold is not None:
+    if dynamic:
         out["dllm_confidence_threshold"] = cfg.threshold
     return out
 
@@ -279,7 +291,8 @@ class LMDeployEngine:
 
         Args:
             cfg: decoding settings for this call (default: the engine's own `self.cfg`); the block
-                length and step count must be the engine's (they are fixed when it starts).
+                length, step count, remasking and threshold must be the engine's (they are fixed
+                when it starts).
         """
         if self.sleeping:
             raise RuntimeError("the lmdeploy engine is asleep; call wake() before generate()")
@@ -287,6 +300,10 @@ class LMDeployEngine:
         if (cfg.block_length, cfg.steps) != (self.cfg.block_length, self.cfg.steps):
             raise ValueError(f"block_length={cfg.block_length}, steps={cfg.steps}: the engine was started with "
                              f"block_length={self.cfg.block_length}, steps={self.cfg.steps}; start another engine")
+        if (cfg.remasking, cfg.threshold) != (self.cfg.remasking, self.cfg.threshold):
+            raise ValueError(f"remasking={cfg.remasking!r}, threshold={cfg.threshold}: the engine was started with "
+                             f"remasking={self.cfg.remasking!r}, threshold={self.cfg.threshold} (its unmasking "
+                             "strategy); start another engine")
         seeds = sample_seeds(seed, len(prompts))
         gen = self.lmdeploy.GenerationConfig(**lmdeploy_gen_config(cfg, stop_ids=self.stop_ids))
         outputs = self._run(self._all([[int(t) for t in p] for p in prompts], gen))
