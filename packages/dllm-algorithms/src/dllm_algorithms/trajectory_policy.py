@@ -359,11 +359,13 @@ class DTreeRPO(RLAlgorithm[TrainingRows]):
             for d, n in enumerate(row):
                 seen.setdefault(n, (d, (i % g) // self.branching ** (levels - 1 - d), i // g, i))
         index = {n: j for j, n in enumerate(sorted(seen))}
-        parent = torch.full((len(seen),), -1)
+        # the all-mask root of prompt q is node len(seen) + q: the first level are siblings under it
+        parent = torch.full((len(seen) + prompts,), -1)
         for i, row in enumerate(nodes.tolist()):
+            parent[index[row[0]]] = len(seen) + i // g
             for d in range(1, levels):
                 parent[index[row[d]]] = index[row[d - 1]]
-        leaf_reward = torch.full((len(seen),), float("nan"))
+        leaf_reward = torch.full((len(seen) + prompts,), float("nan"))
         leaf_reward[[index[n] for n in nodes[:, -1].tolist()]] = batch.scores.cpu().float()
         adv = tree_local_advantages(parent, tree_values(parent, leaf_reward))
         # DARE's node-major order: level, then the node's index within its prompt's level, then the prompt
