@@ -85,7 +85,9 @@ _ROLLOUT_CHANGES: dict[str, dict[str, object]] = {
     "dmpo": {"max_new_tokens": 256, "steps": 128, "temperature": 0.2},
 }
 # optimizer settings other than the learning rate, where the reference differs from DARE's AdamW
-_OPTIM: dict[str, dict[str, Any]] = {"dmpo": {"betas": (0.9, 0.99), "weight_decay": 0.1, "grad_clip": 0.2}}
+# defaults: d-TreeRPO's recipe sets them itself (recipe/llada/run_dtreerpo_llada_8b_instruct.sh:152-153,167)
+_OPTIM: dict[str, dict[str, Any]] = {"dmpo": {"betas": (0.9, 0.99), "weight_decay": 0.1, "grad_clip": 0.2},
+                                     "d-treerpo": {"betas": (0.9, 0.99), "weight_decay": 0.1, "grad_clip": 0.2}}
 _LORA = {"d-treerpo": (128, 64.0), "dmpo": (128, 64.0), "lora-sft": (16, 32.0)}
 
 
