@@ -20,7 +20,6 @@ def test_show_gives_dares_dtreerpo_recipe(family: str, capsys: pytest.CaptureFix
         "rl_optim.weight_decay": "0.1",  # :152
         "rl_optim.betas": "[0.9, 0.99]",  # :153
         "rl_optim.grad_clip": "0.2",  # :167
-        "rl_optim.warmup_steps": "0",  # :154-155 (constant; ratio 1e-4 of the run)
         "rl.prompts_per_step": "16",  # :105 batch_size = ppo_mini_batch_size (:158)
         "rl.group_size": "16",  # :112-114: 4 trees x 4 branches, 2 levels
         "algorithm.trees": "4",  # :114 num_tree_samples
