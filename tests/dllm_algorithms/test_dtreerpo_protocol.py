@@ -481,3 +481,14 @@ def test_prompts_must_fill_the_shards() -> None:
     with pytest.raises(ValueError, match="algorithm.row_shards=8"):
         _batch(alg, tiny_model("llada"), 4, SAMPLING)
     assert dataclasses.replace(alg, mini_batches=False).mini_batch_rows == "all"
+
+
+def test_bad_tree_settings_are_refused() -> None:
+    with pytest.raises(ValueError, match="algorithm.trees must be >= 1"):
+        da.DTreeRPO(trees=0)
+    with pytest.raises(ValueError, match="cannot hold 3 levels"):
+        da.DTreeRPO(depth=3).branch_steps(2)
+    gen = da.DTreeRPO(trees=2, branching=2, depth=2, row_shards=1)
+    batch, _ = _batch(gen, tiny_model("llada"), 2, SAMPLING)
+    with pytest.raises(ValueError, match="rl.group_size must be trees"):
+        da.DTreeRPO(trees=1, branching=2, depth=2, row_shards=1).prepare(batch, torch.Generator())
