@@ -360,8 +360,16 @@ def test_segment_rows_equal_dare(mini_batches: bool) -> None:
     assert torch.equal(data.advantages, segs["local_advantages"][order])
     assert torch.equal(data.active, segs["active"][order])
     assert bool(data.advantages.ne(0).any()) and bool(data.active.any())
-    # every decoded token of every leaf is active in exactly one segment of its path (up to its first EOS)
-    assert torch.equal(data.noisy[:, p:][data.active], torch.full_like(data.noisy[:, p:][data.active], TOK.mask_token_id))
+    # every decoded token is in a trained segment: each leaf's response positions are revealed by
+    # exactly one segment of its path (DARE's node-major rows: level 0 (t, b) at t * 4 + b, level 1
+    # (t, c, b) at 8 + (2t + c) * 4 + b)
+    at = {row: k for k, row in enumerate(order)}
+    revealed = (data.noisy[:, p:] == TOK.mask_token_id) & (data.clean[:, p:] != TOK.mask_token_id)
+    for b in range(4):
+        for t in range(2):
+            for c in range(2):
+                count = revealed[at[t * 4 + b]].int() + revealed[at[8 + (2 * t + c) * 4 + b]].int()
+                assert bool((count == 1).all()), (b, t, c)
 
 
 # --- DARE's update loop on 8 simulated GPUs, transcribed, against our trainer ---
