@@ -34,6 +34,9 @@ def test_show_gives_dares_dtreerpo_recipe(family: str, capsys: pytest.CaptureFix
         "rollout.steps": "128",  # :70
         "rollout.block_length": "32",  # :123
         "rollout.temperature": "0.9",  # :109
+        "rollout.remasking": '"low_confidence"',  # dllm_ray_trainer.py:865, for Dream too
+        "rollout.top_k": "null",  # dtreerpo_llada_rollout.py:309-318: Gumbel noise, no top-k / top-p
+        "rollout.top_p": "null",
         "checkpoint.lora_rank": "128",  # :171
         "checkpoint.lora_alpha": "64.0",  # :172
     }

@@ -78,7 +78,11 @@ _LR = {"d-treerpo": 3e-5, "dmpo": 1e-6}
 _ROLLOUT_CHANGES: dict[str, dict[str, object]] = {
     "justgrpo": {"block_length": 1, "steps": 512},
     "cj-grpo": {"max_new_tokens": 256, "steps": 128},
-    "d-treerpo": {"max_new_tokens": 256, "steps": 128, "temperature": 0.9},
+    # d-TreeRPO's tree decodes with LLaDA's low-confidence rule for LLaDA and Dream alike, Gumbel noise
+    # at the temperature and no top-k / top-p (verl/trainer/ppo/dllm_ray_trainer.py:865,
+    # verl/workers/rollout/dtreerpo_llada_rollout.py:309-318)
+    "d-treerpo": {"max_new_tokens": 256, "steps": 128, "temperature": 0.9, "remasking": "low_confidence",
+                  "top_k": None, "top_p": None},
     "espo": {"temperature": 1.0},
     # DMPO's public config (yuchen-zhu-zyc/DMPO DMPO/dmpo_train_config.yaml): 128 sampler steps at
     # temperature 0.2 over TRL's default 256-token completions
