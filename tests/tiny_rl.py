@@ -79,7 +79,7 @@ def local_rl(model: Any, algorithm: RLAlgorithm[Any], *, group_size: int = 4, pr
 def fast(algorithm: RLAlgorithm[Any]) -> RLAlgorithm[Any]:
     """`algorithm` with small Monte-Carlo budgets and iteration counts (fast CPU steps)."""
     small = {"BGPO": {"mc_num": 2}, "ESPO": {"mc_num": 2, "num_iterations": 2}, "EBPO": {"mc_num": 2},
-             "MDPO": {"top_k_steps": 2}, "DTreeRPO": {"branching": 2, "depth": 2, "num_iterations": 2},
+             "MDPO": {"top_k_steps": 2}, "DTreeRPO": {"trees": 2, "branching": 2, "depth": 2, "num_iterations": 2, "row_shards": 2},
              "DMPO": {"num_iterations": 2}}
     return dataclasses.replace(algorithm, **small.get(type(algorithm).__name__, {}))  # type: ignore[type-var]
 

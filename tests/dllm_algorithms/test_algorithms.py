@@ -27,7 +27,11 @@ def test_steps_change_the_trainable_parameters(name: str, family: str) -> None:
         assert torch.isfinite(torch.tensor(metrics["loss"])), metrics
         assert {"reward_mean", "grad_norm", "update_passes", "response_length", "optimizer_steps"} <= set(metrics)
         alg = ALGORITHMS[name]
-        per_iteration = alg.top_k_steps if isinstance(alg, da.MDPO) else 1  # one step per selected denoising step
+        per_iteration = 1
+        if isinstance(alg, da.MDPO):  # one step per selected denoising step
+            per_iteration = alg.top_k_steps
+        if isinstance(alg, da.DTreeRPO):  # one step per tree node (rows per step = prompts)
+            per_iteration = alg.trees * sum(alg.branching ** d for d in range(alg.depth))
         assert metrics["optimizer_steps"] == alg.num_iterations * per_iteration, metrics
         changed = any(not torch.equal(before[k], v) for k, v in model.state_dict().items())
         if changed:

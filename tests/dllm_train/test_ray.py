@@ -126,8 +126,9 @@ RAY_CASES = [
     pytest.param("llada", SPG(), {}, id="spg-llada", marks=pytest.mark.slow),
     # rewarded intermediate predictions: the reward worker scores every step on each rank
     pytest.param("llada", MDPO(top_k_steps=2), {}, id="mdpo-llada", marks=pytest.mark.slow),
-    # tree rollouts (one tree per rank: branching ** depth = the group size) and an FSDP2 reference
-    pytest.param("llada", DTreeRPO(branching=2, depth=2, num_iterations=2), {}, id="d-treerpo-llada",
+    # tree rollouts (one tree per rank: trees * branching ** (depth - 1) = the group size), DARE's
+    # node-major mini-batches of one row per rank, and an FSDP2 reference
+    pytest.param("llada", DTreeRPO(trees=2, branching=2, depth=2, num_iterations=2, row_shards=1), {}, id="d-treerpo-llada",
                  marks=pytest.mark.slow),
     # composite block ELBO, not row-local (values first, then passes backpropagating dL/dv)
     pytest.param("sdar", EBPO(mc_num=2), {}, id="ebpo-sdar", marks=pytest.mark.slow),

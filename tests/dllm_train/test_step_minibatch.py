@@ -148,3 +148,48 @@ def test_metrics_jsonl_records_the_optimizer_steps_of_every_rl_step(tmp_path: An
     Run(tmp_path, model, progress=False).run_phase(PhaseSpec(order=0, name="rl", steps=2, step_fn=rl.step, owner=rl))
     records = read_metrics(tmp_path / "metrics.jsonl")
     assert [r["optimizer_steps"] for r in records] == [COPIES, COPIES]
+
+
+def test_prompt_sized_slices_follow_the_prompts_of_the_batch() -> None:
+    @dataclass
+    class Rollout:
+        batch_size: int
+
+    @dataclass
+    class Batch:
+        rollout: Rollout
+        group_ids: torch.Tensor
+
+    # 3 prompts x 4 samples, 20 training rows: mini-batches of 3 rows (verl's ppo_mini_batch_size = prompts, n = 1)
+    alg, data = CopiesPG(rows="prompts"), Rows(*(torch.zeros(20, 2),) * 4)
+    batch = Batch(Rollout(12), torch.arange(3).repeat_interleave(4))
+    assert mini_batch_slices(alg, batch, data) == [slice(a, min(a + 3, 20)) for a in range(0, 20, 3)]  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True, kw_only=True)
+class SameEveryIteration(CopiesPG):
+    """CopiesPG whose values ignore the iteration: the old and reference passes run once."""
+
+    values_vary_by_iteration = False
+    calls: list[int] = field(default_factory=list)
+
+    def values(self, scorer: Any, batch: RLBatch, data: Rows, iteration: int) -> torch.Tensor:
+        if not torch.is_grad_enabled():
+            self.calls.append(iteration)
+        return super().values(scorer, batch, data, iteration)
+
+
+def test_values_that_ignore_the_iteration_take_one_old_pass() -> None:
+    alg = SameEveryIteration(num_iterations=3)
+    rl = local_rl(tiny_model("llada"), alg, reward=text_reward, lr=5e-2, grad_clip=0.0)
+    prompts, answers, groups = rl.prompts(0).expanded()
+    from dllm_train import sample_seeds
+
+    rl.rank.rollout_step(0, prompts, answers, sample_seeds(0, len(prompts), "rollout", 0), groups)
+    prepared = rl.rank.prepared
+    assert prepared is not None and prepared.old is not None
+    # one pass (whose scorer calls may be replayed) serves every iteration
+    assert alg.calls and set(alg.calls) == {0} and len(prepared.old) == 3
+    assert all(v is prepared.old[0] for v in prepared.old)
+    metrics = rl.actor.update(prepared, torch.zeros(len(prompts)))
+    assert metrics["optimizer_steps"] == COPIES * 3

@@ -21,15 +21,8 @@ from dllm_algorithms.families import ALL_FAMILIES, BLOCK, MASKED
 from dllm_algorithms.preference import DPO, VRPO, ELBOPreference, PairMasks, PreferenceBatch, dpo_on_elbos
 from dllm_algorithms.sft import SFT, LoRA, SFTBatch
 from dllm_algorithms.token_policy import D1, CoupledGRPO, JustGRPO
-from dllm_algorithms.trajectory_policy import (
-    CJGRPO,
-    MDPO,
-    DTreeRPO,
-    TrainingRows,
-    Trajectory,
-    TreeRolloutBatch,
-    trajectory_steps,
-)
+from dllm_algorithms.trajectory_policy import CJGRPO, MDPO, TrainingRows, Trajectory, trajectory_steps
+from dllm_algorithms.tree_policy import DTreeRPO, TreeRolloutBatch
 
 __all__ = [
     "ALL_FAMILIES", "BGPO", "BLOCK", "CJGRPO", "D1", "DMPO", "DPO", "EBPO", "ELBOPreference", "ESPO", "MASKED", "MDPO",

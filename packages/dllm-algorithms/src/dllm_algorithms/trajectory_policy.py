@@ -1,7 +1,7 @@
 """Policy gradients that replay the rollout's own denoising path.
 
-CJ-GRPO (every step of the trajectory is an action), MDPO (intermediate predictions rewarded
-per step) and d-TreeRPO (tree search, advantages local to sibling groups).
+CJ-GRPO (every step of the trajectory is an action) and MDPO (intermediate predictions rewarded
+per step); their training rows (`TrainingRows`) serve d-TreeRPO too (`tree_policy`).
 """
 
 from __future__ import annotations
@@ -19,13 +19,9 @@ from dllm_objectives import (
     mdpo_step_advantages,
     mdpo_topk_steps,
     replay_plan,
-    tree_active_positions,
-    tree_local_advantages,
-    tree_policy_loss,
-    tree_values,
     weighted_policy_loss,
 )
-from dllm_rollout import RolloutBatch, SamplingConfig, tree_generate
+from dllm_rollout import RolloutBatch, SamplingConfig
 from dllm_train import LossInputs, MiniBatchRows, RLAlgorithm, RLBatch, ValuesScorer, plan_token_logp, with_fields
 
 from dllm_algorithms.cj_replay import replay_response
@@ -234,119 +230,4 @@ class MDPO(RLAlgorithm[TrainingRows]):
                          max_len=inputs.batch.rollout.response_ids.shape[1])
 
 
-@dataclass
-class TreeRolloutBatch(RolloutBatch):
-    """The leaves of a tree rollout, with each leaf's path.
-
-    Attributes:
-        tree_nodes: [B, depth + 1] node ids from the trunk to the leaf.
-        tree_canvas: [B, depth + 1, R] the response canvas of each node of the path.
-    """
-
-    tree_nodes: torch.Tensor | None = None
-    tree_canvas: torch.Tensor | None = None
-
-
-@dataclass(frozen=True, kw_only=True)
-class DTreeRPO(RLAlgorithm[TrainingRows]):
-    """d-TreeRPO (Pan et al., arXiv 2512.09675): tree rollouts with sibling-local advantages.
-
-    Each prompt's group is one tree (`branching ** depth` leaves = the group size): a trunk,
-    then `branching` children at each branch step. Node value = mean of its leaves' rewards;
-    advantage = value - mean of its siblings; one row per non-trunk node scores the tokens it
-    revealed from its parent's canvas; clipped loss (eps 0.4) + k3 KL to the reference.
-    Self-distillation is not included.
-
-    Attributes:
-        branching: children per branch point.
-        depth: branch points per tree; rl.group_size must be branching ** depth.
-        clip: symmetric clip range of the ratio (no dual clip).
-        kl_coef: weight of the k3 KL to the frozen reference (0: no reference model).
-        num_iterations: optimizer steps per rollout batch.
-    """
-
-    branching: int = 4
-    depth: int = 2
-    clip: float = 0.4
-    kl_coef: float = 0.01
-    num_iterations: int = 12
-    families: ClassVar[tuple[str, ...]] = MASKED
-    row_local = True
-    chunkable_rollout = False
-
-    def __post_init__(self) -> None:
-        if self.num_iterations < 1:
-            raise ValueError(f"algorithm.num_iterations must be >= 1, got {self.num_iterations}")
-
-    @property
-    def needs_reference(self) -> bool:
-        return self.kl_coef > 0
-
-    def _branch_steps(self, steps: int) -> list[int]:
-        out = sorted({max(1, steps * k // (self.depth + 1)) for k in range(1, self.depth + 1)})
-        if len(out) != self.depth or out[-1] >= steps:
-            raise ValueError(f"d-TreeRPO: {steps} rollout steps cannot hold {self.depth} branch points; "
-                             "raise rollout.steps or lower algorithm.depth")
-        return out
-
-    def generate(self, model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, seeds: torch.Tensor,
-                 sampling: SamplingConfig, ref_model: Any) -> RolloutBatch:
-        g = self.branching ** self.depth
-        if prompt_ids.shape[0] % g:
-            raise ValueError(f"d-TreeRPO: rl.group_size must be branching ** depth = {g}, "
-                             f"got a batch of {prompt_ids.shape[0]} rows")
-        prompts = [row[m].tolist() for row, m in zip(prompt_ids[::g], prompt_mask[::g])]
-        tree = tree_generate(model, prompts, sampling, branch_steps=self._branch_steps(sampling.steps),
-                             branching=self.branching, seed=int(seeds[0]))
-        path = [tree.leaf_node]
-        while True:
-            up = tree.node_parent[path[0]]
-            if bool((up < 0).all()):
-                break
-            path.insert(0, up)
-        nodes = torch.stack(path, 1)  # [B, depth + 1], trunk first
-        leaves = tree.leaves
-        fields = {f: getattr(leaves, f) for f in leaves.__dataclass_fields__}
-        return TreeRolloutBatch(**fields, tree_nodes=nodes, tree_canvas=tree.node_response[nodes])
-
-    def prepare(self, batch: RLBatch, generator: torch.Generator) -> TrainingRows:
-        r = batch.rollout
-        if not isinstance(r, TreeRolloutBatch) or r.tree_nodes is None or r.tree_canvas is None:
-            raise ValueError("d-TreeRPO trains on its own tree rollouts (DTreeRPO.generate)")
-        nodes, canvas = r.tree_nodes, r.tree_canvas
-        uniq: dict[int, tuple[int, int]] = {}
-        first_row: dict[int, int] = {}
-        for i, row in enumerate(nodes.tolist()):
-            for d, n in enumerate(row):
-                if n not in uniq:
-                    uniq[n] = (row[d - 1] if d else -1, d)
-                    first_row[n] = i
-        order = sorted(uniq)
-        index = {n: j for j, n in enumerate(order)}
-        parent = torch.tensor([index[uniq[n][0]] if uniq[n][0] >= 0 else -1 for n in order])
-        leaf_reward = torch.full((len(order),), float("nan"))
-        leaf_reward[[index[n] for n in nodes[:, -1].tolist()]] = batch.scores.cpu().float()
-        adv = tree_local_advantages(parent, tree_values(parent, leaf_reward))
-        segs = [n for n in order if uniq[n][0] >= 0]
-        rows = torch.tensor([first_row[n] for n in segs], device=canvas.device)
-        depth = torch.tensor([uniq[n][1] for n in segs], device=canvas.device)
-        child = canvas[rows, depth]
-        par = canvas[rows, depth - 1]
-        noisy, attn = _rows(r.prompt_ids[rows], r.prompt_mask[rows], par)
-        clean, _ = _rows(r.prompt_ids[rows], r.prompt_mask[rows], child)
-        t = batch.tokens
-        return TrainingRows(noisy=noisy, clean=clean, attention=attn,
-                            advantages=adv[[index[n] for n in segs]].to(noisy.device),
-                            active=tree_active_positions(par, child, t.mask_id, t.eos_id))
-
-    def values(self, scorer: ValuesScorer, batch: RLBatch, data: TrainingRows, iteration: int) -> torch.Tensor:
-        return _score_rows(scorer, batch, data)
-
-    def loss(self, values: torch.Tensor, inputs: LossInputs[TrainingRows]) -> tuple[torch.Tensor, Metrics]:
-        d = inputs.data
-        assert inputs.old is not None
-        return tree_policy_loss(values, inputs.old, d.advantages, d.active, clip=self.clip, ref_logp=inputs.ref,
-                                kl_coef=self.kl_coef if inputs.ref is not None else 0.0)
-
-
-__all__ = ["CJGRPO", "DTreeRPO", "MDPO", "Trajectory", "TrainingRows", "TreeRolloutBatch", "trajectory_steps"]
+__all__ = ["CJGRPO", "MDPO", "Trajectory", "TrainingRows", "trajectory_steps"]

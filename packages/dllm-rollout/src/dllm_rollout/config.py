@@ -283,7 +283,7 @@ def on_model_grid(cfg: SamplingConfig, block_length: int | None, *, convert: boo
     False). A block-diffusion model decodes on its own grid (`block_diffusion` True): settings already
     written for it must have its block; with `convert`, settings written for masked models (an
     evaluation preset: `block_diffusion` False, total steps) move onto the grid: the model's block,
-    steps per block at the settings' tokens per step (e.g. d1's length / 2 steps: two tokens a step),
+    steps per block at the settings' tokens per step (e.g. length / 2 steps: two tokens a step),
     the length rounded up to whole blocks, and the exact KV cache of finished blocks ("prefix") unless a
     cache is named.
 

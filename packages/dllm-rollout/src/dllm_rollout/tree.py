@@ -1,8 +1,9 @@
-"""Tree rollouts: decode a shared trunk, then branch into children at set denoising steps.
+"""Tree rollouts: branch each prompt's response into children at set denoising steps.
 
-The tree search of tree-structured policy training (docs/generation.md#trajectories): every node
-continues its parent's canvas with its own seed from the branch step to the next one; leaves are
-complete responses.
+The tree search of tree-structured policy training (docs/generation.md#trajectories): the root is
+the prompt with an all-mask response; its `roots` children decode from step 0 to the first branch
+step (one shared trunk when `roots` is 1); every later node continues its parent's canvas with its
+own seed from one branch step to the next; leaves are complete responses.
 """
 
 from __future__ import annotations
@@ -23,11 +24,14 @@ from dllm_rollout.prompts import _mix, left_pad, sample_seeds
 class TreeRollout:
     """Nodes of every tree and the leaf batch.
 
+    Nodes are numbered level by level, prompt-major within a level (the children of a node are
+    consecutive); the all-mask root of each prompt is implicit (parent -1).
+
     Attributes:
-        leaves: RolloutBatch of the B * branching ** len(branch_steps) leaves (prompt-major).
+        leaves: RolloutBatch of the B * roots * branching ** len(branch_steps) leaves (prompt-major).
         node_response: [N, R] response canvas at the end of each node (mask id where undecided).
         node_step: [N] global step at which each node ends.
-        node_parent: [N] parent node index (-1 for roots).
+        node_parent: [N] parent node index (-1 for the first level, children of the all-mask root).
         node_is_leaf: [N] bool.
         leaf_node: [B_leaf] node index of each leaf row.
     """
@@ -48,9 +52,11 @@ def tree_generate(
     *,
     branch_steps: Sequence[int],
     branching: int,
+    roots: int = 1,
     seed: int | None = None,
 ) -> TreeRollout:
-    """Branch each prompt's rollout into `branching` children at every step in `branch_steps`.
+    """Decode `roots` children of each prompt's all-mask response, then branch every node into
+    `branching` children at every step in `branch_steps`.
 
     Args:
         model: a masked-diffusion model (block diffusion is not supported here yet).
@@ -59,10 +65,13 @@ def tree_generate(
             turned on: the tree is built from the step records).
         branch_steps: increasing global steps (0 < s < steps) at which every node splits.
         branching: children per split.
-        seed: base seed; the node at depth d, index i gets seed mix(seed, d * 2**20 + i).
+        roots: children of the all-mask root (the first level, decoding steps [0, branch_steps[0]);
+            1: a single trunk shared by every leaf of the prompt).
+        seed: base seed; the first level's rows take `sample_seeds(seed, B * roots)`, the node at
+            depth d > 0, index i, seed mix(seed, d * 2**20 + i).
 
     Returns:
-        TreeRollout with B * branching ** len(branch_steps) leaves.
+        TreeRollout with B * roots * branching ** len(branch_steps) leaves.
     """
     if model.traits.block_length is not None:
         raise ValueError("tree_generate supports masked diffusion only; block diffusion is not implemented")
@@ -71,15 +80,19 @@ def tree_generate(
     bounds = list(branch_steps)
     if bounds != sorted(set(bounds)) or (bounds and not 0 < bounds[0] <= bounds[-1] < steps):
         raise ValueError(f"branch_steps must be increasing steps in (0, {steps}), got {bounds}")
+    if roots < 1 or branching < 1:
+        raise ValueError(f"roots and branching must be >= 1, got roots={roots}, branching={branching}")
     if cfg.threshold is not None or cfg.steps_per_block > block_length or steps % cfg.num_blocks:
         raise ValueError("tree_generate needs quota mode (threshold=None) with steps a multiple of the "
                          "number of blocks and steps_per_block <= block_length")
     base = seed if seed is not None else int(torch.randint(0, 2**62, (1,)).item())
     device = next(model.parameters()).device
     ids, mask = left_pad(prompts, model.traits.pad_token_id, device)
-    seeds = sample_seeds(base, len(prompts))
+    copies = torch.arange(len(prompts)).repeat_interleave(roots)
+    ids, mask = ids[copies], mask[copies]
+    seeds = sample_seeds(base, ids.shape[0])
     response: torch.Tensor | None = None
-    node_of_row = torch.arange(len(prompts))
+    node_of_row = torch.arange(ids.shape[0])
     parents: list[int] = []
     ends: list[int] = []
     canvases: list[torch.Tensor] = []

@@ -37,7 +37,7 @@ from dllm_train.objective import Metrics, Objective
 from dllm_train.passes import ValuesScorer
 
 D = TypeVar("D")
-MiniBatchRows = Literal["all", "rollout"]
+MiniBatchRows = Literal["all", "rollout", "prompts"]
 """The rows of one optimizer step (`RLAlgorithm.mini_batch_rows`)."""
 
 
@@ -103,7 +103,11 @@ class RLAlgorithm(Objective[RLBatch, D]):
         needs_old: the loss compares with values under the rollout policy (a ratio).
         needs_reference: a frozen reference model scores `values` too (a KL term).
         needs_rollout_reference: the rollout scores its canvases with the reference model.
-        num_iterations: optimizer steps per rollout batch (each on its own `prepare` entry).
+        num_iterations: update iterations per rollout batch (each on its own `prepare` entry;
+            one optimizer step each, or one per mini-batch).
+        values_vary_by_iteration: `values` may differ between iterations (each reads its own
+            noise); False (its values ignore `iteration`): the old and reference passes run once
+            and serve every iteration.
         row_local: the loss's gradient with respect to each scorer row depends on that row
             alone, so token-budget passes need no separate value pass (`dllm_train.passes`).
         replays_trajectory: the algorithm reads the rollout's step records, which token editing
@@ -111,11 +115,14 @@ class RLAlgorithm(Objective[RLBatch, D]):
         chunkable_rollout: `generate` may run on any subset of rows (`rollout.max_rows`); False
             for rollouts that couple rows (e.g. a tree over a whole group).
         mini_batch_rows: the rows of one optimizer step: "all" (every training row of an
-            iteration, one step) or "rollout" (contiguous mini-batches of as many rows as the
+            iteration, one step), "rollout" (contiguous mini-batches of as many rows as the
             rank's rollout batch, one optimizer step each, like verl's `ppo_mini_batch_size` equal
             to the rollout batch: training rows packed as K copies of the batch, copy-major, give
-            K steps per iteration). Old values are computed once, before the first step, so the
-            later mini-batches are off-policy. "rollout" needs `num_rows` and `select_rows`.
+            K steps per iteration) or "prompts" (contiguous mini-batches of as many rows as the
+            rank has prompts, i.e. distinct `group_ids`: verl's `ppo_mini_batch_size` equal to the
+            prompts per step with `rollout.n = 1`, over rows the algorithm lays out in step order).
+            Old values are computed once, before the first step, so the later mini-batches are
+            off-policy. "rollout" and "prompts" need `num_rows` and `select_rows`.
         needs_distinct_samples (a property): the reward reaches the gradient only through differences
             between the samples of a group (group-relative advantages or weights): when every
             sample of a group is the same, as under deterministic decoding
@@ -128,9 +135,10 @@ class RLAlgorithm(Objective[RLBatch, D]):
     needs_rollout_reference: ClassVar[bool] = False
     replays_trajectory: ClassVar[bool] = False
     chunkable_rollout: ClassVar[bool] = True
+    values_vary_by_iteration: ClassVar[bool] = True
     num_iterations: int = 1
     constants = (*Objective.constants, "needs_old", "needs_rollout_reference", "replays_trajectory",
-                 "chunkable_rollout", "mini_batch_rows", "needs_distinct_samples")
+                 "chunkable_rollout", "values_vary_by_iteration", "mini_batch_rows", "needs_distinct_samples")
 
     @property
     def mini_batch_rows(self) -> MiniBatchRows:
@@ -197,12 +205,17 @@ def mini_batch_slices(algorithm: RLAlgorithm[D], batch: RLBatch, data: D) -> lis
     """The training rows of each optimizer step of one iteration (`RLAlgorithm.mini_batch_rows`).
 
     Returns:
-        "all": `[slice(None)]`; "rollout": contiguous slices of `batch.rollout.batch_size` rows
-        (the last one shorter when the rows are not a multiple of it).
+        "all": `[slice(None)]`; "rollout": contiguous slices of `batch.rollout.batch_size` rows;
+        "prompts": contiguous slices of as many rows as `batch.group_ids` has distinct prompts
+        (the last slice shorter when the rows are not a multiple of the size).
     """
     if algorithm.mini_batch_rows == "all":
         return [slice(None)]
-    total, size = algorithm.num_rows(data), batch.rollout.batch_size
+    total = algorithm.num_rows(data)
+    if algorithm.mini_batch_rows == "prompts":
+        size = int(torch.unique(batch.group_ids).numel())
+    else:
+        size = batch.rollout.batch_size
     return [slice(a, min(a + size, total)) for a in range(0, total, size)]
 
 

@@ -34,13 +34,14 @@ RolloutArgs = tuple[int, Sequence[Sequence[int]], Sequence[str], torch.Tensor, t
 
 def check_settings(algorithm: RLAlgorithm[Any], sampling: SamplingConfig, *, consistency_every: int) -> None:
     """Raise before any work on settings no step can honour (field, value and fix in the message)."""
-    if algorithm.mini_batch_rows not in ("all", "rollout"):
-        raise ValueError(f"algorithm {algorithm.label}: mini_batch_rows={algorithm.mini_batch_rows!r} is not "
-                         "one of 'all', 'rollout'")
-    if algorithm.mini_batch_rows == "rollout" and (type(algorithm).select_rows is RLAlgorithm.select_rows
-                                                   or type(algorithm).num_rows is RLAlgorithm.num_rows):
-        raise ValueError(f"algorithm {algorithm.label} trains in rollout-sized mini-batches "
-                         "(mini_batch_rows='rollout') but defines no num_rows / select_rows to cut its data")
+    rows = algorithm.mini_batch_rows
+    if rows not in ("all", "rollout", "prompts"):
+        raise ValueError(f"algorithm {algorithm.label}: mini_batch_rows={rows!r} is not "
+                         "one of 'all', 'rollout', 'prompts'")
+    if rows != "all" and (type(algorithm).select_rows is RLAlgorithm.select_rows
+                          or type(algorithm).num_rows is RLAlgorithm.num_rows):
+        raise ValueError(f"algorithm {algorithm.label} trains in mini-batches "
+                         f"(mini_batch_rows={rows!r}) but defines no num_rows / select_rows to cut its data")
     if algorithm.zero_gradient_under(sampling):
         raise ValueError(
             "rollout.temperature=0 decodes greedily with a deterministic unmasking order "

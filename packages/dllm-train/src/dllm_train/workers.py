@@ -188,6 +188,12 @@ class RewardWorker:
         return out
 
 
+def value_passes(algorithm: RLAlgorithm[Any]) -> int:
+    """Old or reference passes per rollout batch: one per iteration, or one for all of them when
+    the algorithm's values ignore the iteration (`RLAlgorithm.values_vary_by_iteration`)."""
+    return algorithm.num_iterations if algorithm.values_vary_by_iteration else 1
+
+
 @dataclass(frozen=True)
 class Prepared(Generic[D]):
     """A batch ready for the update: the algorithm's data, old and reference values.
@@ -233,11 +239,11 @@ class ReferenceWorker:
     def values(self, algorithm: RLAlgorithm[D], prepared: Prepared[D]) -> list[torch.Tensor]:
         """The algorithm's values under the reference model, one entry per update iteration."""
         out = []
-        for i in range(algorithm.num_iterations):
+        for i in range(value_passes(algorithm)):
             def fn(s: ValuesScorer, i: int = i) -> torch.Tensor:
                 return algorithm.values(s, prepared.batch, prepared.data, i)
             out.append(evaluate(fn, self.scorer, self.max_tokens)[0])
-        return out
+        return out * (algorithm.num_iterations // len(out))
 
 
 class ActorWorker(Generic[D]):
@@ -314,13 +320,13 @@ class ActorWorker(Generic[D]):
         was_training = self.model.training
         self.model.eval()
         old, outputs = [], None
-        for i in range(alg.num_iterations):
+        for i in range(value_passes(alg)):
             values, raw = evaluate(self._values_fn(prepared, i), self.scorer, self.max_tokens)
             old.append(values)
             if i == 0:
                 outputs = raw
         self.model.train(was_training)
-        return dataclasses.replace(prepared, old=old, old_outputs=outputs)
+        return dataclasses.replace(prepared, old=old * (alg.num_iterations // len(old)), old_outputs=outputs)
 
     def update(self, prepared: Prepared[D], advantages: torch.Tensor) -> dict[str, float]:
         """Per algorithm iteration, one optimizer step per mini-batch (`RLAlgorithm.mini_batch_rows`);

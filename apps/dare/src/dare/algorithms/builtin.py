@@ -382,6 +382,16 @@ BUILTIN: tuple[RLEntry, ...] = (
               "actor_rollout_ref.model.lora_rank=128"),
         _dare("checkpoint.lora_alpha", 64.0, "recipe/llada/run_dtreerpo_llada_8b_instruct.sh:172",
               "actor_rollout_ref.model.lora_alpha=64"),
+        _dare("checkpoint.lora_dropout", 0.05, "recipe/llada/run_dtreerpo_llada_8b_instruct.sh:173",
+              "+actor_rollout_ref.model.lora_dropout=0.05"),
+        # the tree decodes with LLaDA's low-confidence rule for LLaDA and Dream alike, Gumbel noise at the
+        # temperature, no top-k / top-p (verl/workers/rollout/dtreerpo_llada_rollout.py:309-318)
+        _dare("rollout.remasking", "low_confidence", "verl/trainer/ppo/dllm_ray_trainer.py:865",
+              '"remasking": "low_confidence",'),
+        _ours("rollout.top_k", None, "DARE's tree rollout has no top-k filter "
+              "(verl/workers/rollout/dtreerpo_llada_rollout.py:309-318: Gumbel argmax over the full logits)"),
+        _ours("rollout.top_p", None, "DARE's tree rollout has no nucleus filter "
+              "(verl/workers/rollout/dtreerpo_llada_rollout.py:309-318)"),
     )),
     RLEntry(name="dmpo", algorithm=DMPO(), paper="Zhu et al., arXiv 2510.08233", defaults=(
         _ours("rl.group_size", 16, _DMPO_SOURCE),
