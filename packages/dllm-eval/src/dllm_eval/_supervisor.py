@@ -25,6 +25,7 @@ child's status (128 + signal if killed).
 """
 
 import ctypes
+import errno
 import fcntl
 import importlib.util
 import json
@@ -63,6 +64,7 @@ MS_REC = 16384
 MS_PRIVATE = 1 << 18
 MNT_DETACH = 2
 PR_SET_PDEATHSIG = 1
+PR_CAPBSET_DROP = 24
 PR_SET_DUMPABLE = 4
 PR_SET_NO_NEW_PRIVS = 38
 _KEEP_FLAGS = MS_NODEV | MS_NOEXEC | 1024 | 2048 | (1 << 21)  # + noatime, nodiratime, relatime
@@ -144,6 +146,17 @@ def _covered(path: str, done: list[str]) -> bool:
     return any(path == d or path.startswith(d.rstrip("/") + "/") for d in done)
 
 
+def _tops_under(paths: list[str], folder: str) -> list[str]:
+    """The first-level entries of ``folder`` above any of ``paths`` (or their real paths)."""
+    tops = set()
+    for path in paths:
+        for p in (path, os.path.realpath(path)):
+            rest = p[len(folder):].lstrip("/") if p.startswith(folder.rstrip("/") + "/") else ""
+            if rest:
+                tops.add(folder.rstrip("/") + "/" + rest.split("/")[0])
+    return sorted(tops)
+
+
 def _build_root(root: str, cfg: dict[str, Any], uid: int, gid: int) -> None:
     """Populate the tmpfs mounted at ``root`` (see the module docstring, step 2)."""
     for d in ("/proc", "/tmp", "/etc", "/.dllm"):
@@ -170,6 +183,13 @@ def _build_root(root: str, cfg: dict[str, Any], uid: int, gid: int) -> None:
         if path != real and os.path.exists(real) and not os.path.lexists(root + path):
             os.makedirs(os.path.dirname(root + path), 0o755, exist_ok=True)
             os.symlink(real, root + path)
+    for top in _tops_under(cfg["expose"], "/tmp"):
+        # the folders between the program's /tmp and an exposed path (a checkout's .venv under
+        # the host's /tmp) would be plain folders of its tmpfs, which the program could rename
+        # to plant modules where the runner imports from (issue 38 S1): each top folder is
+        # bound onto itself read-only (a mount point cannot be renamed, nothing under a
+        # read-only mount can)
+        _bind_ro(root + top, root + top)
     for hidden in cfg["hide"]:
         if os.path.isdir(root + hidden):
             _mount("tmpfs", root + hidden, "tmpfs", MS_NOSUID | MS_NODEV | MS_RDONLY,
@@ -249,8 +269,19 @@ def _set_limits(cfg: dict[str, Any]) -> None:
         resource.setrlimit(key, value)
 
 
+def _drop_capabilities() -> bool:
+    """Empty the capability bounding set, so the exec'd program holds no capability even as
+    root of a user namespace (where it could otherwise unmount what hides the host)."""
+    for cap in range(64):
+        if _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+            return ctypes.get_errno() == errno.EINVAL and cap > 0  # past the last capability
+    return True
+
+
 def _drop(cfg: dict[str, Any], is_root: bool, uid: int, gid: int, tags: list[str]) -> None:
     _set_limits(cfg)
+    if _drop_capabilities():
+        tags.append("no-caps")
     if is_root:
         os.setgroups([])
         os.setgid(gid)
