@@ -360,7 +360,7 @@ def _run_tests(cfg: dict[str, Any], tests: str, work: str, harness_dir: str, iso
             tags.append("runner-undumpable")
         os.chdir("/" if isolated else work)
         _report(report, tags + ["split-tests"])
-        code = _rpc.run_tests(tests, resp_r, req_w)
+        code = _rpc.run_tests(tests, resp_r, req_w, frozenset(cfg["solution_names"]))
     except BaseException as e:  # noqa: BLE001 - any failure of the runner is a failed run
         sys.stderr.write(f"[dllm-eval tests] runner error: {type(e).__name__}: {e}\n")
     finally:

@@ -208,7 +208,7 @@ def _isolation_mode(lim: SandboxLimits) -> str:
 
 
 def _config(host_dir: Path, mode: str, lim: SandboxLimits, isolation_mode: str,
-            report_fd: int) -> dict[str, object]:
+            report_fd: int, solution_names: tuple[str, ...]) -> dict[str, object]:
     """The supervisor's configuration (one JSON argument)."""
     return {
         "host_dir": str(host_dir),
@@ -230,10 +230,12 @@ def _config(host_dir: Path, mode: str, lim: SandboxLimits, isolation_mode: str,
         "max_open_files": lim.max_open_files,
         "env": _scrubbed_env(),
         "report_fd": report_fd,
+        "solution_names": list(solution_names),
     }
 
 
-def _run(files: dict[str, str], mode: str, lim: SandboxLimits) -> ExecutionResult:
+def _run(files: dict[str, str], mode: str, lim: SandboxLimits,
+         solution_names: tuple[str, ...] = ()) -> ExecutionResult:
     """Write ``files`` to a host temp dir, run the supervisor on them, collect the outcome."""
     global _warned_unisolated
     isolation_mode = _isolation_mode(lim)
@@ -244,7 +246,7 @@ def _run(files: dict[str, str], mode: str, lim: SandboxLimits) -> ExecutionResul
             (host_dir / name).write_text(text, encoding="utf-8")
         out_path, err_path = host_dir / "_stdout", host_dir / "_stderr"
         read_fd, write_fd = os.pipe()
-        cfg = _config(host_dir, mode, lim, isolation_mode, write_fd)
+        cfg = _config(host_dir, mode, lim, isolation_mode, write_fd, solution_names)
         with open(out_path, "wb") as out, open(err_path, "wb") as err:
             proc = subprocess.Popen(
                 [sys.executable, "-I", "-S", _SUPERVISOR, json.dumps(cfg)],
@@ -333,6 +335,7 @@ def execute_tests(
     solution: str,
     tests: str,
     *,
+    solution_names: Sequence[str] = (),
     timeout_s: float = 5.0,
     memory_mb: int = 1024,
     limits: SandboxLimits | None = None,
@@ -341,14 +344,18 @@ def execute_tests(
 
     The solution runs as ``__main__`` in the sandbox. The tests run in a separate runner
     process; a name they use without defining it (the function under test, a helper or a
-    class of the solution) resolves to the solution's global of that name, except the
-    builtins used to normalise comparisons (``sorted``, ``set``, ``isinstance``, ...). Calls
+    class of the solution) resolves to the solution's global of that name, except builtin
+    names (``sum``, ``sorted``, ``isinstance``, ...), which stay the runner's own unless
+    listed in ``solution_names``: a solution cannot change how the tests compute an expected
+    value. Calls
     cross as plain data: results arrive as exact builtin values (a subclass as its base value)
     and other objects as handles that cannot be compared. See :mod:`dllm_eval._rpc`.
 
     Args:
         solution: the candidate program (its top level runs once, before the tests).
         tests: trusted test code (assert statements, a ``check`` function and its call).
+        solution_names: builtin names the tests take from the solution: the function under
+            test where it is named like a builtin (MBPP's ``sum(10, 15) == 6``).
         timeout_s / memory_mb / limits: as in :func:`execute_code`; the limits apply to the
             solution's process and to the runner's each.
 
@@ -359,8 +366,13 @@ def execute_tests(
     Raises:
         SandboxUnavailableError: namespaces are refused and isolation is required.
     """
+    names = tuple(solution_names)
+    for name in names:
+        if not (isinstance(name, str) and name.isidentifier()):
+            raise ValueError(f"solution_names must be Python identifiers, got {name!r}; pass "
+                             "the names of the solution's functions the tests call")
     files = {"solution.py": solution, "_tests.py": tests}
-    return _run(files, "tests", _limits(limits, timeout_s, memory_mb))
+    return _run(files, "tests", _limits(limits, timeout_s, memory_mb), names)
 
 
 def execute_many(
