@@ -73,6 +73,7 @@ SYSTEM_DIRS = ("/usr", "/lib", "/lib64", "/lib32", "/libx32", "/bin", "/sbin")
 SYSTEM_FILES = ("/etc/ld.so.cache", "/etc/localtime")
 DEVICES = ("null", "zero", "full", "random", "urandom")
 EXIT_NO_ISOLATION = 125
+EXIT_ORPHANED = 126
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -368,8 +369,26 @@ def _run_tests(cfg: dict[str, Any], tests: str, work: str, harness_dir: str, iso
         os._exit(code)
 
 
+def _die_with_parent(parent: int | None, alive: int | None) -> None:
+    """SIGKILL this process when its parent exits (issue 38 S3: a SIGKILLed caller left the
+    sandbox running), and exit now if the parent is already gone: ``parent`` is its expected
+    pid, or ``alive`` the read end of a pipe whose write end only the parent holds."""
+    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    gone = parent is not None and os.getppid() != parent
+    if alive is not None:
+        os.set_blocking(alive, False)
+        try:
+            gone = gone or os.read(alive, 1) == b""
+        except BlockingIOError:
+            pass
+        os.close(alive)
+    if gone:
+        os._exit(EXIT_ORPHANED)
+
+
 def main() -> None:
     cfg = json.loads(sys.argv[1])
+    _die_with_parent(int(cfg["parent_pid"]), None)
     report = int(cfg["report_fd"])
     is_root = os.geteuid() == 0
     tags: list[str] = ["rlimits", "session"]
@@ -394,8 +413,11 @@ def main() -> None:
         uid, gid = int(cfg["uid"]), int(cfg["gid"])
         work = harness_dir = _fallback(cfg, files, is_root, uid, gid)
         isolated = False
+    alive, keep_alive = os.pipe()
     pid = os.fork()
     if pid == 0:
+        os.close(keep_alive)
+        _die_with_parent(None, alive)  # PID 1 of the namespace: its parent is outside
         if tests is not None:
             _run_tests(cfg, tests, work, harness_dir, isolated, (is_root, uid, gid), tags,
                        report)

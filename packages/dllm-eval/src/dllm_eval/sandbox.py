@@ -28,16 +28,16 @@ import json
 import logging
 import math
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
+
+from dllm_eval import _host_dirs
 
 __all__ = [
     "ExecutionResult",
@@ -68,6 +68,8 @@ serve(sys.argv[1], 3, 4)
 # test hook: extra unshare(2) flags; an invalid bit makes the kernel refuse, as some do
 _EXTRA_UNSHARE_FLAGS = 0
 _warned_unisolated = False
+_SWEEP_EVERY_S = 60.0
+_last_sweep: float | None = None
 
 
 class SandboxUnavailableError(RuntimeError):
@@ -230,6 +232,7 @@ def _config(host_dir: Path, mode: str, lim: SandboxLimits, isolation_mode: str,
         "max_open_files": lim.max_open_files,
         "env": _scrubbed_env(),
         "report_fd": report_fd,
+        "parent_pid": os.getpid(),
         "solution_names": list(solution_names),
     }
 
@@ -240,7 +243,8 @@ def _run(files: dict[str, str], mode: str, lim: SandboxLimits,
     global _warned_unisolated
     isolation_mode = _isolation_mode(lim)
     start = time.monotonic()
-    host_dir = Path(tempfile.mkdtemp(prefix="dllm-sandbox-"))
+    _sweep_now_and_then()
+    host_dir, owner_lock = _host_dirs.claim()
     try:
         for name, text in files.items():
             (host_dir / name).write_text(text, encoding="utf-8")
@@ -293,7 +297,16 @@ def _run(files: dict[str, str], mode: str, lim: SandboxLimits,
             isolation=tags,
         )
     finally:
-        shutil.rmtree(host_dir, ignore_errors=True)
+        _host_dirs.release(host_dir, owner_lock)
+
+
+def _sweep_now_and_then() -> None:
+    """Remove the host folders of runs whose caller was killed (at most once a minute)."""
+    global _last_sweep
+    now = time.monotonic()
+    if _last_sweep is None or now - _last_sweep > _SWEEP_EVERY_S:
+        _last_sweep = now
+        _host_dirs.sweep()
 
 
 def _limits(limits: SandboxLimits | None, timeout_s: float, memory_mb: int) -> SandboxLimits:
