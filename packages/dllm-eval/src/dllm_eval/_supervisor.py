@@ -261,13 +261,23 @@ def _set_limits(cfg: dict[str, Any]) -> None:
     limits = {
         resource.RLIMIT_CPU: (cpu, cpu + 1),
         resource.RLIMIT_AS: (mem, mem),
-        resource.RLIMIT_NPROC: (int(cfg["max_processes"]),) * 2,
         resource.RLIMIT_FSIZE: (int(cfg["disk_mb"]) * 1024 * 1024,) * 2,
         resource.RLIMIT_NOFILE: (int(cfg["max_open_files"]),) * 2,
         resource.RLIMIT_CORE: (0, 0),
     }
+    if not cfg["cgroup_procs"]:  # a cgroup's pids.max counts this sandbox's tasks instead
+        limits[resource.RLIMIT_NPROC] = (int(cfg["max_processes"]),) * 2
     for key, value in limits.items():
         resource.setrlimit(key, value)
+
+
+def _join_budget(fds: list[int], tags: list[str]) -> None:
+    """Move this process (about to exec the program) into the run's cgroups, then close them."""
+    for fd in fds:
+        os.write(fd, b"0")
+        os.close(fd)
+    if fds:
+        tags.append("cgroup-budget")
 
 
 def _drop_capabilities() -> bool:
@@ -351,11 +361,16 @@ def _run_tests(cfg: dict[str, Any], tests: str, work: str, harness_dir: str, iso
             os.close(resp_r)
             os.close(report)
             _own_proc(isolated, [])
+            _join_budget(cfg["budget_fds"], [])
             _drop(cfg, is_root, uid, gid, [])
             _exec_program(cfg, work, [f"{harness_dir}/serve.py", f"{work}/solution.py"],
                           {3: req_r, 4: resp_w})
         os.close(req_r)
         os.close(resp_w)
+        for fd in cfg["budget_fds"]:
+            os.close(fd)
+        if cfg["budget_fds"]:
+            tags.append("cgroup-budget")
         _drop(cfg, is_root, uid, gid, tags)
         if _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) == 0:
             tags.append("runner-undumpable")
@@ -399,6 +414,8 @@ def main() -> None:
         if not name.startswith("_"):
             with open(os.path.join(host_dir, name), "rb") as src:
                 files[name] = src.read()
+    # the run's cgroups (issue 38 S4/S5), opened while the host's /sys is still there
+    cfg["budget_fds"] = [os.open(p, os.O_WRONLY | os.O_CLOEXEC) for p in cfg["cgroup_procs"]]
     tests = None
     if cfg["mode"] == "tests":
         with open(os.path.join(host_dir, "_tests.py"), encoding="utf-8") as src:
@@ -422,6 +439,7 @@ def main() -> None:
             _run_tests(cfg, tests, work, harness_dir, isolated, (is_root, uid, gid), tags,
                        report)
         _own_proc(isolated, tags)
+        _join_budget(cfg["budget_fds"], tags)
         _drop(cfg, is_root, uid, gid, tags)
         _report(report, tags)
         _exec_program(cfg, work, [cfg["script"]], {})

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from dllm_eval import _host_dirs
+from dllm_eval import _cgroups, _host_dirs, _memory_watch, _uid_slots
 
 __all__ = [
     "ExecutionResult",
@@ -69,6 +69,8 @@ serve(sys.argv[1], 3, 4)
 _EXTRA_UNSHARE_FLAGS = 0
 _warned_unisolated = False
 _SWEEP_EVERY_S = 60.0
+# test hook: False takes the fallback budget (uid slots, rlimits) even where cgroups work
+_USE_CGROUPS = True
 _last_sweep: float | None = None
 
 
@@ -210,7 +212,8 @@ def _isolation_mode(lim: SandboxLimits) -> str:
 
 
 def _config(host_dir: Path, mode: str, lim: SandboxLimits, isolation_mode: str,
-            report_fd: int, solution_names: tuple[str, ...]) -> dict[str, object]:
+            report_fd: int, solution_names: tuple[str, ...], budget: _cgroups.Budget | None,
+            uid: int | None) -> dict[str, object]:
     """The supervisor's configuration (one JSON argument)."""
     return {
         "host_dir": str(host_dir),
@@ -223,8 +226,9 @@ def _config(host_dir: Path, mode: str, lim: SandboxLimits, isolation_mode: str,
                     "_rpc.py": (_HERE / "_rpc.py").read_text(encoding="utf-8")},
         "isolation": isolation_mode,
         "extra_unshare_flags": _EXTRA_UNSHARE_FLAGS,
-        "uid": lim.uid,
-        "gid": lim.gid,
+        "uid": lim.uid if uid is None else uid,
+        "gid": lim.gid if uid is None else uid,
+        "cgroup_procs": [] if budget is None else list(budget.procs),
         "memory_mb": lim.memory_mb,
         "disk_mb": lim.disk_mb,
         "cpu_s": math.ceil(lim.timeout_s) + 1,
@@ -245,12 +249,18 @@ def _run(files: dict[str, str], mode: str, lim: SandboxLimits,
     start = time.monotonic()
     _sweep_now_and_then()
     host_dir, owner_lock = _host_dirs.claim()
+    budget, slot_uid, slot_lock = None, None, None
     try:
+        if _USE_CGROUPS:
+            budget = _cgroups.create(host_dir.name, lim.max_processes, lim.memory_mb << 20)
+        if budget is None and os.geteuid() == 0:
+            slot_uid, slot_lock = _uid_slots.claim()
         for name, text in files.items():
             (host_dir / name).write_text(text, encoding="utf-8")
         out_path, err_path = host_dir / "_stdout", host_dir / "_stderr"
         read_fd, write_fd = os.pipe()
-        cfg = _config(host_dir, mode, lim, isolation_mode, write_fd, solution_names)
+        cfg = _config(host_dir, mode, lim, isolation_mode, write_fd, solution_names, budget,
+                      slot_uid)
         with open(out_path, "wb") as out, open(err_path, "wb") as err:
             proc = subprocess.Popen(
                 [sys.executable, "-I", "-S", _SUPERVISOR, json.dumps(cfg)],
@@ -263,17 +273,15 @@ def _run(files: dict[str, str], mode: str, lim: SandboxLimits,
                 pass_fds=(write_fd,),
             )
         os.close(write_fd)
-        timed_out = False
-        try:
-            returncode = proc.wait(timeout=lim.timeout_s + _STARTUP_SLACK_S)
-        except subprocess.TimeoutExpired:
-            timed_out = True
+        watch = None if budget is not None else (2 if mode == "tests" else 1, lim.memory_mb << 20)
+        returncode, stopped = _wait(proc, lim.timeout_s + _STARTUP_SLACK_S, watch)
         report = _read_report(read_fd)
         child = report.get("pid")
         _kill(proc.pid, child if isinstance(child, int) else None)
-        if timed_out:
+        if returncode is None:
             proc.wait()
             returncode = -signal.SIGKILL
+        timed_out = stopped == "timeout"
         if "error" in report and returncode == _EXIT_NO_ISOLATION:
             raise SandboxUnavailableError(
                 f"the sandbox cannot isolate programs here ({report['error']}); run as root or "
@@ -292,12 +300,33 @@ def _run(files: dict[str, str], mode: str, lim: SandboxLimits,
             timed_out=timed_out or returncode == 128 + signal.SIGXCPU,
             returncode=returncode,
             stdout=_read_capped(out_path, lim.max_output_bytes),
-            stderr=_read_capped(err_path, lim.max_output_bytes),
+            stderr=_read_capped(err_path, lim.max_output_bytes) + (
+                f"[dllm-eval] killed: the sandbox's processes held more than "
+                f"memory_mb={lim.memory_mb} together\n" if stopped == "memory" else ""),
             wall_s=time.monotonic() - start,
             isolation=tags,
         )
     finally:
+        if budget is not None:
+            _cgroups.remove(budget)
+        if slot_lock is not None:
+            os.close(slot_lock)
         _host_dirs.release(host_dir, owner_lock)
+
+
+def _wait(proc: subprocess.Popen[bytes], limit_s: float,
+          watch: tuple[int, int] | None) -> tuple[int | None, str | None]:
+    """The supervisor's exit status, or None and why it must be stopped (``"timeout"``, or
+    ``"memory"`` when ``watch = (depth, bytes)`` is the fallback memory budget and the
+    program's processes hold more: :mod:`dllm_eval._memory_watch`)."""
+    deadline = time.monotonic() + limit_s
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            return proc.wait(timeout=left if watch is None else min(left, _memory_watch.POLL_S)), None
+        except subprocess.TimeoutExpired:
+            if watch is not None and _memory_watch.program_bytes(proc.pid, watch[0]) > watch[1]:
+                return None, "memory"
+    return None, "timeout"
 
 
 def _sweep_now_and_then() -> None:
@@ -307,6 +336,8 @@ def _sweep_now_and_then() -> None:
     if _last_sweep is None or now - _last_sweep > _SWEEP_EVERY_S:
         _last_sweep = now
         _host_dirs.sweep()
+        if _USE_CGROUPS:
+            _cgroups.sweep()
 
 
 def _limits(limits: SandboxLimits | None, timeout_s: float, memory_mb: int) -> SandboxLimits:
