@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from dllm_eval import _uid_slots
+from dllm_eval import _cgroups, _uid_slots
 from dllm_eval import (
     ExecutionResult,
     SandboxLimits,
@@ -332,9 +332,15 @@ def test_killing_the_caller_ends_the_sandbox_and_its_folder_is_swept() -> None:
         time.sleep(0.1)
     assert _stray(marker) == [] and _stray(folder.name) == []  # program and supervisor
     assert folder.exists()  # nobody removed it yet
+    where = _cgroups.parents()
+    cgroups = [Path(parent, folder.name) for parent in where[1]] if where else []
+    assert all(c.is_dir() for c in cgroups)  # the run's cgroups, empty now
     sandbox._last_sweep = None
-    assert execute_code("pass").ok
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(_cgroups, "_STALE_AFTER_S", 0.0)
+        assert execute_code("pass").ok
     assert not folder.exists()
+    assert not any(c.exists() for c in cgroups)
 
 
 def test_the_sweep_leaves_live_runs_alone(tmp_path: Path) -> None:

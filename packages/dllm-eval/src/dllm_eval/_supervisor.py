@@ -49,6 +49,7 @@ def _load_rpc() -> Any:
 _rpc = _load_rpc()
 
 CLONE_NEWNS = 0x00020000
+CLONE_NEWCGROUP = 0x02000000
 CLONE_NEWUTS = 0x04000000
 CLONE_NEWIPC = 0x08000000
 CLONE_NEWUSER = 0x10000000
@@ -278,6 +279,11 @@ def _join_budget(fds: list[int], tags: list[str]) -> None:
         os.close(fd)
     if fds:
         tags.append("cgroup-budget")
+        try:  # /proc/self/cgroup then names "/" rather than the host's cgroup folders
+            _unshare(CLONE_NEWCGROUP, "cgroup")
+            tags.append("cgroupns")
+        except OSError:
+            pass
 
 
 def _drop_capabilities() -> bool:
