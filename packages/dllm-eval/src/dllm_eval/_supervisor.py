@@ -7,11 +7,15 @@ session. Standard library only (it runs before ``site``). Steps:
 2. build a new root on a small tmpfs: read-only binds of the system libraries (``/usr``,
    ``/lib*``, ``/bin``, ``/sbin``) and of the interpreter's own folders (``bin``, ``lib`` and
    ``pyvenv.cfg`` of ``sys.prefix`` and ``sys.base_prefix``), the few device nodes Python uses,
-   a size-limited writable tmpfs on ``/tmp`` (the program's cwd) and ``/dev/shm``; then
-   ``pivot_root`` into it and detach the old root, so no host path is reachable any more;
+   a size-limited writable tmpfs on ``/tmp`` (the program's cwd) and ``/dev/shm``, where the
+   folders above an interpreter exposed from under the host's ``/tmp`` are read-only mount
+   points; then ``pivot_root`` into it and detach the old root, so no host path is reachable;
 3. fork the program as PID 1 of the new PID namespace; it mounts a fresh ``/proc`` (showing
-   only its own processes), sets rlimits, drops to an unprivileged uid/gid when root, sets
-   ``no_new_privs`` and execs the interpreter.
+   only its own processes), joins the run's cgroups (opened before the root was replaced) and
+   a cgroup namespace, sets rlimits, empties its capability bounding set, drops to an
+   unprivileged uid/gid when root, sets ``no_new_privs`` and execs the interpreter.
+
+The supervisor and PID 1 are killed when their parent dies (``PR_SET_PDEATHSIG``).
 
 With tests (``mode == "tests"``) the forked child is the *test runner*: it forks the solution
 into a further PID namespace of its own (so the solution cannot see, signal or read the runner),

@@ -10,6 +10,12 @@ namespace, which also catches double-forked ``setsid`` escapees. The harness enf
 clock, kills the supervisor's process group and the program's PID-namespace init, and removes
 the host temp dir. :attr:`ExecutionResult.isolation` says which protections applied.
 
+The program and everything it forks share one budget of ``max_processes`` and ``memory_mb``:
+a cgroup per run (:mod:`dllm_eval._cgroups`), or without one a uid per concurrent sandbox
+(:mod:`dllm_eval._uid_slots`) and a memory watch (:mod:`dllm_eval._memory_watch`). The
+supervisor and PID 1 die with the caller; the folders of killed callers are swept at the next
+start (:mod:`dllm_eval._host_dirs`).
+
 Isolation is required by default: where the kernel refuses the namespaces,
 :class:`SandboxUnavailableError` is raised before any untrusted code runs. With
 ``SandboxLimits(isolation="best-effort")`` (or ``DLLM_SANDBOX_ISOLATION=best-effort``) the
@@ -84,12 +90,16 @@ class SandboxLimits:
 
     Args:
         timeout_s: wall-clock limit; the CPU limit is ``ceil(timeout_s) + 1`` seconds.
-        memory_mb: address-space limit (RLIMIT_AS) per process.
+        memory_mb: memory of the program and everything it forks together (a cgroup, or the
+            harness's memory watch without one), and each process's address space (RLIMIT_AS).
         disk_mb: size of the private tmpfs and the largest file (RLIMIT_FSIZE).
-        max_processes: RLIMIT_NPROC for the sandbox uid (shared by parallel runs as root).
+        max_processes: tasks of the program and everything it forks together (a cgroup's
+            ``pids.max``, or RLIMIT_NPROC of a uid the sandbox alone holds).
         max_open_files: RLIMIT_NOFILE.
         max_output_bytes: stdout/stderr kept per stream (the rest is dropped).
-        uid / gid: unprivileged identity used when the harness runs as root.
+        uid / gid: unprivileged identity used when the harness runs as root and a cgroup
+            holds the budget (without one, each concurrent sandbox gets a uid of its own:
+            :mod:`dllm_eval._uid_slots`).
         isolation: ``"required"`` (raise :class:`SandboxUnavailableError` when namespaces
             are refused) or ``"best-effort"`` (run with rlimits and the uid drop only, logging
             a warning); None reads ``$DLLM_SANDBOX_ISOLATION``, default ``"required"``.
