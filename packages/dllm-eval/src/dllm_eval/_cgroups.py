@@ -21,6 +21,9 @@ import functools
 import logging
 import os
 import signal
+import subprocess
+import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +33,8 @@ logger = logging.getLogger(__name__)
 PREFIX = "dllm-sandbox-"
 _CONTROLLERS = ("pids", "memory")
 _STALE_AFTER_S = 60.0
+_warned = False
+_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -83,9 +88,43 @@ def _hands_out(folder: str) -> bool:
     return all(c in enabled for c in _CONTROLLERS) and os.access(folder, os.W_OK)
 
 
-@functools.lru_cache(maxsize=1)
 def parents() -> tuple[int, tuple[str, ...]] | None:
-    """``(version, folders)`` where per-run cgroups are made, or None where none can be."""
+    """``(version, folders)`` where per-run cgroups are made, or None where none can be: found
+    once per process, and tried once with a throwaway cgroup and process."""
+    with _lock:  # the sandbox's threads (execute_many) ask at once
+        return _parents()
+
+
+@functools.lru_cache(maxsize=1)
+def _parents() -> tuple[int, tuple[str, ...]] | None:
+    where = _find()
+    if where is None or not _works(*where):
+        return None
+    return where
+
+
+def _works(version: int, folders: tuple[str, ...]) -> bool:
+    """Whether a cgroup can be made there, limited, and a process moved into it."""
+    name = f"{PREFIX}probe-{os.getpid()}"
+    made: list[str] = []
+    child = subprocess.Popen([sys.executable, "-I", "-S", "-c", "import sys; sys.stdin.read()"],
+                             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+    try:
+        made = _make(version, folders, name, 8, 64 << 20)
+        for folder in made:
+            _write(folder, "cgroup.procs", str(child.pid))
+        return True
+    except OSError as e:
+        logger.info("cgroups unusable here (%s); the sandbox uses its fallback budget", e)
+        return False
+    finally:
+        child.kill()
+        child.wait()
+        remove(Budget(version=version, dirs=tuple(made)), wait_s=2.0)
+
+
+def _find() -> tuple[int, tuple[str, ...]] | None:
     try:
         mounts, own = _mounts(), _own_paths()
     except (OSError, ValueError):
@@ -118,16 +157,9 @@ def _write(folder: str, name: str, value: str, required: bool = True) -> None:
             raise
 
 
-def create(name: str, max_processes: int, memory_bytes: int) -> Budget | None:
-    """A cgroup ``name`` limited to ``max_processes`` tasks and ``memory_bytes`` (no swap).
-
-    Returns:
-        The :class:`Budget`, or None where no cgroup can be made (nothing is left behind).
-    """
-    where = parents()
-    if where is None:
-        return None
-    version, folders = where
+def _make(version: int, folders: tuple[str, ...], name: str, max_processes: int,
+          memory_bytes: int) -> list[str]:
+    """Make and limit the cgroups; on failure remove what was made and raise OSError."""
     made: list[str] = []
     try:
         for parent in folders:
@@ -143,11 +175,30 @@ def create(name: str, max_processes: int, memory_bytes: int) -> Budget | None:
             elif parent == folders[1]:
                 _write(folder, "memory.limit_in_bytes", str(memory_bytes))
                 _write(folder, "memory.memsw.limit_in_bytes", str(memory_bytes), required=False)
-    except OSError as e:
-        logger.warning("no cgroup for the sandbox (%s); using the fallback budget", e)
-        remove(Budget(version=version, dirs=tuple(made)))
+    except OSError:
+        remove(Budget(version=version, dirs=tuple(made)), wait_s=1.0)
+        raise
+    return made
+
+
+def create(name: str, max_processes: int, memory_bytes: int) -> Budget | None:
+    """A cgroup ``name`` limited to ``max_processes`` tasks and ``memory_bytes`` (no swap).
+
+    Returns:
+        The :class:`Budget`, or None where no cgroup can be made (nothing is left behind).
+    """
+    global _warned
+    where = parents()
+    if where is None:
         return None
-    return Budget(version=version, dirs=tuple(made))
+    try:
+        return Budget(version=where[0], dirs=tuple(_make(*where, name, max_processes,
+                                                         memory_bytes)))
+    except OSError as e:
+        if not _warned:
+            _warned = True
+            logger.warning("no cgroup for the sandbox (%s); using the fallback budget", e)
+        return None
 
 
 def _kill_members(folder: str) -> None:
