@@ -25,6 +25,7 @@ import pytest
 import dllm_eval
 
 from .test_sandbox import EARLY_EXITS
+from .test_sandbox_forgery import FORGERIES, LIARS, SHADOWED_SUM
 
 _SRC = str(Path(dllm_eval.__file__).resolve().parent)
 _HELPER = "dllm_probe_helper"
@@ -112,8 +113,14 @@ def test_a_planted_module_under_tmp_does_not_reach_the_tests(tmp_env: Path) -> N
     assert right_ok, err2
 
 
-def test_early_exits_fail_with_the_environment_under_tmp(tmp_env: Path) -> None:
-    cases = [("def f(x):\n    return x + 1\n" + EARLY_EXITS[name], "assert f(1) == 3")
-             for name in sorted(EARLY_EXITS)]
+def test_hostile_solutions_fail_with_the_environment_under_tmp(tmp_env: Path) -> None:
+    """The early exits, frame theft and always-equal objects of the other suites, run from the
+    environment under /tmp; every solution is wrong, so each must fail."""
+    wrong = "def f(x):\n    return x + 1\n"
+    cases = [(wrong + EARLY_EXITS[name], "assert f(1) == 3") for name in sorted(EARLY_EXITS)]
+    cases += [(wrong + FORGERIES[name], "assert f(1) == 3") for name in sorted(FORGERIES)]
+    cases += [(LIARS[name].replace("{name}", "f"), "assert f(1) == 3") for name in sorted(LIARS)]
+    cases.append((SHADOWED_SUM, "assert double_the_difference(list(range(20))) == "
+                                "sum(x * x for x in range(20) if x % 2)"))
     results = _run_in(tmp_env, cases)
-    assert [ok for ok, _, _ in results] == [False] * len(EARLY_EXITS)
+    assert [ok for ok, _, _ in results] == [False] * len(cases), results
