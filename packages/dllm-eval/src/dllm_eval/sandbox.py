@@ -30,6 +30,7 @@ builtins, returning an object whose ``__eq__`` is always True) makes the runner'
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -41,7 +42,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 from dllm_eval import _cgroups, _host_dirs, _memory_watch, _uid_slots
 
@@ -254,74 +255,86 @@ def _config(host_dir: Path, mode: str, lim: SandboxLimits, isolation_mode: str,
 def _run(files: dict[str, str], mode: str, lim: SandboxLimits,
          solution_names: tuple[str, ...] = ()) -> ExecutionResult:
     """Write ``files`` to a host temp dir, run the supervisor on them, collect the outcome."""
-    global _warned_unisolated
     isolation_mode = _isolation_mode(lim)
     start = time.monotonic()
     _sweep_now_and_then()
     host_dir, owner_lock = _host_dirs.claim()
-    budget, slot_uid, slot_lock = None, None, None
     try:
-        if _USE_CGROUPS:
-            budget = _cgroups.create(host_dir.name, lim.max_processes, lim.memory_mb << 20)
+        with _budget(host_dir, lim) as (budget, slot_uid):
+            for name, text in files.items():
+                (host_dir / name).write_text(text, encoding="utf-8")
+            read_fd, write_fd = os.pipe()
+            cfg = _config(host_dir, mode, lim, isolation_mode, write_fd, solution_names, budget,
+                          slot_uid)
+            with open(host_dir / "_stdout", "wb") as out, open(host_dir / "_stderr", "wb") as err:
+                proc = subprocess.Popen(
+                    [sys.executable, "-I", "-S", _SUPERVISOR, json.dumps(cfg)],
+                    stdin=subprocess.DEVNULL, stdout=out, stderr=err, cwd=host_dir,
+                    env=_scrubbed_env(), start_new_session=True, pass_fds=(write_fd,),
+                )
+            os.close(write_fd)
+            watch = None if budget else (2 if mode == "tests" else 1, lim.memory_mb << 20)
+            returncode, stopped = _wait(proc, lim.timeout_s + _STARTUP_SLACK_S, watch)
+            report = _read_report(read_fd)
+            child = report.get("pid")
+            _kill(proc.pid, child if isinstance(child, int) else None)
+            if returncode is None:
+                proc.wait()
+                returncode = -signal.SIGKILL
+        return _outcome(host_dir, lim, report, returncode, stopped, time.monotonic() - start)
+    finally:
+        _host_dirs.release(host_dir, owner_lock)
+
+
+@contextlib.contextmanager
+def _budget(host_dir: Path, lim: SandboxLimits) -> Iterator[tuple[_cgroups.Budget | None,
+                                                                   int | None]]:
+    """The run's process and memory budget: ``(cgroup, None)``, or without a cgroup (as root)
+    ``(None, uid)`` with a uid no other live sandbox holds; released on exit."""
+    budget = None
+    if _USE_CGROUPS:
+        budget = _cgroups.create(host_dir.name, lim.max_processes, lim.memory_mb << 20)
+    slot_uid, slot_lock = (None, None)
+    try:
         if budget is None and os.geteuid() == 0:
             slot_uid, slot_lock = _uid_slots.claim()
-        for name, text in files.items():
-            (host_dir / name).write_text(text, encoding="utf-8")
-        out_path, err_path = host_dir / "_stdout", host_dir / "_stderr"
-        read_fd, write_fd = os.pipe()
-        cfg = _config(host_dir, mode, lim, isolation_mode, write_fd, solution_names, budget,
-                      slot_uid)
-        with open(out_path, "wb") as out, open(err_path, "wb") as err:
-            proc = subprocess.Popen(
-                [sys.executable, "-I", "-S", _SUPERVISOR, json.dumps(cfg)],
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=err,
-                cwd=host_dir,
-                env=_scrubbed_env(),
-                start_new_session=True,
-                pass_fds=(write_fd,),
-            )
-        os.close(write_fd)
-        watch = None if budget is not None else (2 if mode == "tests" else 1, lim.memory_mb << 20)
-        returncode, stopped = _wait(proc, lim.timeout_s + _STARTUP_SLACK_S, watch)
-        report = _read_report(read_fd)
-        child = report.get("pid")
-        _kill(proc.pid, child if isinstance(child, int) else None)
-        if returncode is None:
-            proc.wait()
-            returncode = -signal.SIGKILL
-        timed_out = stopped == "timeout"
-        if "error" in report and returncode == _EXIT_NO_ISOLATION:
-            raise SandboxUnavailableError(
-                f"the sandbox cannot isolate programs here ({report['error']}); run as root or "
-                "enable unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1"
-                f" / user.max_user_namespaces > 0), or set {_ISOLATION_ENV}=best-effort (or "
-                "SandboxLimits(isolation='best-effort')) to run untrusted code with rlimits "
-                "and the uid drop only")
-        isolation = report.get("isolation", [])
-        tags = tuple(str(x) for x in isolation) if isinstance(isolation, list) else ()
-        if "private-root" not in tags and not _warned_unisolated:
-            _warned_unisolated = True
-            logger.warning("sandbox ran without namespaces (isolation=best-effort): the program "
-                           "can read host files and see host processes; applied: %s", tags)
-        return ExecutionResult(
-            ok=returncode == 0 and not timed_out,
-            timed_out=timed_out or returncode == 128 + signal.SIGXCPU,
-            returncode=returncode,
-            stdout=_read_capped(out_path, lim.max_output_bytes),
-            stderr=_read_capped(err_path, lim.max_output_bytes) + (
-                f"[dllm-eval] killed: the sandbox's processes held more than "
-                f"memory_mb={lim.memory_mb} together\n" if stopped == "memory" else ""),
-            wall_s=time.monotonic() - start,
-            isolation=tags,
-        )
+        yield budget, slot_uid
     finally:
         if budget is not None:
             _cgroups.remove(budget)
         if slot_lock is not None:
             os.close(slot_lock)
-        _host_dirs.release(host_dir, owner_lock)
+
+
+def _outcome(host_dir: Path, lim: SandboxLimits, report: dict[str, object], returncode: int,
+             stopped: str | None, wall_s: float) -> ExecutionResult:
+    """The :class:`ExecutionResult` of a finished run (or the error that isolation failed)."""
+    global _warned_unisolated
+    if "error" in report and returncode == _EXIT_NO_ISOLATION:
+        raise SandboxUnavailableError(
+            f"the sandbox cannot isolate programs here ({report['error']}); run as root or "
+            "enable unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1"
+            f" / user.max_user_namespaces > 0), or set {_ISOLATION_ENV}=best-effort (or "
+            "SandboxLimits(isolation='best-effort')) to run untrusted code with rlimits "
+            "and the uid drop only")
+    isolation = report.get("isolation", [])
+    tags = tuple(str(x) for x in isolation) if isinstance(isolation, list) else ()
+    if "private-root" not in tags and not _warned_unisolated:
+        _warned_unisolated = True
+        logger.warning("sandbox ran without namespaces (isolation=best-effort): the program "
+                       "can read host files and see host processes; applied: %s", tags)
+    timed_out = stopped == "timeout"
+    memory_note = (f"[dllm-eval] killed: the sandbox's processes held more than "
+                   f"memory_mb={lim.memory_mb} together\n" if stopped == "memory" else "")
+    return ExecutionResult(
+        ok=returncode == 0 and not timed_out,
+        timed_out=timed_out or returncode == 128 + signal.SIGXCPU,
+        returncode=returncode,
+        stdout=_read_capped(host_dir / "_stdout", lim.max_output_bytes),
+        stderr=_read_capped(host_dir / "_stderr", lim.max_output_bytes) + memory_note,
+        wall_s=wall_s,
+        isolation=tags,
+    )
 
 
 def _wait(proc: subprocess.Popen[bytes], limit_s: float,
@@ -332,7 +345,8 @@ def _wait(proc: subprocess.Popen[bytes], limit_s: float,
     deadline = time.monotonic() + limit_s
     while (left := deadline - time.monotonic()) > 0:
         try:
-            return proc.wait(timeout=left if watch is None else min(left, _memory_watch.POLL_S)), None
+            step = left if watch is None else min(left, _memory_watch.POLL_S)
+            return proc.wait(timeout=step), None
         except subprocess.TimeoutExpired:
             if watch is not None and _memory_watch.program_bytes(proc.pid, watch[0]) > watch[1]:
                 return None, "memory"
