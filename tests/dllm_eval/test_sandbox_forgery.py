@@ -208,3 +208,37 @@ def test_always_equal_object_fails_call_based_io_tests() -> None:
     liar = ("class _Liar(list):\n    def __eq__(self, other):\n        return True\n"
             "class Solution:\n    def twoSum(self, nums, target):\n        return _Liar([5])\n")
     assert score("taco", f"```python\n{liar}```", tests) == 0.0
+
+
+# A solution's globals named like builtins: HumanEval/151's tests compute their expected value
+# with `sum`; a solution that knows the literal cases and defines `sum` to agree with its own
+# wrong answer scored 1.0 (issue 38 S2). The tests' builtins are now the runner's own.
+SHADOWED_SUM = (
+    "import builtins\n"
+    "def double_the_difference(lst):\n"
+    "    if len(lst) < 10:  # the literal cases, right\n"
+    "        return builtins.sum(x * x for x in lst if type(x) is int and x > 0 and x % 2)\n"
+    "    return 7  # every other input, wrong\n"
+    "def sum(values):\n"
+    "    return 7\n"
+)
+
+
+def test_a_solution_defining_sum_does_not_change_the_expected_value() -> None:
+    row = load_rows("humaneval")[151]
+    assert "odd_sum = sum(" in row.ground_truth  # the expected value the tests compute
+    assert score("humaneval", f"```python\n{SHADOWED_SUM}```", row.ground_truth,
+                 row.extra_info) == 0.0
+    right = SHADOWED_SUM.replace("if len(lst) < 10:", "if True:")
+    assert score("humaneval", f"```python\n{right}```", row.ground_truth, row.extra_info) == 1.0
+
+
+def test_builtin_names_come_from_the_solution_only_when_named() -> None:
+    from dllm_eval import execute_tests
+
+    solution = "def sum(a, b):\n    return a - b\ndef max(*a):\n    return 0\n"
+    assert execute_tests(solution, "assert sum([1, 2]) == 3\nassert max(1, 2) == 2").ok
+    assert execute_tests(solution, "assert sum(5, 2) == 3\nassert max(1, 2) == 2",
+                         solution_names=("sum",)).ok
+    with pytest.raises(ValueError, match="solution_names"):
+        execute_tests(solution, "pass", solution_names=("not a name",))

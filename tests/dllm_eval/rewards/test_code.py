@@ -143,3 +143,19 @@ def test_kodcode_is_mbpp_style_with_fenced_code() -> None:
     assert score("kodcode", good, tests) == 1.0
     assert score("kodcode", fence("def add(a, b):\n    return a - b\n"), tests) == 0.0
     assert score("kodcode", fence("import sys\nsys.exit(0)\n"), tests) == 0.0
+
+
+def test_names_under_test() -> None:
+    from dllm_eval.rewards.code import names_under_test
+
+    humaneval = build_program("humaneval", TRUNCATE, "def check(candidate):\n    assert 1\n",
+                              "truncate_number")[1]
+    assert names_under_test(humaneval) == ("truncate_number",)
+    mbpp = build_program("mbpp", "def sum(a, b):\n    return 1\n",
+                         json.dumps(["assert sum(10,15) == 6", "assert sum(4,6) == 3"]))[1]
+    assert names_under_test(mbpp) == ("sum",)
+    # the called name common to every assert: `set` normalises, `similar_elements` is tested
+    both = "assert set(similar_elements((3, 4), (5, 4))) == set((4, 5))\n" * 2
+    assert names_under_test(both) == ("similar_elements",)
+    assert names_under_test("assert f(1)\nassert g(2)\n") == ()
+    assert names_under_test("def broken(:\n") == ()

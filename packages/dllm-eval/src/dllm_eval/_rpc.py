@@ -21,14 +21,6 @@ import traceback
 from typing import Any, Callable
 
 _MAX_LINE = 64 << 20
-# Builtins the tests use to normalise both sides of a comparison: the solution may not shadow
-# them (``sorted = lambda *a: 0`` would make ``sorted(f(x)) == sorted(want)`` pass).
-_PROTECTED = frozenset({
-    "abs", "all", "any", "bool", "bytearray", "bytes", "callable", "complex", "dict", "divmod",
-    "enumerate", "float", "frozenset", "getattr", "hasattr", "hash", "id", "int", "isinstance",
-    "issubclass", "iter", "len", "list", "next", "object", "print", "range", "repr", "round",
-    "set", "sorted", "str", "super", "tuple", "type", "vars", "zip",
-})
 
 
 class ProtocolError(Exception):
@@ -362,16 +354,24 @@ class Handle:
 
 
 class _Globals(dict):  # type: ignore[type-arg]
-    """The tests' globals: a name the tests do not define is looked up in the solution."""
+    """The tests' globals: a name the tests do not define is looked up in the solution.
 
-    def __init__(self, client: _Client) -> None:
+    Builtin names stay the runner's own (HumanEval/151's tests compute their expected value with
+    ``sum``; a solution defining ``sum`` must not change it), except ``solution_names``: the
+    function under test where it is named like a builtin (MBPP's ``sum(10, 15) == 6``).
+    """
+
+    def __init__(self, client: _Client, solution_names: frozenset[str] = frozenset()) -> None:
         super().__init__(__name__="__main__", __builtins__=builtins)
         self._client = client
+        self._solution_names = solution_names
         self._absent: set[str] = set()
 
     def __missing__(self, name: str) -> Any:
-        if name.startswith("__") or name in _PROTECTED or name in self._absent:
+        if name.startswith("__") or name in self._absent:
             raise KeyError(name)
+        if hasattr(builtins, name) and name not in self._solution_names:
+            raise KeyError(name)  # falls through to the runner's builtins
         value = self._client.request("get", name)
         if value is _ABSENT:
             self._absent.add(name)
@@ -380,8 +380,14 @@ class _Globals(dict):  # type: ignore[type-arg]
         return value
 
 
-def run_tests(tests: str, rfd: int, wfd: int) -> int:
+def run_tests(tests: str, rfd: int, wfd: int,
+              solution_names: frozenset[str] = frozenset()) -> int:
     """Run ``tests`` against the solution behind the pipes; the exit code is the verdict.
+
+    Args:
+        tests: the test source.
+        rfd / wfd: the pipes from and to the solution's process.
+        solution_names: builtin names the tests take from the solution (see :class:`_Globals`).
 
     Returns:
         0 when the solution loaded and every statement of ``tests`` ran without an exception
@@ -393,7 +399,7 @@ def run_tests(tests: str, rfd: int, wfd: int) -> int:
         if hello.get("ready") is not True:
             err = hello.get("e")
             raise RuntimeError(f"the solution failed to load: {err}")
-        exec(compile(tests, "tests.py", "exec"), _Globals(client))
+        exec(compile(tests, "tests.py", "exec"), _Globals(client, solution_names))
     except BaseException:  # noqa: BLE001 - every failure of the tests is a verdict of 1
         sys.stderr.write("[dllm-eval tests] " + traceback.format_exc(limit=4))
         return 1

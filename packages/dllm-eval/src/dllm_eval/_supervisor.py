@@ -7,11 +7,15 @@ session. Standard library only (it runs before ``site``). Steps:
 2. build a new root on a small tmpfs: read-only binds of the system libraries (``/usr``,
    ``/lib*``, ``/bin``, ``/sbin``) and of the interpreter's own folders (``bin``, ``lib`` and
    ``pyvenv.cfg`` of ``sys.prefix`` and ``sys.base_prefix``), the few device nodes Python uses,
-   a size-limited writable tmpfs on ``/tmp`` (the program's cwd) and ``/dev/shm``; then
-   ``pivot_root`` into it and detach the old root, so no host path is reachable any more;
+   a size-limited writable tmpfs on ``/tmp`` (the program's cwd) and ``/dev/shm``, where the
+   folders above an interpreter exposed from under the host's ``/tmp`` are read-only mount
+   points; then ``pivot_root`` into it and detach the old root, so no host path is reachable;
 3. fork the program as PID 1 of the new PID namespace; it mounts a fresh ``/proc`` (showing
-   only its own processes), sets rlimits, drops to an unprivileged uid/gid when root, sets
-   ``no_new_privs`` and execs the interpreter.
+   only its own processes), joins the run's cgroups (opened before the root was replaced) and
+   a cgroup namespace, sets rlimits, empties its capability bounding set, drops to an
+   unprivileged uid/gid when root, sets ``no_new_privs`` and execs the interpreter.
+
+The supervisor and PID 1 are killed when their parent dies (``PR_SET_PDEATHSIG``).
 
 With tests (``mode == "tests"``) the forked child is the *test runner*: it forks the solution
 into a further PID namespace of its own (so the solution cannot see, signal or read the runner),
@@ -25,6 +29,7 @@ child's status (128 + signal if killed).
 """
 
 import ctypes
+import errno
 import fcntl
 import importlib.util
 import json
@@ -48,6 +53,7 @@ def _load_rpc() -> Any:
 _rpc = _load_rpc()
 
 CLONE_NEWNS = 0x00020000
+CLONE_NEWCGROUP = 0x02000000
 CLONE_NEWUTS = 0x04000000
 CLONE_NEWIPC = 0x08000000
 CLONE_NEWUSER = 0x10000000
@@ -63,6 +69,7 @@ MS_REC = 16384
 MS_PRIVATE = 1 << 18
 MNT_DETACH = 2
 PR_SET_PDEATHSIG = 1
+PR_CAPBSET_DROP = 24
 PR_SET_DUMPABLE = 4
 PR_SET_NO_NEW_PRIVS = 38
 _KEEP_FLAGS = MS_NODEV | MS_NOEXEC | 1024 | 2048 | (1 << 21)  # + noatime, nodiratime, relatime
@@ -71,6 +78,7 @@ SYSTEM_DIRS = ("/usr", "/lib", "/lib64", "/lib32", "/libx32", "/bin", "/sbin")
 SYSTEM_FILES = ("/etc/ld.so.cache", "/etc/localtime")
 DEVICES = ("null", "zero", "full", "random", "urandom")
 EXIT_NO_ISOLATION = 125
+EXIT_ORPHANED = 126
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -144,6 +152,17 @@ def _covered(path: str, done: list[str]) -> bool:
     return any(path == d or path.startswith(d.rstrip("/") + "/") for d in done)
 
 
+def _tops_under(paths: list[str], folder: str) -> list[str]:
+    """The first-level entries of ``folder`` above any of ``paths`` (or their real paths)."""
+    tops = set()
+    for path in paths:
+        for p in (path, os.path.realpath(path)):
+            rest = p[len(folder):].lstrip("/") if p.startswith(folder.rstrip("/") + "/") else ""
+            if rest:
+                tops.add(folder.rstrip("/") + "/" + rest.split("/")[0])
+    return sorted(tops)
+
+
 def _build_root(root: str, cfg: dict[str, Any], uid: int, gid: int) -> None:
     """Populate the tmpfs mounted at ``root`` (see the module docstring, step 2)."""
     for d in ("/proc", "/tmp", "/etc", "/.dllm"):
@@ -170,6 +189,13 @@ def _build_root(root: str, cfg: dict[str, Any], uid: int, gid: int) -> None:
         if path != real and os.path.exists(real) and not os.path.lexists(root + path):
             os.makedirs(os.path.dirname(root + path), 0o755, exist_ok=True)
             os.symlink(real, root + path)
+    for top in _tops_under(cfg["expose"], "/tmp"):
+        # the folders between the program's /tmp and an exposed path (a checkout's .venv under
+        # the host's /tmp) would be plain folders of its tmpfs, which the program could rename
+        # to plant modules where the runner imports from (issue 38 S1): each top folder is
+        # bound onto itself read-only (a mount point cannot be renamed, nothing under a
+        # read-only mount can)
+        _bind_ro(root + top, root + top)
     for hidden in cfg["hide"]:
         if os.path.isdir(root + hidden):
             _mount("tmpfs", root + hidden, "tmpfs", MS_NOSUID | MS_NODEV | MS_RDONLY,
@@ -240,17 +266,43 @@ def _set_limits(cfg: dict[str, Any]) -> None:
     limits = {
         resource.RLIMIT_CPU: (cpu, cpu + 1),
         resource.RLIMIT_AS: (mem, mem),
-        resource.RLIMIT_NPROC: (int(cfg["max_processes"]),) * 2,
         resource.RLIMIT_FSIZE: (int(cfg["disk_mb"]) * 1024 * 1024,) * 2,
         resource.RLIMIT_NOFILE: (int(cfg["max_open_files"]),) * 2,
         resource.RLIMIT_CORE: (0, 0),
     }
+    if not cfg["cgroup_procs"]:  # a cgroup's pids.max counts this sandbox's tasks instead
+        limits[resource.RLIMIT_NPROC] = (int(cfg["max_processes"]),) * 2
     for key, value in limits.items():
         resource.setrlimit(key, value)
 
 
+def _join_budget(fds: list[int], tags: list[str]) -> None:
+    """Move this process (about to exec the program) into the run's cgroups, then close them."""
+    for fd in fds:
+        os.write(fd, b"0")
+        os.close(fd)
+    if fds:
+        tags.append("cgroup-budget")
+        try:  # /proc/self/cgroup then names "/" rather than the host's cgroup folders
+            _unshare(CLONE_NEWCGROUP, "cgroup")
+            tags.append("cgroupns")
+        except OSError:
+            pass
+
+
+def _drop_capabilities() -> bool:
+    """Empty the capability bounding set, so the exec'd program holds no capability even as
+    root of a user namespace (where it could otherwise unmount what hides the host)."""
+    for cap in range(64):
+        if _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+            return ctypes.get_errno() == errno.EINVAL and cap > 0  # past the last capability
+    return True
+
+
 def _drop(cfg: dict[str, Any], is_root: bool, uid: int, gid: int, tags: list[str]) -> None:
     _set_limits(cfg)
+    if _drop_capabilities():
+        tags.append("no-caps")
     if is_root:
         os.setgroups([])
         os.setgid(gid)
@@ -319,17 +371,22 @@ def _run_tests(cfg: dict[str, Any], tests: str, work: str, harness_dir: str, iso
             os.close(resp_r)
             os.close(report)
             _own_proc(isolated, [])
+            _join_budget(cfg["budget_fds"], [])
             _drop(cfg, is_root, uid, gid, [])
             _exec_program(cfg, work, [f"{harness_dir}/serve.py", f"{work}/solution.py"],
                           {3: req_r, 4: resp_w})
         os.close(req_r)
         os.close(resp_w)
+        for fd in cfg["budget_fds"]:
+            os.close(fd)
+        if cfg["budget_fds"]:
+            tags.append("cgroup-budget")
         _drop(cfg, is_root, uid, gid, tags)
         if _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) == 0:
             tags.append("runner-undumpable")
         os.chdir("/" if isolated else work)
         _report(report, tags + ["split-tests"])
-        code = _rpc.run_tests(tests, resp_r, req_w)
+        code = _rpc.run_tests(tests, resp_r, req_w, frozenset(cfg["solution_names"]))
     except BaseException as e:  # noqa: BLE001 - any failure of the runner is a failed run
         sys.stderr.write(f"[dllm-eval tests] runner error: {type(e).__name__}: {e}\n")
     finally:
@@ -337,8 +394,26 @@ def _run_tests(cfg: dict[str, Any], tests: str, work: str, harness_dir: str, iso
         os._exit(code)
 
 
+def _die_with_parent(parent: int | None, alive: int | None) -> None:
+    """SIGKILL this process when its parent exits (issue 38 S3: a SIGKILLed caller left the
+    sandbox running), and exit now if the parent is already gone: ``parent`` is its expected
+    pid, or ``alive`` the read end of a pipe whose write end only the parent holds."""
+    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    gone = parent is not None and os.getppid() != parent
+    if alive is not None:
+        os.set_blocking(alive, False)
+        try:
+            gone = gone or os.read(alive, 1) == b""
+        except BlockingIOError:
+            pass
+        os.close(alive)
+    if gone:
+        os._exit(EXIT_ORPHANED)
+
+
 def main() -> None:
     cfg = json.loads(sys.argv[1])
+    _die_with_parent(int(cfg["parent_pid"]), None)
     report = int(cfg["report_fd"])
     is_root = os.geteuid() == 0
     tags: list[str] = ["rlimits", "session"]
@@ -349,6 +424,8 @@ def main() -> None:
         if not name.startswith("_"):
             with open(os.path.join(host_dir, name), "rb") as src:
                 files[name] = src.read()
+    # the run's cgroups (issue 38 S4/S5), opened while the host's /sys is still there
+    cfg["budget_fds"] = [os.open(p, os.O_WRONLY | os.O_CLOEXEC) for p in cfg["cgroup_procs"]]
     tests = None
     if cfg["mode"] == "tests":
         with open(os.path.join(host_dir, "_tests.py"), encoding="utf-8") as src:
@@ -363,12 +440,16 @@ def main() -> None:
         uid, gid = int(cfg["uid"]), int(cfg["gid"])
         work = harness_dir = _fallback(cfg, files, is_root, uid, gid)
         isolated = False
+    alive, keep_alive = os.pipe()
     pid = os.fork()
     if pid == 0:
+        os.close(keep_alive)
+        _die_with_parent(None, alive)  # PID 1 of the namespace: its parent is outside
         if tests is not None:
             _run_tests(cfg, tests, work, harness_dir, isolated, (is_root, uid, gid), tags,
                        report)
         _own_proc(isolated, tags)
+        _join_budget(cfg["budget_fds"], tags)
         _drop(cfg, is_root, uid, gid, tags)
         _report(report, tags)
         _exec_program(cfg, work, [cfg["script"]], {})

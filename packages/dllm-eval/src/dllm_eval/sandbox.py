@@ -10,6 +10,12 @@ namespace, which also catches double-forked ``setsid`` escapees. The harness enf
 clock, kills the supervisor's process group and the program's PID-namespace init, and removes
 the host temp dir. :attr:`ExecutionResult.isolation` says which protections applied.
 
+The program and everything it forks share one budget of ``max_processes`` and ``memory_mb``:
+a cgroup per run (:mod:`dllm_eval._cgroups`), or without one a uid per concurrent sandbox
+(:mod:`dllm_eval._uid_slots`) and a memory watch (:mod:`dllm_eval._memory_watch`). The
+supervisor and PID 1 die with the caller; the folders of killed callers are swept at the next
+start (:mod:`dllm_eval._host_dirs`).
+
 Isolation is required by default: where the kernel refuses the namespaces,
 :class:`SandboxUnavailableError` is raised before any untrusted code runs. With
 ``SandboxLimits(isolation="best-effort")`` (or ``DLLM_SANDBOX_ISOLATION=best-effort``) the
@@ -24,20 +30,21 @@ builtins, returning an object whose ``__eq__`` is always True) makes the runner'
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
+
+from dllm_eval import _cgroups, _host_dirs, _memory_watch, _uid_slots
 
 __all__ = [
     "ExecutionResult",
@@ -68,6 +75,10 @@ serve(sys.argv[1], 3, 4)
 # test hook: extra unshare(2) flags; an invalid bit makes the kernel refuse, as some do
 _EXTRA_UNSHARE_FLAGS = 0
 _warned_unisolated = False
+_SWEEP_EVERY_S = 60.0
+# test hook: False takes the fallback budget (uid slots, rlimits) even where cgroups work
+_USE_CGROUPS = True
+_last_sweep: float | None = None
 
 
 class SandboxUnavailableError(RuntimeError):
@@ -80,12 +91,16 @@ class SandboxLimits:
 
     Args:
         timeout_s: wall-clock limit; the CPU limit is ``ceil(timeout_s) + 1`` seconds.
-        memory_mb: address-space limit (RLIMIT_AS) per process.
+        memory_mb: memory of the program and everything it forks together (a cgroup, or the
+            harness's memory watch without one), and each process's address space (RLIMIT_AS).
         disk_mb: size of the private tmpfs and the largest file (RLIMIT_FSIZE).
-        max_processes: RLIMIT_NPROC for the sandbox uid (shared by parallel runs as root).
+        max_processes: tasks of the program and everything it forks together (a cgroup's
+            ``pids.max``, or RLIMIT_NPROC of a uid the sandbox alone holds).
         max_open_files: RLIMIT_NOFILE.
         max_output_bytes: stdout/stderr kept per stream (the rest is dropped).
-        uid / gid: unprivileged identity used when the harness runs as root.
+        uid / gid: unprivileged identity used when the harness runs as root and a cgroup
+            holds the budget (without one, each concurrent sandbox gets a uid of its own:
+            :mod:`dllm_eval._uid_slots`).
         isolation: ``"required"`` (raise :class:`SandboxUnavailableError` when namespaces
             are refused) or ``"best-effort"`` (run with rlimits and the uid drop only, logging
             a warning); None reads ``$DLLM_SANDBOX_ISOLATION``, default ``"required"``.
@@ -208,7 +223,8 @@ def _isolation_mode(lim: SandboxLimits) -> str:
 
 
 def _config(host_dir: Path, mode: str, lim: SandboxLimits, isolation_mode: str,
-            report_fd: int) -> dict[str, object]:
+            report_fd: int, solution_names: tuple[str, ...], budget: _cgroups.Budget | None,
+            uid: int | None) -> dict[str, object]:
     """The supervisor's configuration (one JSON argument)."""
     return {
         "host_dir": str(host_dir),
@@ -221,8 +237,9 @@ def _config(host_dir: Path, mode: str, lim: SandboxLimits, isolation_mode: str,
                     "_rpc.py": (_HERE / "_rpc.py").read_text(encoding="utf-8")},
         "isolation": isolation_mode,
         "extra_unshare_flags": _EXTRA_UNSHARE_FLAGS,
-        "uid": lim.uid,
-        "gid": lim.gid,
+        "uid": lim.uid if uid is None else uid,
+        "gid": lim.gid if uid is None else uid,
+        "cgroup_procs": [] if budget is None else list(budget.procs),
         "memory_mb": lim.memory_mb,
         "disk_mb": lim.disk_mb,
         "cpu_s": math.ceil(lim.timeout_s) + 1,
@@ -230,68 +247,121 @@ def _config(host_dir: Path, mode: str, lim: SandboxLimits, isolation_mode: str,
         "max_open_files": lim.max_open_files,
         "env": _scrubbed_env(),
         "report_fd": report_fd,
+        "parent_pid": os.getpid(),
+        "solution_names": list(solution_names),
     }
 
 
-def _run(files: dict[str, str], mode: str, lim: SandboxLimits) -> ExecutionResult:
+def _run(files: dict[str, str], mode: str, lim: SandboxLimits,
+         solution_names: tuple[str, ...] = ()) -> ExecutionResult:
     """Write ``files`` to a host temp dir, run the supervisor on them, collect the outcome."""
-    global _warned_unisolated
     isolation_mode = _isolation_mode(lim)
     start = time.monotonic()
-    host_dir = Path(tempfile.mkdtemp(prefix="dllm-sandbox-"))
+    _sweep_now_and_then()
+    host_dir, owner_lock = _host_dirs.claim()
     try:
-        for name, text in files.items():
-            (host_dir / name).write_text(text, encoding="utf-8")
-        out_path, err_path = host_dir / "_stdout", host_dir / "_stderr"
-        read_fd, write_fd = os.pipe()
-        cfg = _config(host_dir, mode, lim, isolation_mode, write_fd)
-        with open(out_path, "wb") as out, open(err_path, "wb") as err:
-            proc = subprocess.Popen(
-                [sys.executable, "-I", "-S", _SUPERVISOR, json.dumps(cfg)],
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=err,
-                cwd=host_dir,
-                env=_scrubbed_env(),
-                start_new_session=True,
-                pass_fds=(write_fd,),
-            )
-        os.close(write_fd)
-        timed_out = False
-        try:
-            returncode = proc.wait(timeout=lim.timeout_s + _STARTUP_SLACK_S)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-        report = _read_report(read_fd)
-        child = report.get("pid")
-        _kill(proc.pid, child if isinstance(child, int) else None)
-        if timed_out:
-            proc.wait()
-            returncode = -signal.SIGKILL
-        if "error" in report and returncode == _EXIT_NO_ISOLATION:
-            raise SandboxUnavailableError(
-                f"the sandbox cannot isolate programs here ({report['error']}); run as root or "
-                "enable unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1"
-                f" / user.max_user_namespaces > 0), or set {_ISOLATION_ENV}=best-effort (or "
-                "SandboxLimits(isolation='best-effort')) to run untrusted code with rlimits "
-                "and the uid drop only")
-        isolation = report.get("isolation", [])
-        tags = tuple(str(x) for x in isolation) if isinstance(isolation, list) else ()
-        if "private-root" not in tags and not _warned_unisolated:
-            _warned_unisolated = True
-            logger.warning("sandbox ran without namespaces (isolation=best-effort): the program "
-                           "can read host files and see host processes; applied: %s", tags)
-        return ExecutionResult(
-            ok=returncode == 0 and not timed_out,
-            timed_out=timed_out or returncode == 128 + signal.SIGXCPU,
-            returncode=returncode,
-            stdout=_read_capped(out_path, lim.max_output_bytes),
-            stderr=_read_capped(err_path, lim.max_output_bytes),
-            wall_s=time.monotonic() - start,
-            isolation=tags,
-        )
+        with _budget(host_dir, lim) as (budget, slot_uid):
+            for name, text in files.items():
+                (host_dir / name).write_text(text, encoding="utf-8")
+            read_fd, write_fd = os.pipe()
+            cfg = _config(host_dir, mode, lim, isolation_mode, write_fd, solution_names, budget,
+                          slot_uid)
+            with open(host_dir / "_stdout", "wb") as out, open(host_dir / "_stderr", "wb") as err:
+                proc = subprocess.Popen(
+                    [sys.executable, "-I", "-S", _SUPERVISOR, json.dumps(cfg)],
+                    stdin=subprocess.DEVNULL, stdout=out, stderr=err, cwd=host_dir,
+                    env=_scrubbed_env(), start_new_session=True, pass_fds=(write_fd,),
+                )
+            os.close(write_fd)
+            watch = None if budget else (2 if mode == "tests" else 1, lim.memory_mb << 20)
+            returncode, stopped = _wait(proc, lim.timeout_s + _STARTUP_SLACK_S, watch)
+            report = _read_report(read_fd)
+            child = report.get("pid")
+            _kill(proc.pid, child if isinstance(child, int) else None)
+            if returncode is None:
+                proc.wait()
+                returncode = -signal.SIGKILL
+        return _outcome(host_dir, lim, report, returncode, stopped, time.monotonic() - start)
     finally:
-        shutil.rmtree(host_dir, ignore_errors=True)
+        _host_dirs.release(host_dir, owner_lock)
+
+
+@contextlib.contextmanager
+def _budget(host_dir: Path, lim: SandboxLimits) -> Iterator[tuple[_cgroups.Budget | None,
+                                                                   int | None]]:
+    """The run's process and memory budget: ``(cgroup, None)``, or without a cgroup (as root)
+    ``(None, uid)`` with a uid no other live sandbox holds; released on exit."""
+    budget = None
+    if _USE_CGROUPS:
+        budget = _cgroups.create(host_dir.name, lim.max_processes, lim.memory_mb << 20)
+    slot_uid, slot_lock = (None, None)
+    try:
+        if budget is None and os.geteuid() == 0:
+            slot_uid, slot_lock = _uid_slots.claim()
+        yield budget, slot_uid
+    finally:
+        if budget is not None:
+            _cgroups.remove(budget)
+        if slot_lock is not None:
+            os.close(slot_lock)
+
+
+def _outcome(host_dir: Path, lim: SandboxLimits, report: dict[str, object], returncode: int,
+             stopped: str | None, wall_s: float) -> ExecutionResult:
+    """The :class:`ExecutionResult` of a finished run (or the error that isolation failed)."""
+    global _warned_unisolated
+    if "error" in report and returncode == _EXIT_NO_ISOLATION:
+        raise SandboxUnavailableError(
+            f"the sandbox cannot isolate programs here ({report['error']}); run as root or "
+            "enable unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1"
+            f" / user.max_user_namespaces > 0), or set {_ISOLATION_ENV}=best-effort (or "
+            "SandboxLimits(isolation='best-effort')) to run untrusted code with rlimits "
+            "and the uid drop only")
+    isolation = report.get("isolation", [])
+    tags = tuple(str(x) for x in isolation) if isinstance(isolation, list) else ()
+    if "private-root" not in tags and not _warned_unisolated:
+        _warned_unisolated = True
+        logger.warning("sandbox ran without namespaces (isolation=best-effort): the program "
+                       "can read host files and see host processes; applied: %s", tags)
+    timed_out = stopped == "timeout"
+    memory_note = (f"[dllm-eval] killed: the sandbox's processes held more than "
+                   f"memory_mb={lim.memory_mb} together\n" if stopped == "memory" else "")
+    return ExecutionResult(
+        ok=returncode == 0 and not timed_out,
+        timed_out=timed_out or returncode == 128 + signal.SIGXCPU,
+        returncode=returncode,
+        stdout=_read_capped(host_dir / "_stdout", lim.max_output_bytes),
+        stderr=_read_capped(host_dir / "_stderr", lim.max_output_bytes) + memory_note,
+        wall_s=wall_s,
+        isolation=tags,
+    )
+
+
+def _wait(proc: subprocess.Popen[bytes], limit_s: float,
+          watch: tuple[int, int] | None) -> tuple[int | None, str | None]:
+    """The supervisor's exit status, or None and why it must be stopped (``"timeout"``, or
+    ``"memory"`` when ``watch = (depth, bytes)`` is the fallback memory budget and the
+    program's processes hold more: :mod:`dllm_eval._memory_watch`)."""
+    deadline = time.monotonic() + limit_s
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            step = left if watch is None else min(left, _memory_watch.POLL_S)
+            return proc.wait(timeout=step), None
+        except subprocess.TimeoutExpired:
+            if watch is not None and _memory_watch.program_bytes(proc.pid, watch[0]) > watch[1]:
+                return None, "memory"
+    return None, "timeout"
+
+
+def _sweep_now_and_then() -> None:
+    """Remove the host folders of runs whose caller was killed (at most once a minute)."""
+    global _last_sweep
+    now = time.monotonic()
+    if _last_sweep is None or now - _last_sweep > _SWEEP_EVERY_S:
+        _last_sweep = now
+        _host_dirs.sweep()
+        if _USE_CGROUPS:
+            _cgroups.sweep()
 
 
 def _limits(limits: SandboxLimits | None, timeout_s: float, memory_mb: int) -> SandboxLimits:
@@ -333,6 +403,7 @@ def execute_tests(
     solution: str,
     tests: str,
     *,
+    solution_names: Sequence[str] = (),
     timeout_s: float = 5.0,
     memory_mb: int = 1024,
     limits: SandboxLimits | None = None,
@@ -341,14 +412,18 @@ def execute_tests(
 
     The solution runs as ``__main__`` in the sandbox. The tests run in a separate runner
     process; a name they use without defining it (the function under test, a helper or a
-    class of the solution) resolves to the solution's global of that name, except the
-    builtins used to normalise comparisons (``sorted``, ``set``, ``isinstance``, ...). Calls
+    class of the solution) resolves to the solution's global of that name, except builtin
+    names (``sum``, ``sorted``, ``isinstance``, ...), which stay the runner's own unless
+    listed in ``solution_names``: a solution cannot change how the tests compute an expected
+    value. Calls
     cross as plain data: results arrive as exact builtin values (a subclass as its base value)
     and other objects as handles that cannot be compared. See :mod:`dllm_eval._rpc`.
 
     Args:
         solution: the candidate program (its top level runs once, before the tests).
         tests: trusted test code (assert statements, a ``check`` function and its call).
+        solution_names: builtin names the tests take from the solution: the function under
+            test where it is named like a builtin (MBPP's ``sum(10, 15) == 6``).
         timeout_s / memory_mb / limits: as in :func:`execute_code`; the limits apply to the
             solution's process and to the runner's each.
 
@@ -359,8 +434,13 @@ def execute_tests(
     Raises:
         SandboxUnavailableError: namespaces are refused and isolation is required.
     """
+    names = tuple(solution_names)
+    for name in names:
+        if not (isinstance(name, str) and name.isidentifier()):
+            raise ValueError(f"solution_names must be Python identifiers, got {name!r}; pass "
+                             "the names of the solution's functions the tests call")
     files = {"solution.py": solution, "_tests.py": tests}
-    return _run(files, "tests", _limits(limits, timeout_s, memory_mb))
+    return _run(files, "tests", _limits(limits, timeout_s, memory_mb), names)
 
 
 def execute_many(

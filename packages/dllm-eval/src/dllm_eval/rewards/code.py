@@ -23,6 +23,7 @@ of assert lines) with fenced-code extraction, as DARE routes it.
 from __future__ import annotations
 
 import ast
+import builtins
 import json
 import re
 from dataclasses import dataclass
@@ -40,6 +41,7 @@ __all__ = [
     "code_reward",
     "extract_code",
     "extract_mbpp_code",
+    "names_under_test",
 ]
 
 _IMPORT_HEADER = (
@@ -175,6 +177,46 @@ def build_program(data_source: str, code: str, tests: str,
     return f"{_IMPORT_HEADER}\n{code}\n", f"{_IMPORT_HEADER}\n{test_src}\n"
 
 
+def _called_names(node: ast.AST) -> set[str]:
+    return {n.func.id for n in ast.walk(node)
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+
+
+def names_under_test(tests: str) -> tuple[str, ...]:
+    """The solution's names a test program calls as the function under test.
+
+    The arguments of top-level ``check(name)`` calls (HumanEval, HumanEval+) and the names
+    called in every top-level ``assert`` (MBPP, KodCode; builtin names only when no other
+    name is called in every one). :func:`code_reward` passes them as
+    ``solution_names`` to :func:`dllm_eval.sandbox.execute_tests`, so a function under test
+    named like a builtin (MBPP's ``sum``) is the solution's, while every other builtin the
+    tests use (HumanEval/151 computes its expected value with ``sum``) stays the tests' own.
+
+    Args:
+        tests: the test program (as :func:`build_program` returns it).
+
+    Returns:
+        The names, sorted; empty when ``tests`` does not parse.
+    """
+    try:
+        tree = ast.parse(tests)
+    except SyntaxError:
+        return ()
+    names: set[str] = set()
+    asserted: list[set[str]] = []
+    for stmt in tree.body:
+        if (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call)
+                and isinstance(stmt.value.func, ast.Name) and stmt.value.func.id == "check"):
+            names |= {a.id for a in stmt.value.args if isinstance(a, ast.Name)}
+        elif isinstance(stmt, ast.Assert):
+            asserted.append(_called_names(stmt))
+    if asserted:
+        common = set.intersection(*asserted)
+        # `set(f(x)) == set(want)`: the builtin normalises, `f` is under test
+        names |= {n for n in common if not hasattr(builtins, n)} or common
+    return tuple(sorted(names))
+
+
 def _timeout(cfg: CodeRewardConfig, n_tests: int) -> float:
     return min(cfg.max_timeout_s, max(cfg.min_timeout_s, cfg.per_test_timeout_s * n_tests))
 
@@ -235,5 +277,6 @@ def code_reward(
         return RewardResult(score=float(ok), acc=float(ok), pred=code)
     solution, checks = build_program(data_source, code, tests, entry_point)
     timeout = _timeout(cfg, _count_tests(data_source, tests))
-    result = execute_tests(solution, checks, timeout_s=timeout, memory_mb=cfg.memory_mb)
+    result = execute_tests(solution, checks, solution_names=names_under_test(checks),
+                           timeout_s=timeout, memory_mb=cfg.memory_mb)
     return RewardResult(score=float(result.ok), acc=float(result.ok), pred=code)
