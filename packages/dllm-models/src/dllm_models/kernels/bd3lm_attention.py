@@ -1,0 +1,267 @@
+"""Attention of the BD3LM training layout, forward and backward, visiting only the visible tiles.
+
+The shared-clean layout [x_0 ; x_t^1 ; ... ; x_t^k] (`dllm_models.attention.bd3lm_mask`) is
+mostly invisible: a noisy query sees the clean keys before its block plus its own block (4 keys
+for SDAR, 32 for LLaDA2), a clean query the clean keys up to its block's end. A generic block
+mask walks every tile that holds some visible pair and evaluates a mask function there; here the
+tiles come from `bd3lm_schedule` (each query's visible keys are two intervals, computed
+analytically, cut to tiles), a tile where every pair is visible runs without any mask, and the
+others mask element-wise from four int32 ids per position (segment, block, copy). Block lengths
+are independent of the tile sizes: a tile of 64 queries spans 16 SDAR blocks, masked inside.
+
+Forward: one program per (query tile, query head) keeps FlashAttention's online softmax in
+float32 (Dao, arXiv 2307.08691) over the query tile's key tiles and stores the output and the
+log-sum-exp. Backward (FlashAttention-2's split): one program per (key tile, KV head) walks the
+query tiles that see the key tile, for each of the KV head's n_rep query heads (grouped query
+attention without atomics), accumulating dK and dV; one program per (query tile, query head)
+recomputes dQ over its key tiles. Set TRITON_INTERPRET=1 before importing to run on CPU (tests).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from dllm_models.kernels.bd3lm_schedule import PositionIds, Schedule
+from dllm_models.kernels.logsumexp import HAS_TRITON
+
+LOG2E = 1.4426950408889634
+
+if HAS_TRITON:
+    import triton  # type: ignore[import-untyped,unused-ignore]
+    import triton.language as tl  # type: ignore[import-untyped,unused-ignore]
+
+    @triton.jit  # type: ignore[untyped-decorator,unused-ignore]
+    def _visible(qseg, qblk, qcp, rows, kseg_ptr, blk_ptr, cp_ptr, cols, n):  # type: ignore[no-untyped-def]
+        """bool [M, N]: key `cols` is visible to query `rows` (`bd3lm_schedule.visible_reference`)."""
+        inside = cols < n
+        kseg = tl.load(kseg_ptr + cols, mask=inside, other=-2)
+        kblk = tl.load(blk_ptr + cols, mask=inside, other=0)
+        kcp = tl.load(cp_ptr + cols, mask=inside, other=-1)
+        q_clean = (qcp == 0).to(tl.int32)
+        clean_key = (kcp[None, :] == 0) & (kblk[None, :] < qblk[:, None] + q_clean[:, None])
+        own_block = (kcp[None, :] == qcp[:, None]) & (qcp[:, None] != 0) & (kblk[None, :] == qblk[:, None])
+        same = (kseg[None, :] == qseg[:, None]) & (rows[:, None] < n)
+        return same & (clean_key | own_block)
+
+    @triton.jit  # type: ignore[untyped-decorator,unused-ignore]
+    def _fwd_kernel(  # type: ignore[no-untyped-def]
+        q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, qseg_ptr, kseg_ptr, blk_ptr, cp_ptr, num_ptr, idx_ptr, full_ptr,
+        qk_scale, n, n_rep, width, sqh, sqm, sqd, skh, skn, skd, svh, svn, svd, soh, som, sod,
+        PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    ):
+        qt = tl.program_id(0)
+        h = tl.program_id(1).to(tl.int64)
+        hk = h // n_rep
+        rows = qt * BLOCK_M + tl.arange(0, BLOCK_M)
+        dims = tl.arange(0, BLOCK_D)
+        inside = rows < n
+        q = tl.load(q_ptr + h * sqh + rows[:, None] * sqm + dims[None, :] * sqd, mask=inside[:, None], other=0.0)
+        qseg = tl.load(qseg_ptr + rows, mask=inside, other=-3)
+        qblk = tl.load(blk_ptr + rows, mask=inside, other=0)
+        qcp = tl.load(cp_ptr + rows, mask=inside, other=-1)
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+        count = tl.load(num_ptr + qt)
+        for i in range(0, count):
+            kt = tl.load(idx_ptr + qt * width + i)
+            full = tl.load(full_ptr + qt * width + i)
+            cols = kt * BLOCK_N + tl.arange(0, BLOCK_N)
+            k = tl.load(k_ptr + hk * skh + cols[None, :] * skn + dims[:, None] * skd, mask=cols[None, :] < n, other=0.0)
+            s = tl.dot(q, k, input_precision=PRECISION) * qk_scale  # log2 domain
+            if full == 0:
+                ok = _visible(qseg, qblk, qcp, rows, kseg_ptr, blk_ptr, cp_ptr, cols, n)
+                s = tl.where(ok, s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # no key seen yet: p = 0, not NaN
+            alpha = tl.exp2(m_i - m_use)
+            p = tl.exp2(s - m_use[:, None])
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            v = tl.load(v_ptr + hk * svh + cols[:, None] * svn + dims[None, :] * svd, mask=cols[:, None] < n, other=0.0)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+            m_i = m_new
+        seen = l_i > 0
+        out = acc / tl.where(seen, l_i, 1.0)[:, None]
+        tl.store(o_ptr + h * soh + rows[:, None] * som + dims[None, :] * sod, out.to(o_ptr.dtype.element_ty),
+                 mask=inside[:, None])
+        # log2-sum-exp; +inf where a query sees no key, so its backward probabilities are 0
+        lse = tl.where(seen, m_i + tl.log2(tl.where(seen, l_i, 1.0)), float("inf"))
+        tl.store(lse_ptr + h * n + rows, lse, mask=inside)
+
+    @triton.jit  # type: ignore[untyped-decorator,unused-ignore]
+    def _probs(q, k, lse, rows, cols, full, qseg, qblk, qcp, kseg_ptr, blk_ptr, cp_ptr, qk_scale, n,  # type: ignore[no-untyped-def]
+               PRECISION: tl.constexpr):
+        """p [M, N] = softmax probabilities of the pairs (0 on invisible ones), recomputed."""
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
+        p = tl.exp2(s - lse[:, None])
+        if full == 0:
+            ok = _visible(qseg, qblk, qcp, rows, kseg_ptr, blk_ptr, cp_ptr, cols, n)
+            p = tl.where(ok, p, 0.0)
+        return p
+
+    @triton.jit  # type: ignore[untyped-decorator,unused-ignore]
+    def _bwd_dkdv_kernel(  # type: ignore[no-untyped-def]
+        q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, qseg_ptr, kseg_ptr, blk_ptr, cp_ptr,
+        num_ptr, idx_ptr, full_ptr, qk_scale, sm_scale, n, n_rep, width,
+        sqh, sqm, sqd, skh, skn, skd, svh, svn, svd, sdoh, sdom, sdod, sdkh, sdkn, sdkd, sdvh, sdvn, sdvd,
+        PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    ):
+        kt = tl.program_id(0)
+        hk = tl.program_id(1).to(tl.int64)
+        cols = kt * BLOCK_N + tl.arange(0, BLOCK_N)
+        dims = tl.arange(0, BLOCK_D)
+        cin = cols < n
+        k = tl.load(k_ptr + hk * skh + cols[:, None] * skn + dims[None, :] * skd, mask=cin[:, None], other=0.0)
+        v = tl.load(v_ptr + hk * svh + cols[:, None] * svn + dims[None, :] * svd, mask=cin[:, None], other=0.0)
+        dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+        dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+        count = tl.load(num_ptr + kt)
+        for r in range(0, n_rep):
+            h = hk * n_rep + r
+            for i in range(0, count):
+                qt = tl.load(idx_ptr + kt * width + i)
+                full = tl.load(full_ptr + kt * width + i)
+                rows = qt * BLOCK_M + tl.arange(0, BLOCK_M)
+                inside = rows < n
+                q = tl.load(q_ptr + h * sqh + rows[:, None] * sqm + dims[None, :] * sqd, mask=inside[:, None], other=0.0)
+                do = tl.load(do_ptr + h * sdoh + rows[:, None] * sdom + dims[None, :] * sdod, mask=inside[:, None],
+                             other=0.0)
+                lse = tl.load(lse_ptr + h * n + rows, mask=inside, other=float("inf"))
+                delta = tl.load(delta_ptr + h * n + rows, mask=inside, other=0.0)
+                qseg = tl.load(qseg_ptr + rows, mask=inside, other=-3)
+                qblk = tl.load(blk_ptr + rows, mask=inside, other=0)
+                qcp = tl.load(cp_ptr + rows, mask=inside, other=-1)
+                p = _probs(q, k, lse, rows, cols, full, qseg, qblk, qcp, kseg_ptr, blk_ptr, cp_ptr, qk_scale, n,
+                           PRECISION)
+                dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PRECISION)
+                dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
+                ds = p * (dp - delta[:, None])
+                dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PRECISION)
+        tl.store(dk_ptr + hk * sdkh + cols[:, None] * sdkn + dims[None, :] * sdkd,
+                 (dk * sm_scale).to(dk_ptr.dtype.element_ty), mask=cin[:, None])
+        tl.store(dv_ptr + hk * sdvh + cols[:, None] * sdvn + dims[None, :] * sdvd, dv.to(dv_ptr.dtype.element_ty),
+                 mask=cin[:, None])
+
+    @triton.jit  # type: ignore[untyped-decorator,unused-ignore]
+    def _bwd_dq_kernel(  # type: ignore[no-untyped-def]
+        q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, qseg_ptr, kseg_ptr, blk_ptr, cp_ptr,
+        num_ptr, idx_ptr, full_ptr, qk_scale, sm_scale, n, n_rep, width,
+        sqh, sqm, sqd, skh, skn, skd, svh, svn, svd, sdoh, sdom, sdod, sdqh, sdqm, sdqd,
+        PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    ):
+        qt = tl.program_id(0)
+        h = tl.program_id(1).to(tl.int64)
+        hk = h // n_rep
+        rows = qt * BLOCK_M + tl.arange(0, BLOCK_M)
+        dims = tl.arange(0, BLOCK_D)
+        inside = rows < n
+        q = tl.load(q_ptr + h * sqh + rows[:, None] * sqm + dims[None, :] * sqd, mask=inside[:, None], other=0.0)
+        do = tl.load(do_ptr + h * sdoh + rows[:, None] * sdom + dims[None, :] * sdod, mask=inside[:, None], other=0.0)
+        lse = tl.load(lse_ptr + h * n + rows, mask=inside, other=float("inf"))
+        delta = tl.load(delta_ptr + h * n + rows, mask=inside, other=0.0)
+        qseg = tl.load(qseg_ptr + rows, mask=inside, other=-3)
+        qblk = tl.load(blk_ptr + rows, mask=inside, other=0)
+        qcp = tl.load(cp_ptr + rows, mask=inside, other=-1)
+        dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+        count = tl.load(num_ptr + qt)
+        for i in range(0, count):
+            kt = tl.load(idx_ptr + qt * width + i)
+            full = tl.load(full_ptr + qt * width + i)
+            cols = kt * BLOCK_N + tl.arange(0, BLOCK_N)
+            cin = cols < n
+            k = tl.load(k_ptr + hk * skh + cols[:, None] * skn + dims[None, :] * skd, mask=cin[:, None], other=0.0)
+            v = tl.load(v_ptr + hk * svh + cols[:, None] * svn + dims[None, :] * svd, mask=cin[:, None], other=0.0)
+            p = _probs(q, k, lse, rows, cols, full, qseg, qblk, qcp, kseg_ptr, blk_ptr, cp_ptr, qk_scale, n, PRECISION)
+            dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
+            ds = p * (dp - delta[:, None])
+            dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
+        tl.store(dq_ptr + h * sdqh + rows[:, None] * sdqm + dims[None, :] * sdqd,
+                 (dq * sm_scale).to(dq_ptr.dtype.element_ty), mask=inside[:, None])
+
+
+def _precision(dtype: torch.dtype) -> str:
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def _launch_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ids: PositionIds, sched: Schedule,
+                    tiles: tuple[int, int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out [Hq, N, D] as a view of [N, Hq, D] memory, lse float32 [Hq, N] in log2 units)."""
+    hq, n, d = q.shape
+    block_m, block_n, warps = tiles
+    out = torch.empty((n, hq, d), dtype=q.dtype, device=q.device).transpose(0, 1)
+    lse = torch.empty((hq, n), dtype=torch.float32, device=q.device)
+    sm_scale = 1.0 / math.sqrt(d)
+    _fwd_kernel[(sched.q_num.numel(), hq)](
+        q, k, v, out, lse, ids.qseg, ids.kseg, ids.blk, ids.copy, sched.q_num, sched.q_idx, sched.q_full,
+        sm_scale * LOG2E, n, hq // k.shape[0], sched.q_idx.shape[1], *q.stride(), *k.stride(), *v.stride(),
+        *out.stride(), PRECISION=_precision(q.dtype), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=d, num_warps=warps,
+    )
+    return out, lse
+
+
+def _launch_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+                     grad: torch.Tensor, ids: PositionIds, sched: Schedule, tiles: tuple[int, int, int],
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) of the forward `out`, `lse` for the output gradient `grad` [Hq, N, D]."""
+    hq, n, d = q.shape
+    hkv = k.shape[0]
+    block_m, block_n, warps = tiles
+    delta = (grad.float() * out.float()).sum(-1).contiguous()  # [Hq, N]
+    dq = torch.empty((n, hq, d), dtype=q.dtype, device=q.device).transpose(0, 1)
+    dk = torch.empty((n, hkv, d), dtype=k.dtype, device=k.device).transpose(0, 1)
+    dv = torch.empty((n, hkv, d), dtype=v.dtype, device=v.device).transpose(0, 1)
+    sm_scale = 1.0 / math.sqrt(d)
+    common: dict[str, Any] = {"PRECISION": _precision(q.dtype), "BLOCK_M": block_m, "BLOCK_N": block_n,
+                              "BLOCK_D": d, "num_warps": warps}
+    _bwd_dkdv_kernel[(sched.k_num.numel(), hkv)](
+        q, k, v, grad, lse, delta, dk, dv, ids.qseg, ids.kseg, ids.blk, ids.copy,
+        sched.k_num, sched.k_idx, sched.k_full, sm_scale * LOG2E, sm_scale, n, hq // hkv, sched.k_idx.shape[1],
+        *q.stride(), *k.stride(), *v.stride(), *grad.stride(), *dk.stride(), *dv.stride(), **common,
+    )
+    _bwd_dq_kernel[(sched.q_num.numel(), hq)](
+        q, k, v, grad, lse, delta, dq, ids.qseg, ids.kseg, ids.blk, ids.copy,
+        sched.q_num, sched.q_idx, sched.q_full, sm_scale * LOG2E, sm_scale, n, hq // hkv, sched.q_idx.shape[1],
+        *q.stride(), *k.stride(), *v.stride(), *grad.stride(), *dq.stride(), **common,
+    )
+    return dq, dk, dv
+
+
+class _BD3LMAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ids: PositionIds, sched: Schedule,
+                tiles: tuple[int, int, int]) -> torch.Tensor:
+        out, lse = _launch_forward(q, k, v, ids, sched, tiles)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.ids, ctx.sched, ctx.tiles = ids, sched, tiles
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = _launch_backward(q, k, v, out, lse, grad, ctx.ids, ctx.sched, ctx.tiles)
+        return dq, dk, dv, None, None, None
+
+
+def bd3lm_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ids: PositionIds, schedule: Schedule, *,
+                    tiles: tuple[int, int, int]) -> torch.Tensor:
+    """softmax(q k^T / sqrt(D)) v over the BD3LM-visible keys of one packed row, differentiable.
+
+    Args:
+        q: [Hq, N, D] queries (any strides; Hq a multiple of Hkv; D a power of two >= 16).
+        k, v: [Hkv, N, D].
+        ids: `bd3lm_schedule.position_ids` of the row's mask.
+        schedule: `bd3lm_schedule.build_schedule(ids, tiles[0], tiles[1], ...)`.
+        tiles: (BLOCK_M queries, BLOCK_N keys per tile, warps) the schedule was built for.
+
+    Returns:
+        [Hq, N, D] in q's dtype (a transposed view of [N, Hq, D] memory); a query that sees no
+        key gets zeros.
+    """
+    out: torch.Tensor = _BD3LMAttention.apply(q, k, v, ids, schedule, tiles)
+    return out
+
+
+__all__ = ["bd3lm_attention"]
