@@ -20,12 +20,16 @@ recomputes dQ over its key tiles. Set TRITON_INTERPRET=1 before importing to run
 from __future__ import annotations
 
 import math
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from dllm_models.kernels.bd3lm_schedule import PositionIds, Schedule
-from dllm_models.kernels.logsumexp import HAS_TRITON
+from dllm_models.kernels.bd3lm_schedule import PositionIds, Schedule, build_schedule, position_ids
+from dllm_models.kernels.logsumexp import HAS_TRITON, runs_on
+
+if TYPE_CHECKING:  # attention.py imports this module when the backend is chosen
+    from dllm_models.attention import AttentionMask
 
 LOG2E = 1.4426950408889634
 
@@ -186,82 +190,153 @@ def _precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
+@dataclass(frozen=True)
+class Tile:
+    """One kernel's tile: queries (BLOCK_M) and keys (BLOCK_N) per tile, warps, pipeline stages."""
+
+    block_m: int
+    block_n: int
+    warps: int = 4
+    stages: int = 2
+
+
+@dataclass(frozen=True)
+class Tiling:
+    """The tiles of the three kernels (each walks its own `Schedule`)."""
+
+    forward: Tile
+    dkdv: Tile
+    dq: Tile
+
+    def tiles(self) -> tuple[Tile, Tile, Tile]:
+        return self.forward, self.dkdv, self.dq
+
+
+# FlashAttention-2's Triton tiles for head dim 128 (the forward 128 x 64; dK/dV a key tile of 128
+# walking 32 queries at a time; dQ 128 queries walking 32 keys), not yet tuned on this mask
+GPU_TILING = Tiling(forward=Tile(128, 64, 8, 3), dkdv=Tile(32, 128, 4, 3), dq=Tile(128, 32, 4, 3))
+# small tiles for the CPU interpreter: a row of a few dozen positions spans several of each
+INTERPRETER_TILING = Tiling(forward=Tile(16, 16), dkdv=Tile(16, 32), dq=Tile(32, 16))
+
+
 def _launch_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ids: PositionIds, sched: Schedule,
-                    tiles: tuple[int, int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+                    tile: Tile) -> tuple[torch.Tensor, torch.Tensor]:
     """(out [Hq, N, D] as a view of [N, Hq, D] memory, lse float32 [Hq, N] in log2 units)."""
     hq, n, d = q.shape
-    block_m, block_n, warps = tiles
     out = torch.empty((n, hq, d), dtype=q.dtype, device=q.device).transpose(0, 1)
     lse = torch.empty((hq, n), dtype=torch.float32, device=q.device)
     sm_scale = 1.0 / math.sqrt(d)
     _fwd_kernel[(sched.q_num.numel(), hq)](
         q, k, v, out, lse, ids.qseg, ids.kseg, ids.blk, ids.copy, sched.q_num, sched.q_idx, sched.q_full,
         sm_scale * LOG2E, n, hq // k.shape[0], sched.q_idx.shape[1], *q.stride(), *k.stride(), *v.stride(),
-        *out.stride(), PRECISION=_precision(q.dtype), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=d, num_warps=warps,
+        *out.stride(), PRECISION=_precision(q.dtype), BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_D=d,
+        num_warps=tile.warps, num_stages=tile.stages,
     )
     return out, lse
 
 
 def _launch_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
-                     grad: torch.Tensor, ids: PositionIds, sched: Schedule, tiles: tuple[int, int, int],
+                     grad: torch.Tensor, ids: PositionIds, scheds: tuple[Schedule, Schedule], tiling: Tiling,
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) of the forward `out`, `lse` for the output gradient `grad` [Hq, N, D]."""
     hq, n, d = q.shape
     hkv = k.shape[0]
-    block_m, block_n, warps = tiles
-    delta = (grad.float() * out.float()).sum(-1).contiguous()  # [Hq, N]
+    delta = (grad.float() * out.float()).sum(-1).contiguous()  # [Hq, N]: rowsum(dO * O)
     dq = torch.empty((n, hq, d), dtype=q.dtype, device=q.device).transpose(0, 1)
     dk = torch.empty((n, hkv, d), dtype=k.dtype, device=k.device).transpose(0, 1)
     dv = torch.empty((n, hkv, d), dtype=v.dtype, device=v.device).transpose(0, 1)
     sm_scale = 1.0 / math.sqrt(d)
-    common: dict[str, Any] = {"PRECISION": _precision(q.dtype), "BLOCK_M": block_m, "BLOCK_N": block_n,
-                              "BLOCK_D": d, "num_warps": warps}
-    _bwd_dkdv_kernel[(sched.k_num.numel(), hkv)](
+    prec = _precision(q.dtype)
+    s_kv, s_q = scheds
+    t = tiling.dkdv
+    _bwd_dkdv_kernel[(s_kv.k_num.numel(), hkv)](
         q, k, v, grad, lse, delta, dk, dv, ids.qseg, ids.kseg, ids.blk, ids.copy,
-        sched.k_num, sched.k_idx, sched.k_full, sm_scale * LOG2E, sm_scale, n, hq // hkv, sched.k_idx.shape[1],
-        *q.stride(), *k.stride(), *v.stride(), *grad.stride(), *dk.stride(), *dv.stride(), **common,
+        s_kv.k_num, s_kv.k_idx, s_kv.k_full, sm_scale * LOG2E, sm_scale, n, hq // hkv, s_kv.k_idx.shape[1],
+        *q.stride(), *k.stride(), *v.stride(), *grad.stride(), *dk.stride(), *dv.stride(),
+        PRECISION=prec, BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_D=d, num_warps=t.warps, num_stages=t.stages,
     )
-    _bwd_dq_kernel[(sched.q_num.numel(), hq)](
+    t = tiling.dq
+    _bwd_dq_kernel[(s_q.q_num.numel(), hq)](
         q, k, v, grad, lse, delta, dq, ids.qseg, ids.kseg, ids.blk, ids.copy,
-        sched.q_num, sched.q_idx, sched.q_full, sm_scale * LOG2E, sm_scale, n, hq // hkv, sched.q_idx.shape[1],
-        *q.stride(), *k.stride(), *v.stride(), *grad.stride(), *dq.stride(), **common,
+        s_q.q_num, s_q.q_idx, s_q.q_full, sm_scale * LOG2E, sm_scale, n, hq // hkv, s_q.q_idx.shape[1],
+        *q.stride(), *k.stride(), *v.stride(), *grad.stride(), *dq.stride(),
+        PRECISION=prec, BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_D=d, num_warps=t.warps, num_stages=t.stages,
     )
     return dq, dk, dv
 
 
 class _BD3LMAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ids: PositionIds, sched: Schedule,
-                tiles: tuple[int, int, int]) -> torch.Tensor:
-        out, lse = _launch_forward(q, k, v, ids, sched, tiles)
+    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ids: PositionIds,
+                scheds: tuple[Schedule, Schedule, Schedule], tiling: Tiling) -> torch.Tensor:
+        out, lse = _launch_forward(q, k, v, ids, scheds[0], tiling.forward)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.ids, ctx.sched, ctx.tiles = ids, sched, tiles
+        ctx.ids, ctx.scheds, ctx.tiling = ids, scheds, tiling
         return out
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = _launch_backward(q, k, v, out, lse, grad, ctx.ids, ctx.sched, ctx.tiles)
+        dq, dk, dv = _launch_backward(q, k, v, out, lse, grad, ctx.ids, ctx.scheds[1:], ctx.tiling)
         return dq, dk, dv, None, None, None
 
 
-def bd3lm_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ids: PositionIds, schedule: Schedule, *,
-                    tiles: tuple[int, int, int]) -> torch.Tensor:
+def schedules(ids: PositionIds, tiling: Tiling, *, padded_keys: bool) -> tuple[Schedule, Schedule, Schedule]:
+    """The forward's, dK/dV's and dQ's schedules of a row (`bd3lm_schedule.build_schedule` per tile)."""
+    f, kv, q = (build_schedule(ids, t.block_m, t.block_n, padded_keys=padded_keys) for t in tiling.tiles())
+    return f, kv, q
+
+
+def bd3lm_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ids: PositionIds,
+                    scheds: tuple[Schedule, Schedule, Schedule], tiling: Tiling) -> torch.Tensor:
     """softmax(q k^T / sqrt(D)) v over the BD3LM-visible keys of one packed row, differentiable.
 
     Args:
         q: [Hq, N, D] queries (any strides; Hq a multiple of Hkv; D a power of two >= 16).
         k, v: [Hkv, N, D].
         ids: `bd3lm_schedule.position_ids` of the row's mask.
-        schedule: `bd3lm_schedule.build_schedule(ids, tiles[0], tiles[1], ...)`.
-        tiles: (BLOCK_M queries, BLOCK_N keys per tile, warps) the schedule was built for.
+        scheds: `schedules(ids, tiling, ...)`.
+        tiling: the kernels' tiles.
 
     Returns:
         [Hq, N, D] in q's dtype (a transposed view of [N, Hq, D] memory); a query that sees no
         key gets zeros.
     """
-    out: torch.Tensor = _BD3LMAttention.apply(q, k, v, ids, schedule, tiles)
+    out: torch.Tensor = _BD3LMAttention.apply(q, k, v, ids, scheds, tiling)
     return out
 
 
-__all__ = ["bd3lm_attention"]
+def bd3lm_fits(q: torch.Tensor, k: torch.Tensor, mask: AttentionMask) -> bool:
+    """Whether `bd3lm_attend` serves q [B, Hq, Lq, D] over k [B, Hkv, Lk, D] under `mask`.
+
+    One packed row (B = 1) without a KV cache (Lq = Lk), a block mask (BD3LM or block-causal),
+    no key limit, a power-of-two head size of 16 to 256, grouped heads, and a device the kernel
+    runs on (CUDA, or the CPU under TRITON_INTERPRET=1).
+    """
+    b, hq, lq, d = q.shape
+    return (runs_on(q) and b == 1 and lq == k.shape[2] and mask.block_ids is not None and mask.key_limit is None
+            and d in (16, 32, 64, 128, 256) and hq % k.shape[1] == 0
+            and q.dtype in (torch.bfloat16, torch.float16, torch.float32))
+
+
+def bd3lm_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask, *,
+                 tiling: Tiling | None = None) -> torch.Tensor:
+    """`bd3lm_attention` of q [1, Hq, N, D] over k, v [1, Hkv, N, D] under `mask` (see `bd3lm_fits`).
+
+    The position ids and the three schedules are built once per mask and tiling (memoised on
+    `mask.cache`, shared by every layer and by checkpoint recomputation). `tiling` None:
+    `GPU_TILING` on CUDA, `INTERPRETER_TILING` on the CPU.
+    """
+    n = q.shape[2]
+    if tiling is None:
+        tiling = GPU_TILING if q.is_cuda else INTERPRETER_TILING
+    key = ("bd3lm_kernel", n, tiling, str(q.device))
+    if key not in mask.cache:
+        ids = position_ids(mask, n, q.device)
+        mask.cache[key] = (ids, schedules(ids, tiling, padded_keys=mask.key_padding is not None))
+    ids, scheds = mask.cache[key]
+    return bd3lm_attention(q[0], k[0], v[0], ids, scheds, tiling)[None]
+
+
+__all__ = ["GPU_TILING", "INTERPRETER_TILING", "Tile", "Tiling", "bd3lm_attend", "bd3lm_attention", "bd3lm_fits",
+           "schedules"]
