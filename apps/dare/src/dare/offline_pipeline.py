@@ -83,7 +83,7 @@ def run_sft_recipe(cfg: SFTRecipeConfig, output_dir: Path, *, progress: bool = T
                           max_response_length=data.max_response_length, positions=_positions(cfg))
     wandb_run = _open(cfg, output_dir)  # after every data check: nothing is written before
     model = load_policy(cfg)
-    set_activation_checkpointing(model, cfg.trainer.activation_checkpointing)
+    set_activation_checkpointing(model, cfg.trainer.activation_checkpointing, memory_gib=cfg.trainer.activation_memory_gib)
     device, pad, seed = next(model.parameters()).device, _pad_id(tokenizer), cfg.trainer.seed
     size = sft.batch_size
 
@@ -126,7 +126,7 @@ def run_preference_recipe(cfg: PreferenceRecipeConfig, output_dir: Path, *, prog
                                  max_response_length=data.max_response_length, positions=_positions(cfg))
     wandb_run = _open(cfg, output_dir)  # after every data check: nothing is written before
     model = load_policy(cfg)
-    set_activation_checkpointing(model, cfg.trainer.activation_checkpointing)
+    set_activation_checkpointing(model, cfg.trainer.activation_checkpointing, memory_gib=cfg.trainer.activation_memory_gib)
     reference = copy.deepcopy(model)
     if ckpt.lora_rank:
         LoRA(rank=ckpt.lora_rank, alpha=ckpt.lora_alpha).apply(model, seed=cfg.trainer.seed)

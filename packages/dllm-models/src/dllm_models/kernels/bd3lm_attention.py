@@ -9,12 +9,13 @@ analytically, cut to tiles), a tile where every pair is visible runs without any
 others mask element-wise from four int32 ids per position (segment, block, copy). Block lengths
 are independent of the tile sizes: a tile of 64 queries spans 16 SDAR blocks, masked inside.
 
-Forward: one program per (query tile, query head) keeps FlashAttention's online softmax in
+Forward: one program per (query head, query tile) keeps FlashAttention's online softmax in
 float32 (Dao, arXiv 2307.08691) over the query tile's key tiles and stores the output and the
-log-sum-exp. Backward (FlashAttention-2's split): one program per (key tile, KV head) walks the
+log-sum-exp. Backward (FlashAttention-2's split): one program per (KV head, key tile) walks the
 query tiles that see the key tile, for each of the KV head's n_rep query heads (grouped query
-attention without atomics), accumulating dK and dV; one program per (query tile, query head)
-recomputes dQ over its key tiles. Set TRITON_INTERPRET=1 before importing to run on CPU (tests).
+attention without atomics), accumulating dK and dV; one program per (query head, query tile)
+recomputes dQ over its key tiles. Programs start in order of decreasing work, the heads of a
+tile together (`Schedule.q_order`, `k_order`). Set TRITON_INTERPRET=1 before importing to run on CPU (tests).
 """
 
 from __future__ import annotations
@@ -53,11 +54,11 @@ if HAS_TRITON:
     @triton.jit  # type: ignore[untyped-decorator,unused-ignore]
     def _fwd_kernel(  # type: ignore[no-untyped-def]
         q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, qseg_ptr, kseg_ptr, blk_ptr, cp_ptr, num_ptr, idx_ptr, full_ptr,
-        qk_scale, n, n_rep, width, sqh, sqm, sqd, skh, skn, skd, svh, svn, svd, soh, som, sod,
+        order_ptr, qk_scale, n, n_rep, width, sqh, sqm, sqd, skh, skn, skd, svh, svn, svd, soh, som, sod,
         PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     ):
-        qt = tl.program_id(0)
-        h = tl.program_id(1).to(tl.int64)
+        qt = tl.load(order_ptr + tl.program_id(1))
+        h = tl.program_id(0).to(tl.int64)
         hk = h // n_rep
         rows = qt * BLOCK_M + tl.arange(0, BLOCK_M)
         dims = tl.arange(0, BLOCK_D)
@@ -109,12 +110,12 @@ if HAS_TRITON:
     @triton.jit  # type: ignore[untyped-decorator,unused-ignore]
     def _bwd_dkdv_kernel(  # type: ignore[no-untyped-def]
         q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, qseg_ptr, kseg_ptr, blk_ptr, cp_ptr,
-        num_ptr, idx_ptr, full_ptr, qk_scale, sm_scale, n, n_rep, width,
+        num_ptr, idx_ptr, full_ptr, order_ptr, qk_scale, sm_scale, n, n_rep, width,
         sqh, sqm, sqd, skh, skn, skd, svh, svn, svd, sdoh, sdom, sdod, sdkh, sdkn, sdkd, sdvh, sdvn, sdvd,
         PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     ):
-        kt = tl.program_id(0)
-        hk = tl.program_id(1).to(tl.int64)
+        kt = tl.load(order_ptr + tl.program_id(1))
+        hk = tl.program_id(0).to(tl.int64)
         cols = kt * BLOCK_N + tl.arange(0, BLOCK_N)
         dims = tl.arange(0, BLOCK_D)
         cin = cols < n
@@ -152,12 +153,12 @@ if HAS_TRITON:
     @triton.jit  # type: ignore[untyped-decorator,unused-ignore]
     def _bwd_dq_kernel(  # type: ignore[no-untyped-def]
         q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, qseg_ptr, kseg_ptr, blk_ptr, cp_ptr,
-        num_ptr, idx_ptr, full_ptr, qk_scale, sm_scale, n, n_rep, width,
+        num_ptr, idx_ptr, full_ptr, order_ptr, qk_scale, sm_scale, n, n_rep, width,
         sqh, sqm, sqd, skh, skn, skd, svh, svn, svd, sdoh, sdom, sdod, sdqh, sdqm, sdqd,
         PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     ):
-        qt = tl.program_id(0)
-        h = tl.program_id(1).to(tl.int64)
+        qt = tl.load(order_ptr + tl.program_id(1))
+        h = tl.program_id(0).to(tl.int64)
         hk = h // n_rep
         rows = qt * BLOCK_M + tl.arange(0, BLOCK_M)
         dims = tl.arange(0, BLOCK_D)
@@ -226,9 +227,9 @@ def _launch_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ids: Posi
     out = torch.empty((n, hq, d), dtype=q.dtype, device=q.device).transpose(0, 1)
     lse = torch.empty((hq, n), dtype=torch.float32, device=q.device)
     sm_scale = 1.0 / math.sqrt(d)
-    _fwd_kernel[(sched.q_num.numel(), hq)](
+    _fwd_kernel[(hq, sched.q_num.numel())](
         q, k, v, out, lse, ids.qseg, ids.kseg, ids.blk, ids.copy, sched.q_num, sched.q_idx, sched.q_full,
-        sm_scale * LOG2E, n, hq // k.shape[0], sched.q_idx.shape[1], *q.stride(), *k.stride(), *v.stride(),
+        sched.q_order, sm_scale * LOG2E, n, hq // k.shape[0], sched.q_idx.shape[1], *q.stride(), *k.stride(), *v.stride(),
         *out.stride(), PRECISION=_precision(q.dtype), BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_D=d,
         num_warps=tile.warps, num_stages=tile.stages,
     )
@@ -249,16 +250,16 @@ def _launch_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: tor
     prec = _precision(q.dtype)
     s_kv, s_q = scheds
     t = tiling.dkdv
-    _bwd_dkdv_kernel[(s_kv.k_num.numel(), hkv)](
+    _bwd_dkdv_kernel[(hkv, s_kv.k_num.numel())](
         q, k, v, grad, lse, delta, dk, dv, ids.qseg, ids.kseg, ids.blk, ids.copy,
-        s_kv.k_num, s_kv.k_idx, s_kv.k_full, sm_scale * LOG2E, sm_scale, n, hq // hkv, s_kv.k_idx.shape[1],
+        s_kv.k_num, s_kv.k_idx, s_kv.k_full, s_kv.k_order, sm_scale * LOG2E, sm_scale, n, hq // hkv, s_kv.k_idx.shape[1],
         *q.stride(), *k.stride(), *v.stride(), *grad.stride(), *dk.stride(), *dv.stride(),
         PRECISION=prec, BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_D=d, num_warps=t.warps, num_stages=t.stages,
     )
     t = tiling.dq
-    _bwd_dq_kernel[(s_q.q_num.numel(), hq)](
+    _bwd_dq_kernel[(hq, s_q.q_num.numel())](
         q, k, v, grad, lse, delta, dq, ids.qseg, ids.kseg, ids.blk, ids.copy,
-        s_q.q_num, s_q.q_idx, s_q.q_full, sm_scale * LOG2E, sm_scale, n, hq // hkv, s_q.q_idx.shape[1],
+        s_q.q_num, s_q.q_idx, s_q.q_full, s_q.q_order, sm_scale * LOG2E, sm_scale, n, hq // hkv, s_q.q_idx.shape[1],
         *q.stride(), *k.stride(), *v.stride(), *grad.stride(), *dq.stride(),
         PRECISION=prec, BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_D=d, num_warps=t.warps, num_stages=t.stages,
     )

@@ -15,10 +15,12 @@ key tile is *full* for a query tile when every query of the tile covers all its 
 evaluated there), *partial* when some query sees some key (the kernel masks element-wise with
 the per-position ids). Difference arrays over [query tiles, key tiles] turn the 2 N intervals
 into both tables in O(N + Tq Tk). This is the block-sparse scheduling of FlexAttention's
-`BlockMask` (Dai et al., arXiv 2412.05496) and FlashAttention-3's varlen/causal tile skipping
-(Shah et al., arXiv 2407.08608), specialised to this mask: the schedule is exact at tile
-granularity (a tile is visited iff some query of the tile sees some key of it), and the backward
-walks the transposed table (per key tile, the query tiles that see it).
+`BlockMask` (partial and full kv-block lists per query block, Dong et al., arXiv 2412.05496) and
+of FlashAttention-3/4's causal and varlen tile bounds (Shah et al., arXiv 2407.08608), made
+exact for this mask: a tile is visited iff some query of it sees some key of it, and the list is
+computed from the layout rather than by evaluating the mask over every tile. The backward walks
+the transposed table (per key tile, the query tiles that see it), and tiles are launched
+longest walk first (as FlashAttention-4's LPT tile scheduler orders causal tiles).
 """
 
 from __future__ import annotations
@@ -54,6 +56,10 @@ class Schedule(NamedTuple):
         q_idx: int32 [Tq, max(1, max q_num)] those key tiles, ascending (padding past q_num).
         q_full: int32 [Tq, same] 1 where the key tile is full (no element mask needed).
         k_num, k_idx, k_full: the same per key tile over query tiles.
+        q_order, k_order: int32 tiles by descending work (q_num, k_num): program i serves tile
+            order[i], so the longest walks start first and the short ones fill in behind them
+            (longest-processing-time-first; a noisy copy's query tile walks its whole clean
+            prefix, a noisy key tile is seen by one or two query tiles).
     """
 
     q_num: torch.Tensor
@@ -62,6 +68,8 @@ class Schedule(NamedTuple):
     k_num: torch.Tensor
     k_idx: torch.Tensor
     k_full: torch.Tensor
+    q_order: torch.Tensor
+    k_order: torch.Tensor
 
 
 def position_ids(mask: object, n: int, device: torch.device) -> PositionIds:
@@ -194,7 +202,9 @@ def build_schedule(ids: PositionIds, tile_q: int, tile_k: int, *, padded_keys: b
         full = torch.zeros_like(full)
     q_num, q_idx, q_full = _listed(meets, full)
     k_num, k_idx, k_full = _listed(meets.T.contiguous(), full.T.contiguous())
-    return Schedule(q_num, q_idx, q_full, k_num, k_idx, k_full)
+    q_order = torch.argsort(q_num, descending=True, stable=True).to(torch.int32)
+    k_order = torch.argsort(k_num, descending=True, stable=True).to(torch.int32)
+    return Schedule(q_num, q_idx, q_full, k_num, k_idx, k_full, q_order, k_order)
 
 
 def visited_pairs(schedule: Schedule, tile_q: int, tile_k: int) -> int:
