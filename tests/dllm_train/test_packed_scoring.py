@@ -103,7 +103,9 @@ def _check(family: str, backend: str, device: str, *, grads: bool) -> None:
             torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4)
     if family in ("sdar", "llada2"):
         # the blocks of a row without a noised token of that row score 0 on both paths (a row's
-        # values never depend on the other rows); the rest is a real log-prob
+        # values never depend on the other rows); so does every position whose input is not
+        # noised (`Scorer.noised_only`: the head runs on the noised tokens alone); the noised
+        # positions get a real log-prob
         attn, noisy, clean = attn.cpu(), noisy.cpu(), clean.cpu()
         blocks = (attn.long().cumsum(-1) - 1).clamp(min=0) // 4
         quiet = torch.stack([attn[i] & ~torch.isin(blocks[i], blocks[i][noisy[i] != clean[i]])
@@ -113,7 +115,8 @@ def _check(family: str, backend: str, device: str, *, grads: bool) -> None:
         assert (quiet & batch_noised).any()
         for lp in (got.cpu(), ref.cpu()):
             assert quiet.any() and torch.all(lp[quiet] == 0)
-            assert torch.all(lp[attn & ~quiet] < 0)
+            noised = attn & (noisy != clean)
+            assert torch.all(lp[noised] < 0) and torch.all(lp[attn & ~noised] == 0)
 
 
 def test_unknown_training_backend_is_refused() -> None:
