@@ -75,6 +75,9 @@ def test_gradients_equal_full_checkpointing_and_the_count_follows_the_budget() -
 
     planner = ActivationPlanner(ActivationBudget(budget_bytes=0, reserve_bytes=0))
     model.activation_planner = planner
+    with torch.no_grad():  # an old-values pass saves nothing: no layer measured or checkpointed
+        model(ids)
+    assert planner.bytes_per_token is None and planner.last_checkpointed == 0
     first = _grads(model, ids)  # the first forward measures its first layer, checkpoints the rest
     assert planner.last_checkpointed == 3 and planner.bytes_per_token is not None and planner.bytes_per_token > 0
     tokens = ids.numel()

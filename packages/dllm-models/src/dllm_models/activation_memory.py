@@ -124,12 +124,17 @@ class ActivationPlanner:
         Returns:
             the last hidden states and each layer's extra output.
         """
+        extras: list[T] = []
+        if not torch.is_grad_enabled():  # nothing is saved for a backward: no layer to checkpoint or measure
+            for i in range(len(layers)):
+                x, extra = call(i, x, False)
+                extras.append(extra)
+            return x, extras
         device = x.device
         limit = self.budget.limit(device)
         tokens = x.shape[0] * x.shape[1]
         kept = x.numel() * x.element_size()
         held = 0  # CPU: bytes this forward has saved so far
-        extras: list[T] = []
         checkpointed = 0
         for i, layer in enumerate(layers):
             if limit is None:
@@ -147,7 +152,8 @@ class ActivationPlanner:
             else:
                 x, extra, saved = self._measured(layer, i, x, call)
                 held += saved
-                self.bytes_per_token = max(self.bytes_per_token or 0.0, saved / max(tokens, 1))
+                if saved > 0:
+                    self.bytes_per_token = max(self.bytes_per_token or 0.0, saved / max(tokens, 1))
             extras.append(extra)
         self.last_checkpointed = checkpointed
         return x, extras
