@@ -177,6 +177,29 @@ def test_bd3lm_kernel_in_interpreter_mode() -> None:
     assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-3000:]
 
 
+@pytest.mark.slow
+def test_kernels_compile_for_hopper_without_a_gpu() -> None:
+    """The three kernels with `GPU_TILING` compile to sm_90 machine code (Triton's real compiler,
+    not the interpreter: what the interpreter tolerates and the compiler refuses shows here)."""
+    triton = pytest.importorskip("triton")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    import dllm_models.kernels.bd3lm_attention as K
+
+    ints = ("qseg_ptr", "kseg_ptr", "blk_ptr", "cp_ptr", "num_ptr", "idx_ptr", "full_ptr", "order_ptr")
+    for fn, tile in ((K._fwd_kernel, K.GPU_TILING.forward), (K._bwd_dkdv_kernel, K.GPU_TILING.dkdv),
+                     (K._bwd_dq_kernel, K.GPU_TILING.dq)):
+        consts = {"PRECISION": "tf32", "BLOCK_M": tile.block_m, "BLOCK_N": tile.block_n, "BLOCK_D": 128}
+        sig = {n: "constexpr" if n in consts else ("*i32" if n in ints else "*fp32" if n in ("lse_ptr", "delta_ptr")
+                                                     else "*bf16" if n.endswith("_ptr") else "fp32" if "scale" in n
+                                                     else "i32") for n in fn.arg_names}
+        src = ASTSource(fn, sig, constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()})
+        compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                                  options={"num_warps": tile.warps, "num_stages": tile.stages})
+        assert compiled.asm["cubin"] and "wgmma" in compiled.asm["ptx"], fn.__name__  # Hopper tensor cores
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("block", [4, 32])
 def test_bd3lm_kernel_matches_reference_on_gpu(block: int) -> None:
