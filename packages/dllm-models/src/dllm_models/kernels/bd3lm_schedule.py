@@ -25,7 +25,7 @@ longest walk first (as FlashAttention-4's LPT tile scheduler orders causal tiles
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
@@ -72,18 +72,17 @@ class Schedule(NamedTuple):
     k_order: torch.Tensor
 
 
-def position_ids(mask: object, n: int, device: torch.device) -> PositionIds:
+def position_ids(mask: Any, n: int, device: torch.device) -> PositionIds:
     """Per-position ids of a BD3LM (or block-causal) `AttentionMask` over a packed row of n positions.
 
     Args:
         mask: a `dllm_models.attention.AttentionMask` with block_ids [1, n] (rule 'bd3lm' or
-            'block_causal'), packed by cu_seqlens or one sequence.
+            'block_causal'), packed by cu_seqlens or one sequence (read by its fields: this
+            module is imported by the attention module's backend, not the other way round).
         n: positions of the row.
         device: where the ids go.
     """
-    from dllm_models.attention import AttentionMask
-
-    assert isinstance(mask, AttentionMask) and mask.block_ids is not None
+    assert mask.block_ids is not None
     blk = mask.block_ids[0, -n:].to(device=device, dtype=torch.int32)
     seg = mask.segment_ids(device)
     qseg = torch.zeros(n, dtype=torch.int32, device=device) if seg is None else seg[-n:].to(torch.int32)
