@@ -91,6 +91,15 @@ def test_schedule_rejects_a_layout_it_cannot_serve() -> None:
         intervals(position_ids(mask, 4, CPU))
 
 
+def test_tiles_are_validated() -> None:
+    from dllm_models.kernels.bd3lm_attention import Tile
+
+    with pytest.raises(ValueError, match="block_m=24"):
+        Tile(24, 64)
+    with pytest.raises(ValueError, match="warps"):
+        Tile(64, 64, warps=3)
+
+
 _CODE = r"""
 import torch
 import dllm_models.attention as A

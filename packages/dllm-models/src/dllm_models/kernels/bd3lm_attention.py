@@ -200,6 +200,15 @@ class Tile:
     warps: int = 4
     stages: int = 2
 
+    def __post_init__(self) -> None:
+        for name in ("block_m", "block_n"):
+            size = getattr(self, name)
+            if size < 16 or size & (size - 1):
+                raise ValueError(f"Tile.{name}={size}: tensor-core tiles need a power of two >= 16 (e.g. 64)")
+        if self.warps not in (1, 2, 4, 8, 16) or self.stages < 1:
+            raise ValueError(f"Tile(warps={self.warps}, stages={self.stages}): warps a power of two <= 16, "
+                             "stages >= 1")
+
 
 @dataclass(frozen=True)
 class Tiling:
@@ -210,6 +219,7 @@ class Tiling:
     dq: Tile
 
     def tiles(self) -> tuple[Tile, Tile, Tile]:
+        """(forward, dkdv, dq)."""
         return self.forward, self.dkdv, self.dq
 
 
