@@ -47,7 +47,8 @@ def _scored(family: str, attn: torch.Tensor) -> torch.Tensor:
 
 FAMILIES = ["llada", "dream", "sdar", "llada2"]
 CASES = [(f, "sdpa") for f in FAMILIES] + [(f, "flex") for f in FAMILIES]
-GPU_CASES = [("llada", "varlen"), ("dream", "varlen"), ("sdar", "flex"), ("llada2", "flex")]
+GPU_CASES = [("llada", "varlen"), ("dream", "varlen"), ("sdar", "flex"), ("llada2", "flex"), ("sdar", "bd3lm_kernel"),
+             ("llada2", "bd3lm_kernel")]
 
 
 @pytest.mark.parametrize(("family", "backend"), CASES)
