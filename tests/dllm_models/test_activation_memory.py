@@ -35,6 +35,8 @@ def test_budget_is_validated() -> None:
         ActivationBudget(budget_bytes=-1)
     with pytest.raises(ValueError, match="reserve_bytes"):
         ActivationBudget(reserve_bytes=-1)
+    with pytest.raises(ValueError, match="min_measure_tokens"):
+        ActivationBudget(min_measure_tokens=0)
     assert ActivationBudget().limit(torch.device("cpu")) is None
 
 
@@ -73,11 +75,15 @@ def test_gradients_equal_full_checkpointing_and_the_count_follows_the_budget() -
     _grads(model, ids)
     assert unsized.last_checkpointed == 4 and unsized.bytes_per_token is None
 
-    planner = ActivationPlanner(ActivationBudget(budget_bytes=0, reserve_bytes=0))
+    planner = ActivationPlanner(ActivationBudget(budget_bytes=0, reserve_bytes=0, min_measure_tokens=48))
     model.activation_planner = planner
+    small = torch.randint(0, 12, (1, 20), generator=torch.Generator().manual_seed(2))
+    for a, b in zip(_grads(model, small), _grads(model, small)):  # too few tokens to measure: every layer
+        assert torch.equal(a, b)
+    assert planner.bytes_per_token is None and planner.last_checkpointed == 4
     with torch.no_grad():  # an old-values pass saves nothing: no layer measured or checkpointed
         model(ids)
-    assert planner.bytes_per_token is None and planner.last_checkpointed == 0
+    assert planner.bytes_per_token is None and planner.last_checkpointed == 4  # still the last training forward's
     first = _grads(model, ids)  # the first forward measures its first layer, checkpoints the rest
     assert planner.last_checkpointed == 3 and planner.bytes_per_token is not None and planner.bytes_per_token > 0
     tokens = ids.numel()
@@ -88,7 +94,7 @@ def test_gradients_equal_full_checkpointing_and_the_count_follows_the_budget() -
         assert torch.allclose(a, b, rtol=0, atol=1e-14)
     counts = []
     for budget in (0, per_layer + 3 * kept, 2 * per_layer + 2 * kept, 3 * per_layer + kept, 4 * per_layer):
-        planner = ActivationPlanner(ActivationBudget(budget_bytes=int(budget), reserve_bytes=0))
+        planner = ActivationPlanner(ActivationBudget(budget_bytes=int(budget), reserve_bytes=0, min_measure_tokens=1))
         planner.bytes_per_token = per_layer / tokens
         model.activation_planner = planner
         grads = _grads(model, ids)

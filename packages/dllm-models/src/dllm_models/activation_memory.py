@@ -18,8 +18,8 @@ A is *measured*, not modelled: on CUDA as the growth of allocated memory across 
 without checkpointing, on the CPU as the bytes of the tensors autograd saves (a saved-tensor
 hook, parameters excluded). It is linear in the tokens (no attention backend here saves an
 N x N matrix on the GPU), so it is kept as bytes per token (the largest seen: MoE layers vary)
-and scaled to each pass. The first training forward of a model runs its first layer without
-checkpointing to measure it. Layers are decided in order, each against the memory in use at
+and scaled to each pass. The first training forward of a model (of at least
+`min_measure_tokens`) runs its first layer without checkpointing to measure it. Layers are decided in order, each against the memory in use at
 that point (CUDA: the allocator's count; CPU: the measured bytes), so a pass checkpoints a
 prefix of its layers. Gradients are those of full checkpointing: recomputation is exact.
 """
@@ -46,16 +46,22 @@ class ActivationBudget:
             None: the device's total memory on CUDA, and full checkpointing elsewhere (no limit
             to size against).
         reserve_bytes: headroom kept free under the budget (see the module doc).
+        min_measure_tokens: only forwards of at least this many tokens measure a layer (a
+            one-token idle pass would overstate the bytes per token: allocations round up);
+            smaller ones checkpoint every layer until a measure exists.
     """
 
     budget_bytes: int | None = None
     reserve_bytes: int = 4 * GIB
+    min_measure_tokens: int = 256
 
     def __post_init__(self) -> None:
         if self.budget_bytes is not None and self.budget_bytes < 0:
             raise ValueError(f"budget_bytes must be >= 0 (or None: the device's memory), got {self.budget_bytes}")
         if self.reserve_bytes < 0:
             raise ValueError(f"reserve_bytes must be >= 0, got {self.reserve_bytes}")
+        if self.min_measure_tokens < 1:
+            raise ValueError(f"min_measure_tokens must be >= 1, got {self.min_measure_tokens}")
 
     def limit(self, device: torch.device) -> int | None:
         """Bytes the step may use on `device` (None: unknown, checkpoint every layer)."""
@@ -139,8 +145,8 @@ class ActivationPlanner:
         for i, layer in enumerate(layers):
             if limit is None:
                 ckpt = True
-            elif self.bytes_per_token is None:
-                ckpt = False  # the first layer of the first forward is measured
+            elif self.bytes_per_token is None:  # the first layer of the first large forward is measured
+                ckpt = tokens < self.budget.min_measure_tokens
             else:
                 used = torch.cuda.memory_allocated(device) if device.type == "cuda" else held
                 free = limit - used - self.budget.reserve_bytes
@@ -152,7 +158,7 @@ class ActivationPlanner:
             else:
                 x, extra, saved = self._measured(layer, i, x, call)
                 held += saved
-                if saved > 0:
+                if saved > 0 and tokens >= self.budget.min_measure_tokens:
                     self.bytes_per_token = max(self.bytes_per_token or 0.0, saved / max(tokens, 1))
             extras.append(extra)
         self.last_checkpointed = checkpointed
