@@ -40,8 +40,8 @@ WRITTEN_BY_MAIN: dict[str, tuple[type[RunConfig], str, list[str]]] = {
 }
 # changed since main wrote the fixtures: fields added (a saved config lacks them and reads their
 # defaults) and recipe values changed (the fixtures keep the old ones)
-ADDED_SINCE = {"trainer": {"optimizer_offload": False}, "rollout": {"block_aligned_budget": False,
-                                                                              "commit_block_start": False},
+ADDED_SINCE = {"trainer": {"optimizer_offload": False, "activation_memory_gib": 0.0},
+               "rollout": {"block_aligned_budget": False, "commit_block_start": False},
                "checkpoint": {"lora_dropout": 0.0}}
 RECIPES_CHANGED_SINCE = ["trainer.optimizer_offload=false"]  # on in the released-size recipes
 

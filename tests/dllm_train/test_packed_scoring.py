@@ -47,7 +47,8 @@ def _scored(family: str, attn: torch.Tensor) -> torch.Tensor:
 
 FAMILIES = ["llada", "dream", "sdar", "llada2"]
 CASES = [(f, "sdpa") for f in FAMILIES] + [(f, "flex") for f in FAMILIES]
-GPU_CASES = [("llada", "varlen"), ("dream", "varlen"), ("sdar", "flex"), ("llada2", "flex")]
+GPU_CASES = [("llada", "varlen"), ("dream", "varlen"), ("sdar", "flex"), ("llada2", "flex"), ("sdar", "bd3lm_kernel"),
+             ("llada2", "bd3lm_kernel")]
 
 
 @pytest.mark.parametrize(("family", "backend"), CASES)
@@ -103,7 +104,9 @@ def _check(family: str, backend: str, device: str, *, grads: bool) -> None:
             torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4)
     if family in ("sdar", "llada2"):
         # the blocks of a row without a noised token of that row score 0 on both paths (a row's
-        # values never depend on the other rows); the rest is a real log-prob
+        # values never depend on the other rows); so does every position whose input is not
+        # noised (`Scorer.noised_only`: the head runs on the noised tokens alone); the noised
+        # positions get a real log-prob
         attn, noisy, clean = attn.cpu(), noisy.cpu(), clean.cpu()
         blocks = (attn.long().cumsum(-1) - 1).clamp(min=0) // 4
         quiet = torch.stack([attn[i] & ~torch.isin(blocks[i], blocks[i][noisy[i] != clean[i]])
@@ -113,7 +116,8 @@ def _check(family: str, backend: str, device: str, *, grads: bool) -> None:
         assert (quiet & batch_noised).any()
         for lp in (got.cpu(), ref.cpu()):
             assert quiet.any() and torch.all(lp[quiet] == 0)
-            assert torch.all(lp[attn & ~quiet] < 0)
+            noised = attn & (noisy != clean)
+            assert torch.all(lp[noised] < 0) and torch.all(lp[attn & ~noised] == 0)
 
 
 def test_unknown_training_backend_is_refused() -> None:

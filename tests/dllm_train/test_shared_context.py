@@ -219,9 +219,11 @@ def test_a_group_that_must_split_pays_the_fewest_clean_halves() -> None:
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["flex", "bd3lm_kernel"])
 @pytest.mark.parametrize("family", ["sdar", "llada2"])
-def test_shared_clean_layout_on_compiled_flex_on_gpu(family: str) -> None:
-    """CUDA, compiled flex (the GPU default for block families), float32: shared equals doubled."""
+def test_shared_clean_layout_on_compiled_flex_on_gpu(family: str, backend: str) -> None:
+    """CUDA, compiled flex and the BD3LM Triton kernel (the GPU default for block families),
+    float32: shared equals doubled."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     model = tiny_model(family).cuda().train()
@@ -231,7 +233,7 @@ def test_shared_clean_layout_on_compiled_flex_on_gpu(family: str) -> None:
 
     def run(shared: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
         model.zero_grad(set_to_none=True)
-        lp = plan_token_logp(Scorer(model, attention="flex", shared_context=shared), ids, attn, plan)
+        lp = plan_token_logp(Scorer(model, attention=backend, shared_context=shared), ids, attn, plan)
         torch.exp(lp.clamp(max=0)).sum().backward()
         return lp.detach(), _grads(model)
 

@@ -83,7 +83,8 @@ def run_sft_recipe(cfg: SFTRecipeConfig, output_dir: Path, *, progress: bool = T
                           max_response_length=data.max_response_length, positions=_positions(cfg))
     wandb_run = _open(cfg, output_dir)  # after every data check: nothing is written before
     model = policy_with_adapters(cfg)  # (the SFT entry's `lora` is checkpoint.lora(): its worker adds none again)
-    set_activation_checkpointing(model, cfg.trainer.activation_checkpointing)
+    set_activation_checkpointing(model, cfg.trainer.activation_checkpointing,
+                                 memory_gib=cfg.trainer.activation_memory_gib)
     device, pad, seed = next(model.parameters()).device, _pad_id(tokenizer), cfg.trainer.seed
     size = sft.batch_size
 
@@ -127,7 +128,8 @@ def run_preference_recipe(cfg: PreferenceRecipeConfig, output_dir: Path, *, prog
                                  max_response_length=data.max_response_length, positions=_positions(cfg))
     wandb_run = _open(cfg, output_dir)  # after every data check: nothing is written before
     model = policy_with_adapters(cfg)
-    set_activation_checkpointing(model, cfg.trainer.activation_checkpointing)
+    set_activation_checkpointing(model, cfg.trainer.activation_checkpointing,
+                                 memory_gib=cfg.trainer.activation_memory_gib)
     # the reference by the RL assembly's rule: under LoRA the policy's own base weights (no copy), else a
     # frozen copy of the initial policy (on the CPU between its passes with trainer.reference_offload)
     reference = model if ckpt.lora_rank else copy.deepcopy(model)

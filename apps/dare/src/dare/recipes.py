@@ -70,8 +70,10 @@ _FAMILY_ROLLOUT: dict[str, SamplingConfig] = {
     "llada2": SamplingConfig(max_new_tokens=2048, steps=16, block_length=32, temperature=0.6, top_k=50,
                              top_p=0.95, block_diffusion=True, eos_handling="truncate", cache="prefix"),
 }
-# released-size runs: every likelihood pass in forwards of at most 16k tokens, activations
-# recomputed in backward, and (RL) the AdamW state in host memory outside the optimizer step
+# released-size runs: every likelihood pass in forwards of at most 16k tokens, activations of as
+# many layers recomputed in backward as the card's memory needs (trainer.activation_memory_gib=0:
+# the whole card; set it lower to stay under a smaller one), and (RL) the AdamW state in host
+# memory outside the optimizer step
 # (docs/benchmarks.md has the memory these settings take)
 def _trainer(*, max_steps: int, save_every: int, eval_every: int = 0) -> TrainerConfig:
     return TrainerConfig(max_steps=max_steps, seed=0, eval_every=eval_every, save_every=save_every,

@@ -76,6 +76,7 @@ __all__ += [
     "SDARMoeModel",
 ]
 
+from dllm_models.activation_memory import ActivationBudget, ActivationPlanner  # noqa: E402
 from dllm_models.attention import available_backends, bd3lm_mask  # noqa: E402
 from dllm_models.logprob import (  # noqa: E402
     final_hidden,
@@ -95,6 +96,8 @@ from dllm_models.lora import (  # noqa: E402
 from dllm_models.packing import Packed, pack, pack_like, unpack  # noqa: E402
 
 __all__ += [
+    "ActivationBudget",
+    "ActivationPlanner",
     "BaseWeightsView",
     "Packed",
     "adapter_state_dict",

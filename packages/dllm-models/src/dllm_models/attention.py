@@ -8,6 +8,9 @@ Backends (every one computes the same function of q, k, v and an `AttentionMask`
   dense Lq x Lk mask); compiled on CUDA, eager (slow, small inputs only) on CPU.
 - `varlen`: torch's built-in flash varlen kernel on packed rows (`cu_seqlens`); CUDA only.
 - `flash_attn`: `flash_attn_varlen_func` on packed rows; registered only when flash-attn imports.
+- `bd3lm_kernel`: the Triton kernel of the BD3LM training layout (`dllm_models.kernels.bd3lm_attention`:
+  forward and backward visit only the key tiles a query tile sees) on a packed row; flex on CUDA
+  and sdpa elsewhere for the inputs it does not serve (`bd3lm_fits`).
 
 Masks are specs, not model forks: key padding, packed segments, block-causal block ids and the
 BD3LM [x_t ; x_0] training layout (Arriola et al., "Block Diffusion", arXiv 2503.09573) are all
@@ -260,6 +263,14 @@ def _flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask
     return flex_attend(q, k, v, mask)
 
 
+def _bd3lm_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask) -> torch.Tensor:
+    from dllm_models.kernels.bd3lm_attention import bd3lm_attend, bd3lm_fits
+
+    if bd3lm_fits(q, k, mask):
+        return bd3lm_attend(q, k, v, mask)
+    return _flex(q, k, v, mask) if q.is_cuda else _sdpa(q, k, v, mask)
+
+
 def _packed_rows(
     q: torch.Tensor, k: torch.Tensor, mask: AttentionMask, backend: str
 ) -> tuple[torch.Tensor, int]:
@@ -311,6 +322,7 @@ BACKENDS: dict[str, AttentionFn] = {
     "eager": _eager,
     "flex": _flex,
     "varlen": _varlen,
+    "bd3lm_kernel": _bd3lm_kernel,
 }
 
 try:  # optional extra `flash-attn`
@@ -335,7 +347,7 @@ if _flash_varlen is not None:
 def available_backends(device: torch.device | str = "cpu") -> list[str]:
     """Backends of `BACKENDS` that run on `device` ('flex' on CPU is eager: small inputs only)."""
     kind = torch.device(device).type
-    names = ["sdpa", "eager", "flex"]
+    names = ["sdpa", "eager", "flex", "bd3lm_kernel"]
     if kind == "cuda":
         names += [n for n in ("varlen", "flash_attn") if n in BACKENDS]
     return names

@@ -98,7 +98,7 @@ def assemble_rank(model: Any, *, sampling: SamplingConfig, algorithm: RLAlgorith
             rollout_ref = BaseWeightsView(rollout_model)
         else:
             rollout_ref = ref_copy if shard is None and ref_copy is not None else _frozen_copy(model)
-    set_activation_checkpointing(model, trainer.activation_checkpointing)
+    set_activation_checkpointing(model, trainer.activation_checkpointing, memory_gib=trainer.activation_memory_gib)
     policy = model if shard is None else shard(model, offload=trainer.fsdp_cpu_offload)
     actor: ActorWorker[Any] = ActorWorker(policy, algorithm, optim, max_tokens_per_pass=budget,
                                           scorer=scorer(policy, kind=Scorer, attention=attention, shared_context=shared),

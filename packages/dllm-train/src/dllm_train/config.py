@@ -101,8 +101,10 @@ class TrainerConfig:
         wandb_run_name: W&B run name (empty: the output folder's name).
         train_attention: attention backend of the likelihood passes (old, reference, training,
             SFT, preference) on packed rows with the fused log-prob head: "varlen" / "flash_attn"
-            (CUDA; bidirectional families), "flex" (any family; block families' BD3LM layout),
-            "sdpa" (CPU too). "auto": varlen or flex on CUDA (the exact fast path); on CPU sdpa
+            (CUDA; bidirectional families), "bd3lm_kernel" (block families' BD3LM layout: the
+            Triton kernel that visits only the visible tiles, `dllm_models.kernels.bd3lm_attention`;
+            flex on CUDA / sdpa elsewhere for inputs it does not serve), "flex" (any family),
+            "sdpa" (CPU too). "auto": varlen or bd3lm_kernel on CUDA (the exact fast path); on CPU sdpa
             for block families (their padded layout runs a row per noised block) and the padded
             path for LLaDA/Dream. "none" or empty: the padded batch (its head in chunks of
             `dllm_models.logprob.LOGITS_CHUNK_ELEMENTS` logits). The rollout keeps the model's
@@ -117,8 +119,16 @@ class TrainerConfig:
             [x_0 ; x_t^1 ; ... ; x_t^k]: (k + 1) L tokens, priced so by the token budget) or
             "doubled" (every copy its own [x_t ; x_0] pair: 2 k L tokens; for comparison). Both
             compute the same values and gradients. See `dllm_train.packed_scoring`.
-        activation_checkpointing: recompute each decoder layer's activations in the backward of
-            the training passes (less memory, about one more forward of compute).
+        activation_checkpointing: recompute decoder layers' activations in the backward of the
+            training passes (less memory, up to one more forward of compute): only as many
+            layers as `activation_memory_gib` needs, the first ones of each pass
+            (`dllm_models.activation_memory`).
+        activation_memory_gib: the device memory (GiB) a training step may use when
+            activation_checkpointing is on: each training forward checkpoints the fewest layers
+            that keep its projected peak (what the device holds at the pass, plus the measured
+            activations per layer and 4 GiB of headroom) under it. 0: the device's total memory
+            (CUDA; every layer on the CPU). Set it below the card (e.g. 76 on an 80 GB card)
+            to stay under it; a budget smaller than the step's weights checkpoints every layer.
         reference_offload: keep the frozen reference model on the CPU between its passes
             (moved to the GPU for each pass), so it costs no second copy of the weights on the
             GPU. A LoRA run needs no copy at all: see `dllm_train.workers.ReferenceWorker`.
@@ -158,6 +168,7 @@ class TrainerConfig:
     max_tokens_per_pass: int = 0
     bd3lm_layout: str = "shared"
     activation_checkpointing: bool = False
+    activation_memory_gib: float = 0.0
     reference_offload: bool = False
     fsdp_cpu_offload: bool = False
     optimizer_offload: bool = False
@@ -171,6 +182,9 @@ class TrainerConfig:
         if self.train_attention not in choices:
             raise ValueError(f"trainer.train_attention={self.train_attention!r} is not a packed attention backend; "
                              f"choose one of {choices[1:]} (or empty / none: the padded path)")
+        if not self.activation_memory_gib >= 0:
+            raise ValueError(f"trainer.activation_memory_gib must be >= 0 (GiB; 0: the device's memory), "
+                             f"got {self.activation_memory_gib}")
         if self.max_tokens_per_pass < 0:
             raise ValueError(f"trainer.max_tokens_per_pass must be >= 0 (0: no limit), got {self.max_tokens_per_pass}")
         if self.bd3lm_layout not in BD3LM_LAYOUTS:

@@ -98,11 +98,15 @@ class Scorer:
             clean half per row (the doubled layout, for comparison). The same values either way.
         logits_chunk_tokens: tokens per chunk of the padded path's head (None: as many as
             `LOGITS_CHUNK_ELEMENTS` logits allow at the model's vocabulary).
+        noised_only: block families: log-probs only at the noised positions (input differs
+            from the clean sequence), 0 at the others, where no objective reads them (the ELBO
+            and the policy losses weigh masked tokens only); on packed rows the output head then
+            runs on those positions alone. False: every position of a noised block.
     """
 
     def __init__(self, model: Any, *, lockstep_group: dist.ProcessGroup | None = None,
                  attention: str | None = None, shared_context: bool = True,
-                 logits_chunk_tokens: int | None = None) -> None:
+                 logits_chunk_tokens: int | None = None, noised_only: bool = True) -> None:
         if attention is not None and attention not in PACKED_BACKENDS:
             raise ValueError(f"training attention {attention!r} is not a packed backend; choose one of {PACKED_BACKENDS}")
         if logits_chunk_tokens is not None and logits_chunk_tokens < 1:
@@ -112,6 +116,7 @@ class Scorer:
         self.attention = attention
         self.shared_context = shared_context
         self.logits_chunk_tokens = logits_chunk_tokens
+        self.noised_only = noised_only
         traits = model.traits
         self.mask_id: int = int(traits.mask_token_id)
         self.eos_id: int = int(traits.eos_token_id)
@@ -195,7 +200,8 @@ class Scorer:
 
         Returns:
             float32 [M, S] (or [M, S, C]). Block models: 0 in the blocks of a row that hold no
-            noised token of that row (so a row's values never depend on the other rows).
+            noised token of that row (so a row's values never depend on the other rows), and
+            with `noised_only` at every position whose input is not noised.
         """
         attn = attention_mask.bool()
         backend = self.attention
@@ -203,7 +209,7 @@ class Scorer:
             return packed_token_logp(
                 self.model, noisy_ids, attn, targets, targets if clean_ids is None else clean_ids,
                 temperature=temperature, block_length=self.block_length, backend=backend,
-                shared=self.shared_context,
+                shared=self.shared_context, noised_only=self.noised_only,
             )
         pos = positions_from_mask(attn)
         if self.block_length is None:
@@ -278,6 +284,8 @@ class Scorer:
         noised_in_row = [(changed & (bid == b)).any(-1, keepdim=True) for b in blocks]
         for i, b in enumerate(blocks):
             sel = (bid == b) & noised_in_row[i]  # a block of a row without a noised token scores 0
+            if self.noised_only:
+                sel = sel & changed
             if targets.dim() == 3:
                 sel = sel[..., None].expand_as(out)
             out = torch.where(sel, logp[i * m:(i + 1) * m], out)

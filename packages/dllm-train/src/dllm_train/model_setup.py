@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from dllm_models.activation_memory import GIB, ActivationBudget, ActivationPlanner
 from dllm_train.config import TrainerConfig
 from dllm_train.likelihood import Scorer
 
@@ -17,8 +18,9 @@ from dllm_train.likelihood import Scorer
 def resolved_attention(trainer: TrainerConfig, model: Any) -> str | None:
     """The packed attention backend of the likelihood passes: `trainer.train_attention`, where
     "auto" picks the exact fast path of the device (CUDA: varlen for bidirectional families,
-    flex for block families; CPU: sdpa for block families, whose padded layout runs one row per
-    noised block, and the padded path for bidirectional ones), and "none" or "" the padded path."""
+    the BD3LM Triton kernel `bd3lm_kernel` for block families; CPU: sdpa for block families,
+    whose padded layout runs one row per noised block, and the padded path for bidirectional
+    ones), and "none" or "" the padded path. `flex` and `sdpa` stay selectable by name."""
     choice = trainer.train_attention
     if choice in ("", "none"):
         return None
@@ -28,17 +30,30 @@ def resolved_attention(trainer: TrainerConfig, model: Any) -> str | None:
     device = next(model.parameters()).device
     if device.type != "cuda":
         return "sdpa" if block else None
-    return "flex" if block else "varlen"
+    return "bd3lm_kernel" if block else "varlen"
 
 
-def set_activation_checkpointing(model: Any, enabled: bool) -> None:
-    """Recompute each decoder layer's activations in backward (the families' own switch)."""
+def set_activation_checkpointing(model: Any, enabled: bool, *, memory_gib: float | None = None) -> None:
+    """Recompute decoder layers' activations in backward (the families' own switch).
+
+    Args:
+        model: a family module.
+        enabled: checkpoint at all.
+        memory_gib: size the checkpointing to this memory budget (`trainer.activation_memory_gib`;
+            0: the device's memory): only as many layers as it needs are recomputed
+            (`dllm_models.ActivationPlanner`). None: every layer.
+    """
     if not hasattr(model, "gradient_checkpointing"):
         if enabled:
             raise ValueError(f"{type(model).__name__} has no activation checkpointing; "
                              "set trainer.activation_checkpointing=false")
         return
     model.gradient_checkpointing = bool(enabled)
+    planner = None
+    if enabled and memory_gib is not None:
+        budget = ActivationBudget(budget_bytes=None if memory_gib == 0 else int(memory_gib * GIB))
+        planner = ActivationPlanner(budget)
+    model.activation_planner = planner
 
 
 class BaseWeightsScorer(Scorer):

@@ -3,8 +3,9 @@
 The padded path of `Scorer` runs every row at the batch's full width and materialises float32
 logits [M, S, V]; for block-diffusion families it even runs one row per noised block. Here the
 real tokens of all rows are packed into one row (`dllm_models.packing`), the model runs with the
-training attention backend (`varlen` / `flash_attn` for bidirectional families, `flex` for the
-BD3LM [x_t ; x_0] layout of block families) and token log-probs come from the fused head
+training attention backend (`varlen` / `flash_attn` for bidirectional families, `bd3lm_kernel`
+(the Triton kernel of `dllm_models.kernels.bd3lm_attention`) or `flex` for the BD3LM layout of
+block families) and token log-probs come from the fused head
 (`dllm_models.logprob.token_logprobs`: Triton on CUDA, chunked on CPU). The result is the same
 function as the padded path (tests compare them); only padding compute and logits memory go.
 
@@ -27,7 +28,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-PACKED_BACKENDS = ("sdpa", "eager", "flex", "varlen", "flash_attn")
+PACKED_BACKENDS = ("sdpa", "eager", "flex", "varlen", "flash_attn", "bd3lm_kernel")
 
 
 @contextmanager
@@ -69,6 +70,7 @@ def packed_token_logp(
     block_length: int | None,
     backend: str,
     shared: bool = True,
+    noised_only: bool = True,
 ) -> torch.Tensor:
     """float32 [M, S] log-prob of `targets` given `noisy_ids`, computed on packed rows (see module doc).
 
@@ -76,6 +78,9 @@ def packed_token_logp(
     sees itself and the clean earlier blocks; blocks without a noised token get 0 (as the padded
     path: block ids noised in no row of the batch). `shared`: consecutive rows with the same clean
     context share one clean half (`shares_clean_context`); False: one clean half per row.
+    `noised_only` (block families): score only the noised positions of each noisy copy (input
+    differs from the clean sequence) -- the output head and log-softmax run there alone, never on
+    the clean copy -- and give 0 elsewhere; False: every position of a noised block.
     """
     from dllm_models.logprob import model_token_logprobs
     from dllm_models.packing import pack, pack_like, unpack
@@ -91,7 +96,7 @@ def packed_token_logp(
             )
             return unpack(lp, packed)
         follows = shares_clean_context(attn, clean_ids) if shared else torch.zeros_like(attn[:, 0])
-        return _bd3lm(model, packed, clean_ids, follows, tgt, temperature, block_length)
+        return _bd3lm(model, packed, clean_ids, follows, tgt, temperature, block_length, noised_only)
 
 
 class BD3LMLayout(NamedTuple):
@@ -147,15 +152,22 @@ def bd3lm_layout(packed: Any, clean_ids: torch.Tensor, follows: torch.Tensor, bl
 
 
 def _bd3lm(model: Any, packed: Any, clean_ids: torch.Tensor, follows: torch.Tensor, tgt: torch.Tensor,
-           temperature: float, block_length: int) -> torch.Tensor:
-    """Log-probs of the rows' targets on their noisy copies in the BD3LM layout (`bd3lm_layout`)."""
+           temperature: float, block_length: int, noised_only: bool) -> torch.Tensor:
+    """Log-probs of the rows' targets on their noisy copies in the BD3LM layout (`bd3lm_layout`).
+
+    The head runs only where a target is set (`model_token_logprobs` skips -100): never on the
+    clean copies, and with `noised_only` only on the noised positions of the noisy copies.
+    """
     from dllm_models.logprob import model_token_logprobs
     from dllm_models.packing import pack_like, unpack
 
     layout = bd3lm_layout(packed, clean_ids, follows, block_length)
     noisy_at = layout.noisy_at
     targets = torch.full((layout.input_ids.shape[1],), -100, dtype=tgt.dtype, device=noisy_at.device)
-    targets[noisy_at] = tgt[0]
+    scored = tgt[0]
+    if noised_only:
+        scored = torch.where(packed.input_ids[0] != pack_like(clean_ids, packed)[0], scored, -100)
+    targets[noisy_at] = scored
     lp2 = model_token_logprobs(model, layout.input_ids, targets[None], temperature=temperature,
                                attention=layout.attention)
     lp = lp2[0, noisy_at]

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from dllm_models.activation_memory import planner_of
 from dllm_models.attention import AttentionMask
 from dllm_models.layers import DEFAULT_KERNELS, KernelConfig, positions_from_mask
 from dllm_models.protocol import KVCache, ModelOutput
@@ -188,6 +189,9 @@ def run_layers(
 ) -> tuple[torch.Tensor, KVCache | None]:
     """Run the decoder stack, with gradient checkpointing when the model asks for it.
 
+    With `model.activation_planner` (`dllm_models.activation_memory`) a checkpointed training
+    forward recomputes only as many layers as its memory budget needs; without it, every layer.
+
     Every layer is called as `layer(x, cos, sin, mask, backend, past, kernels)`, with the
     model's `attention_backend` and `kernels` (a `KernelConfig`).
 
@@ -200,15 +204,24 @@ def run_layers(
     kernels: KernelConfig = getattr(model, "kernels", DEFAULT_KERNELS)
     keys: list[torch.Tensor] = []
     values: list[torch.Tensor] = []
-    for i, layer in enumerate(layers):
-        past = past_key_values.layer(i) if past_key_values is not None else None
-        if ckpt:
-            x, kv = checkpoint(layer, x, cos, sin, mask, backend, past, kernels, use_reentrant=False)
-        else:
-            x, kv = layer(x, cos, sin, mask, backend, past, kernels)
-        if use_cache:
-            keys.append(kv[0])
-            values.append(kv[1])
+
+    def call(i: int, x: torch.Tensor, recompute: bool) -> tuple[torch.Tensor, Any]:
+        layer, past = layers[i], past_key_values.layer(i) if past_key_values is not None else None
+        if recompute:
+            return checkpoint(layer, x, cos, sin, mask, backend, past, kernels, use_reentrant=False)  # type: ignore[no-any-return]
+        return layer(x, cos, sin, mask, backend, past, kernels)  # type: ignore[no-any-return]
+
+    planner = planner_of(model) if ckpt else None
+    if planner is not None:  # checkpoint only as many layers as the memory budget needs
+        x, kvs = planner.run(list(layers), x, call)
+    else:
+        kvs = []
+        for i in range(len(layers)):
+            x, kv = call(i, x, ckpt)
+            kvs.append(kv)
+    if use_cache:
+        keys = [kv[0] for kv in kvs]
+        values = [kv[1] for kv in kvs]
     if not use_cache:
         return x, None
     own_padding = attention_mask.bool() if attention_mask is not None else None
