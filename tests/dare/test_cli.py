@@ -117,3 +117,35 @@ def test_sigterm_checkpoints_prints_the_resume_command_and_exits_143(tmp_path: P
 
     ref = latest_checkpoint(out)
     assert ref is not None and ref.phase == "sft" and 2 <= ref.step < 400
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [2, 15])  # SIGINT (a terminal's Ctrl-C), SIGTERM (Slurm's scancel)
+def test_a_signal_to_the_process_group_of_uv_run_keeps_the_checkpoint(signum: int, tmp_path: Path) -> None:
+    # before: `uv run` forwarded the signal its process group had already received, and Python took
+    # the copy for a second signal: "stop now", no checkpoint of the finished step
+    import os
+    import shutil
+    import time
+
+    from dllm_train import latest_checkpoint
+
+    uv = shutil.which("uv")
+    if uv is None:
+        pytest.skip("uv is not on PATH")
+    out = tmp_path / "run"
+    metrics = out / "sft_metrics.jsonl"
+    cmd = [uv, "run", "--no-sync", "apps/dare", "train", *TINY, "sft.steps=400", "--output-dir", str(out),
+           "--no-progress"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.time() + 300
+    while not (metrics.is_file() and metrics.read_text().count("\n") >= 2):
+        assert time.time() < deadline and proc.poll() is None
+        time.sleep(0.2)
+    os.killpg(proc.pid, signum)  # as a terminal and a scheduler send it: to every process of the group
+    done = metrics.read_text().count("\n")
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 128 + signum, err
+    ref = latest_checkpoint(out)
+    assert ref is not None and ref.phase == "sft" and done <= ref.step < 400, err
+    assert f"resumes from its checkpoint {ref.path.name}: uv run apps/dare train" in err
