@@ -149,3 +149,25 @@ def test_a_signal_to_the_process_group_of_uv_run_keeps_the_checkpoint(signum: in
     ref = latest_checkpoint(out)
     assert ref is not None and ref.phase == "sft" and done <= ref.step < 400, err
     assert f"resumes from its checkpoint {ref.path.name}: uv run apps/dare train" in err
+
+
+_CHEAP = """
+import contextlib, io, sys
+from dare.cli import main
+for words in (["recipes"], ["train", "quickstrat"], ["runs", "no-such-folder"], ["show", "quickstart"]):
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        try:
+            main(words)
+        except SystemExit:
+            pass
+    print(" ".join(words), [m for m in ("torch.distributed.tensor", "torch.distributed.fsdp", "ray") if m in sys.modules])
+"""
+
+
+def test_cheap_commands_do_not_import_the_distributed_stack() -> None:
+    # before: `dare recipes` or a misspelled recipe imported torch.distributed.tensor (via
+    # dllm_train.offload, 3.2 s of the CLI's 9-12 s on an idle 2-core machine)
+    out = subprocess.run([sys.executable, "-c", _CHEAP], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["recipes []", "train quickstrat []", "runs no-such-folder []",
+                                       "show quickstart []"]
