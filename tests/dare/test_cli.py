@@ -171,3 +171,28 @@ def test_cheap_commands_do_not_import_the_distributed_stack() -> None:
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == ["recipes []", "train quickstrat []", "runs no-such-folder []",
                                        "show quickstart []"]
+
+
+def test_overrides_are_accepted_after_an_option(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    # before: `dare train quickstart --output-dir runs/x sft.steps=1` was refused as "unrecognized arguments"
+    import dare.quickstart
+    from dare.cli import main
+
+    seen: list[object] = []
+
+    def fake(cfg: object, out: Path, progress: bool) -> dict[str, float]:
+        seen.append(cfg)
+        return {"eval_accuracy_before_rl": 0.0, "eval_accuracy_after_rl": 0.0, "num_eval_prompts": 0}
+
+    monkeypatch.setattr(dare.quickstart, "run_quickstart", fake)
+    words = ["train", "quickstart", "rl.group_size=4", "--output-dir", str(tmp_path / "x"), "sft.steps=1",
+             "--no-progress", "trainer.max_steps=2"]
+    assert main(words) == 0
+    cfg = seen[0]
+    assert (cfg.rl.group_size, cfg.sft.steps, cfg.trainer.max_steps) == (4, 1, 2)  # type: ignore[attr-defined]
+    with pytest.raises(SystemExit) as err:
+        main(["train", "quickstart", "--output-dir", str(tmp_path / "y"), "--bogus"])
+    assert err.value.code == 2
+    assert "unrecognized arguments: --bogus (options: `dare train --help`; overrides are dotted key=value" \
+        in capsys.readouterr().err

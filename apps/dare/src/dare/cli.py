@@ -148,17 +148,29 @@ def _recipe_help(words: list[str]) -> list[str] | None:
     return ["show", *rest] if named or "--config" in rest else None
 
 
+def _parse(parser: argparse.ArgumentParser, words: list[str]) -> argparse.Namespace:
+    """`words` parsed, the dotted overrides of `train` and `show` accepted anywhere (after an option too)."""
+    args, extra = parser.parse_known_args(words)
+    if args.command in ("train", "show"):
+        if args.recipe and "=" in args.recipe:
+            args.overrides = [args.recipe, *args.overrides]
+            args.recipe = None
+        args.overrides += [w for w in extra if "=" in w and not w.startswith("-")]
+        extra = [w for w in extra if w not in args.overrides]
+    if extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)} (options: `dare {args.command} --help`; "
+                     "overrides are dotted key=value words, e.g. sft.steps=1)")
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     words = list(sys.argv[1:] if argv is None else argv)
     lead = words[:1] if words[:1] in (["-v"], ["--verbose"]) else []
     show_words = _recipe_help(words[len(lead):])  # `train RECIPE --help`: the options and the recipe's fields
-    args = parser.parse_args([*lead, *show_words] if show_words is not None else words)
+    args = _parse(parser, [*lead, *show_words] if show_words is not None else words)
     if show_words is not None:
         args.train_help = True
-    if args.command in ("train", "show") and args.recipe and "=" in args.recipe:
-        args.overrides = [args.recipe, *args.overrides]
-        args.recipe = None
     _setup_logging(args.verbose)
     os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
