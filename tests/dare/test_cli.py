@@ -24,6 +24,9 @@ def test_recipes_lists_quickstart_and_d1() -> None:
     out = _dare("recipes")
     assert out.returncode == 0, out.stderr
     assert "quickstart" in out.stdout and "d1" in out.stdout
+    recipes = out.stdout.split("\n\nalgorithms:\n")[0].splitlines()
+    starts = {len(line) - len(line.split(maxsplit=1)[1]) for line in recipes}
+    assert len(starts) == 1, starts  # before: names longer than 20 characters pushed their description right
 
 
 def test_train_writes_all_outputs_and_resumes(tmp_path: Path) -> None:

@@ -65,7 +65,7 @@ def test_algorithm_name_switches_the_section_to_its_defaults() -> None:
     cfg = apply_overrides(quickstart(), ["algorithm=bgpo", "algorithm.mc_num=2"])
     assert cfg.algorithm_name == "bgpo" and cfg.algorithm == BGPO(mc_num=2)
     assert apply_overrides(cfg, ["algorithm_name=d1"]).algorithm.clip_low == 0.2
-    with pytest.raises(ValueError, match="algorithm 'nosuch' is unknown; choose one of"):
+    with pytest.raises(ValueError, match="algorithm 'nosuch' is unknown; choose one of the RL algorithms"):
         apply_overrides(quickstart(), ["algorithm=nosuch"])
     with pytest.raises(ValueError, match="not an RL algorithm"):
         apply_overrides(quickstart(), ["algorithm=vrpo"])

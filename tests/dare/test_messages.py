@@ -28,6 +28,9 @@ from tests.dare.helpers import tiny_config
                                                "'algorithm.clip_high'?)"),
     ("quickstart", ["rollout.tempreature=0.5"], "(did you mean 'rollout.temperature'?)"),
     ("quickstart", ["algorithm=bgpoo"], "algorithm 'bgpoo' is unknown (did you mean 'bgpo'?)"),
+    ("llada-d1", ["algorithm=grpo"], "algorithm 'grpo' is unknown (did you mean 'bgpo'?); choose one of the RL "
+                                     "algorithms ['bgpo', "),  # before: "did you mean 'vrpo'", every kind listed
+    ("llada-sft", ["algorithm=sfft"], "(did you mean 'sft'?); choose one of the SFT algorithms ['lora-sft', 'sft']"),
     ("llada-d1", ["checkpoint.family=lada"], "checkpoint.family 'lada' unknown (did you mean 'llada'?)"),
     ("llada-d1", ["checkpoint.dtype=int64"], "checkpoint.dtype='int64' is not a parameter dtype; choose one of "
                                              "['bfloat16', 'float16', 'float32']"),
@@ -42,6 +45,13 @@ def test_misspellings_get_the_closest_name(recipe: str, overrides: list[str], ne
         main(["train", recipe, *overrides, "--no-progress"])
     assert exit_.value.code == 2
     assert needle in capsys.readouterr().err
+
+
+def test_an_unknown_algorithm_lists_only_the_runs_kind() -> None:
+    for recipe in ("quickstart", "llada-d1"):
+        with pytest.raises(ValueError) as err:
+            apply_overrides(get_recipe(recipe), ["algorithm=grpo"])
+        assert "vrpo" not in str(err.value) and "'sft'" not in str(err.value) and "'dpo'" not in str(err.value)
 
 
 def test_no_close_name_gets_no_suggestion() -> None:

@@ -84,11 +84,14 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _recipes(args: argparse.Namespace) -> int:
+    width = max(map(len, RECIPES))  # one column however long a name is
     for name in RECIPES:
-        print(f"{name:20s} {RECIPE_DOCS[name]}")
+        print(f"{name:{width}s}  {RECIPE_DOCS[name]}")
     print("\nalgorithms:")
-    for name, doc in describe().items():
-        print(f"  {name:18s} {doc}")
+    algorithms = describe()
+    width = max(map(len, algorithms))
+    for name, doc in algorithms.items():
+        print(f"  {name:{width}s}  {doc}")
     return 0
 
 

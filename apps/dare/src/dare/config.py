@@ -51,20 +51,40 @@ section: SFT's `sft` is the run's `sft` section itself (the one home of the SFT 
 for the quick start's warm start), `lora` the adapters of `checkpoint.lora_*` (as for RL recipes)."""
 
 
-def algorithm_kind(name: str) -> str:
-    """'rl', 'sft' or 'preference': the table of the algorithm registry that holds `name`."""
-    for kind, table in (("rl", ALGORITHMS), ("sft", SFT_ALGORITHMS), ("preference", PREFERENCE_ALGORITHMS)):
+_TABLES: dict[str, dict[str, Any]] = {"rl": ALGORITHMS, "sft": SFT_ALGORITHMS, "preference": PREFERENCE_ALGORITHMS}
+_TABLE_NAMES = {"rl": "RL algorithms", "sft": "SFT algorithms", "preference": "preference algorithms"}
+
+
+def algorithm_kind(name: str, within: str | None = None) -> str:
+    """'rl', 'sft' or 'preference': the table of the algorithm registry that holds `name`.
+
+    Args:
+        within: the kind of the run `name` is set on (None: unknown); an unknown name's error then
+            suggests and lists only algorithms of that kind.
+    """
+    for kind, table in _TABLES.items():
         if name in table:
             return kind
-    names = sorted([*ALGORITHMS, *SFT_ALGORITHMS, *PREFERENCE_ALGORITHMS])
+    if within is not None:
+        names = sorted(_TABLES[within])
+        raise ValueError(f"algorithm {name!r} is unknown{did_you_mean(name, names)}; choose one of the "
+                         f"{_TABLE_NAMES[within]} {names} (the kind of this run; see `dare recipes`)")
+    names = sorted(n for table in _TABLES.values() for n in table)
     raise ValueError(f"algorithm {name!r} is unknown{did_you_mean(name, names)}; choose one of {names} "
                      "(see `dare recipes`)")
 
 
-def registry_entry(name: str) -> Any:
-    """The registry's default entry of algorithm `name` (any kind)."""
-    tables: dict[str, dict[str, Any]] = {"rl": ALGORITHMS, "sft": SFT_ALGORITHMS, "preference": PREFERENCE_ALGORITHMS}
-    return tables[algorithm_kind(name)][name]
+def registry_entry(name: str, within: str | None = None) -> Any:
+    """The registry's default entry of algorithm `name` (any kind; `within`: see `algorithm_kind`)."""
+    return _TABLES[algorithm_kind(name, within)][name]
+
+
+def _sections_kind(data: dict[str, Any]) -> str | None:
+    """The algorithm kind a run config's sections call for: 'rl' for the quick start (its second
+    phase), else the kind whose own section (`rl`, `sft`, `preference`) `data` holds (None: none)."""
+    if data.get("recipe", "quickstart") == "quickstart":
+        return "rl"
+    return next((kind for kind in ("rl", "preference", "sft") if isinstance(data.get(kind), dict)), None)
 
 
 def algorithm_fields(entry: Any) -> list[dataclasses.Field[Any]]:
@@ -351,7 +371,7 @@ def run_config_from_dict(data: dict[str, Any]) -> RunConfig:
     if isinstance(data.get("algorithm"), str) and "algorithm_name" not in data:  # config.json of dare <= 0.2
         data["algorithm_name"] = data.pop("algorithm")
     name = str(data.get("algorithm_name", QuickstartConfig.algorithm_name))
-    entry = registry_entry(name)
+    entry = registry_entry(name, _sections_kind(data))
     hints = _all_hints()
     names = list(FIELD_ORDER)
     unknown = sorted(set(data) - set(names))
@@ -409,7 +429,7 @@ def apply_overrides(cfg: C, overrides: list[str]) -> C:
     entry, name = cfg.algorithm, cfg.algorithm_name
     if "algorithm_name" in tree:
         name = str(tree.pop("algorithm_name"))
-        entry = changes["algorithm"] = registry_entry(name)
+        entry = changes["algorithm"] = registry_entry(name, "rl" if cfg.KIND == "quickstart" else cfg.KIND)
         changes["algorithm_name"] = name
     if "algorithm" in tree:
         _check_set_by_run(entry, tree["algorithm"])
