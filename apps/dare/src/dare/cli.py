@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import shlex
@@ -57,7 +58,7 @@ def _resolved(args: argparse.Namespace) -> RunConfig:
     """The run config of `args`: `--config FILE` or the recipe, with the dotted overrides applied."""
     if args.config and args.recipe:
         raise ValueError(f"pass either a recipe ({args.recipe!r}) or --config {args.config}, not both")
-    cfg = load_config(Path(args.config)) if args.config else get_recipe(args.recipe or "quickstart")
+    cfg = _config_file(Path(args.config)) if args.config else get_recipe(args.recipe or "quickstart")
     return resolve(cfg, args.overrides)  # `task=<task>`: DARE's per-task settings
 
 
@@ -103,6 +104,18 @@ def _show(args: argparse.Namespace) -> int:
         print(_train_arguments(argparse.ArgumentParser(prog="dare train", description=_TRAIN)).format_help())
     print(describe_config(cfg, RECIPE_DOCS.get(cfg.recipe, "")))
     return 0
+
+
+def _config_file(path: Path) -> RunConfig:
+    """The run config of `--config path`; a missing, unreadable or malformed file is one ValueError naming it."""
+    try:
+        return load_config(path)
+    except OSError as err:
+        raise ValueError(f"--config {path}: cannot read it ({err.strerror or err}); pass the config.json of "
+                         "an earlier run folder") from None
+    except json.JSONDecodeError as err:
+        raise ValueError(f"--config {path}: not JSON ({err.msg} at line {err.lineno}, column {err.colno}); "
+                         "pass the config.json of an earlier run folder") from None
 
 
 _TRAIN = "Run a recipe (default: the CPU quick start). `dare train RECIPE --help` also lists the recipe's fields."
