@@ -31,6 +31,7 @@ from dare.config_sections import (
 from dare.config_tree import apply_tree, coerce, did_you_mean, from_dict, parse_overrides, section_type
 from dare.config_tree import to_dict as _tree_to_dict
 from dare.tasks.addition import AdditionConfig
+from dllm_models import family_kind
 from dllm_rollout import SamplingConfig
 from dllm_train import OptimConfig, RLConfig, SFTConfig, TrainerConfig
 
@@ -195,6 +196,7 @@ class RLPhaseRun(RunConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         check_policy_gradient(self.algorithm, self.rollout, self.algorithm_name)
+        check_denoising_steps(self.rollout, family_kind(self.family))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -315,6 +317,19 @@ def check_policy_gradient(algorithm: Any, rollout: SamplingConfig, name: str) ->
         f"of a prompt's group to the same response, so algorithm {name!r} ({algorithm.label}), which learns from "
         "the differences within a group, would train with a policy gradient of exactly 0 (loss 0, grad norm 0 "
         "every step). Set rollout.temperature > 0 (the recipes use 0.2-1.0)")
+
+
+def check_denoising_steps(rollout: SamplingConfig, kind: str) -> None:
+    """Raise if the rollout has more denoising steps than tokens to unmask: `rollout.steps` >
+    `rollout.max_new_tokens` (masked diffusion, where steps count for the whole response), or >
+    `rollout.block_length` (block diffusion, where they count per block). Each extra step is a full
+    forward that unmasks nothing, so shortening responses (`rollout.max_new_tokens=16` on a recipe
+    of 256 steps) must lower the steps too, not keep the recipe's silently."""
+    per, tokens, what = ((rollout.steps, rollout.block_length, "rollout.block_length") if kind == "block"
+                         else (rollout.steps, rollout.max_new_tokens, "rollout.max_new_tokens"))
+    if per > tokens:
+        raise ValueError(f"rollout.steps={per} exceeds {what}={tokens}: each step beyond one per token is a "
+                         f"forward that unmasks nothing; set rollout.steps={tokens} (one token per step) or fewer")
 
 
 _OPTIONAL = tuple(dict.fromkeys(n for names in SECTIONS.values() for n in names))
@@ -472,6 +487,6 @@ __all__ = [
     "FIELD_ORDER", "SET_BY_RUN", "KINDS", "SECTIONS", "CheckpointModelConfig", "CheckpointRun", "DataConfig", "EvalConfig",
     "PreferenceConfig", "PreferenceRecipeConfig", "QuickstartConfig", "RLPhaseRun", "RLRecipeConfig", "RLRun",
     "RunConfig", "SFTPhaseRun", "SFTRecipeConfig", "TinyModelConfig", "algorithm_fields", "algorithm_kind",
-    "apply_overrides", "check_kind", "load_config", "ordered_fields", "registry_entry", "run_config_from_dict",
+    "apply_overrides", "check_denoising_steps", "check_kind", "load_config", "ordered_fields", "registry_entry", "run_config_from_dict",
     "run_kind", "save_config", "sections", "set_by_run", "to_dict",
 ]
