@@ -45,6 +45,20 @@ def curve_keys(records: Sequence[dict[str, Any]], keys: Sequence[str]) -> list[s
     return ordered + [k for k in keys if k not in ordered]
 
 
+def drop_zero_panels(records: Sequence[dict[str, Any]], keys: Sequence[str],
+                     keep: Sequence[str] = (*FIRST, "eval_accuracy", "loss")) -> tuple[list[str], list[str]]:
+    """(drawn, dropped): `keys` without those whose every finite value is exactly 0, such as the
+    `clip_frac` and `ppo_kl` of on-policy steps (the ratio is 1 by construction), which would spend
+    a panel each on a flat line. `keep` are drawn even at 0 (an all-zero reward or loss is what a
+    user checks first); a key with no value at all is left to `plot_curves` (no panel)."""
+    def zero(key: str) -> bool:
+        values = [r[key] for r in records if isinstance(r.get(key), (int, float)) and r[key] == r[key]]
+        return bool(values) and all(v == 0 for v in values)
+
+    dropped = [k for k in keys if k not in keep and zero(k)]
+    return [k for k in keys if k not in dropped], dropped
+
+
 def curves_title(cfg: RunConfig, output_dir: Path, records: Sequence[dict[str, Any]], detail: str = "") -> str:
     """A run figure's title: recipe, algorithm and run folder; then `detail` or the last step's
     reward and held-out accuracy."""
