@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _dare(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, str(ROOT / "apps" / "dare"), *args], capture_output=True,
-                          text=True, cwd=ROOT, timeout=300)
+                          text=True, cwd=ROOT, timeout=600)
 
 
 def test_recipes_lists_quickstart_and_d1() -> None:
