@@ -63,6 +63,9 @@ def test_panels_at_zero_by_construction_are_dropped_and_named() -> None:
     drawn, dropped = drop_zero_panels(records, keys)
     assert drawn == ["reward_mean", "eval_accuracy", "loss", "absent"]  # reward, accuracy and loss stay at 0
     assert dropped == ["clip_frac", "ppo_kl", "consistency_max_abs_gap"]
+    records[0]["consistency_max_abs_gap"] = 2e-7  # float32 rounding: dropped only within its tolerance
+    assert "consistency_max_abs_gap" in drop_zero_panels(records, keys)[0]
+    assert drop_zero_panels(records, keys, tolerance={"consistency_max_abs_gap": 1e-4})[1] == dropped
 
 
 def test_the_quickstart_figure_draws_no_zero_panel_and_whole_steps(tmp_path: Path,
@@ -84,5 +87,5 @@ def test_the_quickstart_figure_draws_no_zero_panel_and_whole_steps(tmp_path: Pat
     assert main(["train", *TINY, "sft.steps=1", "trainer.max_steps=2", "--output-dir", str(tmp_path / "q"),
                  "--no-progress"]) == 0
     (keys, title), = seen
-    assert "clip_frac" not in keys and "ppo_kl" not in keys and "0 at every step, not drawn: clip_frac, ppo_kl" in title
+    assert "clip_frac" not in keys and "ppo_kl" not in keys and "not drawn: clip_frac, ppo_kl" in title
     assert ticks and all(float(t).is_integer() for axis in ticks for t in axis)  # before: 1.25, 1.5, ... on 2 steps
