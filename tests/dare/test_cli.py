@@ -199,3 +199,26 @@ def test_overrides_are_accepted_after_an_option(tmp_path: Path, monkeypatch: pyt
     assert err.value.code == 2
     assert "unrecognized arguments: --bogus (options: `dare train --help`; overrides are dotted key=value" \
         in capsys.readouterr().err
+
+
+def test_an_interrupted_command_ignores_further_signals_on_its_way_out(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    # the copy of a Ctrl-C that `uv run` forwards ~0.2 s later must not end in a traceback instead of the resume line
+    import signal
+
+    import dare.quickstart
+    from dare.cli import main
+
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(dare.quickstart, "run_quickstart", interrupted)
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    try:
+        with pytest.raises(SystemExit) as err:
+            main(["train", "--output-dir", str(tmp_path / "q"), "--no-progress"])
+        assert err.value.code == 130
+        assert signal.getsignal(signal.SIGINT) == signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, before[0])
+        signal.signal(signal.SIGTERM, before[1])

@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import shlex
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -195,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
             check_eval_inputs(args.checkpoint, args.output_dir, harness=args.harness)
         code: int = args.func(args)
     except KeyboardInterrupt as err:  # SIGINT, or SIGTERM during a phase (dllm_train.Interrupted): 128 + signal
+        for signum in (signal.SIGINT, signal.SIGTERM):  # on the way out: the copy `uv run` forwards is no traceback
+            signal.signal(signum, signal.SIG_IGN)
         parser.exit(getattr(err, "exit_code", 130), f"dare: interrupted. {_resume_hint(args, argv)}\n")
     except (ValueError, OSError) as err:  # user errors: bad config, missing or unreadable files
         if args.verbose or (isinstance(err, OSError) and not isinstance(err, ValueError) and err.filename is None):
