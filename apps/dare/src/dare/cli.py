@@ -175,8 +175,8 @@ def _parse(parser: argparse.ArgumentParser, words: list[str]) -> argparse.Namesp
         args.overrides += [w for w in extra if "=" in w and not w.startswith("-")]
         extra = [w for w in extra if w not in args.overrides]
     if extra:
-        parser.error(f"unrecognized arguments: {' '.join(extra)} (options: `dare {args.command} --help`; "
-                     "overrides are dotted key=value words, e.g. sft.steps=1)")
+        also = "; overrides are dotted key=value words, e.g. sft.steps=1" if args.command in ("train", "show") else ""
+        parser.error(f"unrecognized arguments: {' '.join(extra)} (options: `dare {args.command} --help`{also})")
     return args
 
 
