@@ -17,13 +17,16 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _dare(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, str(ROOT / "apps" / "dare"), *args], capture_output=True,
-                          text=True, cwd=ROOT, timeout=300)
+                          text=True, cwd=ROOT, timeout=600)
 
 
 def test_recipes_lists_quickstart_and_d1() -> None:
     out = _dare("recipes")
     assert out.returncode == 0, out.stderr
     assert "quickstart" in out.stdout and "d1" in out.stdout
+    recipes = out.stdout.split("\n\nalgorithms:\n")[0].splitlines()
+    starts = {len(line) - len(line.split(maxsplit=1)[1]) for line in recipes}
+    assert len(starts) == 1, starts  # before: names longer than 20 characters pushed their description right
 
 
 def test_train_writes_all_outputs_and_resumes(tmp_path: Path) -> None:
@@ -117,3 +120,105 @@ def test_sigterm_checkpoints_prints_the_resume_command_and_exits_143(tmp_path: P
 
     ref = latest_checkpoint(out)
     assert ref is not None and ref.phase == "sft" and 2 <= ref.step < 400
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [2, 15])  # SIGINT (a terminal's Ctrl-C), SIGTERM (Slurm's scancel)
+def test_a_signal_to_the_process_group_of_uv_run_keeps_the_checkpoint(signum: int, tmp_path: Path) -> None:
+    # before: `uv run` forwarded the signal its process group had already received, and Python took
+    # the copy for a second signal: "stop now", no checkpoint of the finished step
+    import os
+    import shutil
+    import time
+
+    from dllm_train import latest_checkpoint
+
+    uv = shutil.which("uv")
+    if uv is None:
+        pytest.skip("uv is not on PATH")
+    out = tmp_path / "run"
+    metrics = out / "sft_metrics.jsonl"
+    cmd = [uv, "run", "--no-sync", "apps/dare", "train", *TINY, "sft.steps=400", "--output-dir", str(out),
+           "--no-progress"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.time() + 300
+    while not (metrics.is_file() and metrics.read_text().count("\n") >= 2):
+        assert time.time() < deadline and proc.poll() is None
+        time.sleep(0.2)
+    os.killpg(proc.pid, signum)  # as a terminal and a scheduler send it: to every process of the group
+    done = metrics.read_text().count("\n")
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 128 + signum, err
+    ref = latest_checkpoint(out)
+    assert ref is not None and ref.phase == "sft" and done <= ref.step < 400, err
+    assert f"resumes from its checkpoint {ref.path.name}: uv run apps/dare train" in err
+
+
+_CHEAP = """
+import contextlib, io, sys
+from dare.cli import main
+for words in (["recipes"], ["train", "quickstrat"], ["runs", "no-such-folder"], ["show", "quickstart"]):
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        try:
+            main(words)
+        except SystemExit:
+            pass
+    print(" ".join(words), [m for m in ("torch.distributed.tensor", "torch.distributed.fsdp", "ray") if m in sys.modules])
+"""
+
+
+def test_cheap_commands_do_not_import_the_distributed_stack() -> None:
+    # before: `dare recipes` or a misspelled recipe imported torch.distributed.tensor (via
+    # dllm_train.offload, 3.2 s of the CLI's 9-12 s on an idle 2-core machine)
+    out = subprocess.run([sys.executable, "-c", _CHEAP], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["recipes []", "train quickstrat []", "runs no-such-folder []",
+                                       "show quickstart []"]
+
+
+def test_overrides_are_accepted_after_an_option(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    # before: `dare train quickstart --output-dir runs/x sft.steps=1` was refused as "unrecognized arguments"
+    import dare.quickstart
+    from dare.cli import main
+
+    seen: list[object] = []
+
+    def fake(cfg: object, out: Path, progress: bool) -> dict[str, float]:
+        seen.append(cfg)
+        return {"eval_accuracy_before_rl": 0.0, "eval_accuracy_after_rl": 0.0, "num_eval_prompts": 0}
+
+    monkeypatch.setattr(dare.quickstart, "run_quickstart", fake)
+    words = ["train", "quickstart", "rl.group_size=4", "--output-dir", str(tmp_path / "x"), "sft.steps=1",
+             "--no-progress", "trainer.max_steps=2"]
+    assert main(words) == 0
+    cfg = seen[0]
+    assert (cfg.rl.group_size, cfg.sft.steps, cfg.trainer.max_steps) == (4, 1, 2)  # type: ignore[attr-defined]
+    with pytest.raises(SystemExit) as err:
+        main(["train", "quickstart", "--output-dir", str(tmp_path / "y"), "--bogus"])
+    assert err.value.code == 2
+    assert "unrecognized arguments: --bogus (options: `dare train --help`; overrides are dotted key=value" \
+        in capsys.readouterr().err
+
+
+def test_an_interrupted_command_ignores_further_signals_on_its_way_out(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    # the copy of a Ctrl-C that `uv run` forwards ~0.2 s later must not end in a traceback instead of the resume line
+    import signal
+
+    import dare.quickstart
+    from dare.cli import main
+
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(dare.quickstart, "run_quickstart", interrupted)
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    try:
+        with pytest.raises(SystemExit) as err:
+            main(["train", "--output-dir", str(tmp_path / "q"), "--no-progress"])
+        assert err.value.code == 130
+        assert signal.getsignal(signal.SIGINT) == signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, before[0])
+        signal.signal(signal.SIGTERM, before[1])

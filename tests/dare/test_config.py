@@ -65,7 +65,7 @@ def test_algorithm_name_switches_the_section_to_its_defaults() -> None:
     cfg = apply_overrides(quickstart(), ["algorithm=bgpo", "algorithm.mc_num=2"])
     assert cfg.algorithm_name == "bgpo" and cfg.algorithm == BGPO(mc_num=2)
     assert apply_overrides(cfg, ["algorithm_name=d1"]).algorithm.clip_low == 0.2
-    with pytest.raises(ValueError, match="algorithm 'nosuch' is unknown; choose one of"):
+    with pytest.raises(ValueError, match="algorithm 'nosuch' is unknown; choose one of the RL algorithms"):
         apply_overrides(quickstart(), ["algorithm=nosuch"])
     with pytest.raises(ValueError, match="not an RL algorithm"):
         apply_overrides(quickstart(), ["algorithm=vrpo"])
@@ -170,3 +170,15 @@ def test_every_recipe_shows(capsys: pytest.CaptureFixture[str]) -> None:
     for name in RECIPES:
         assert main(["show", name]) == 0, name
     assert "task.digits = 3" in capsys.readouterr().out
+
+
+def test_more_denoising_steps_than_tokens_is_refused() -> None:
+    # before: dream-d1 rollout.max_new_tokens=16 kept the recipe's 256 steps: 240 forwards unmasking nothing
+    with pytest.raises(ValueError, match=r"^rollout.steps=256 exceeds rollout.max_new_tokens=16: .* set "
+                                         r"rollout.steps=16 \(one token per step\) or fewer$"):
+        apply_overrides(get_recipe("dream-d1"), ["rollout.max_new_tokens=16", "rollout.block_length=16"])
+    cfg = apply_overrides(get_recipe("dream-d1"), ["rollout.max_new_tokens=16", "rollout.block_length=16",
+                                                   "rollout.steps=16"])
+    assert cfg.rollout.steps == 16
+    with pytest.raises(ValueError, match=r"^rollout.steps=5 exceeds rollout.block_length=4"):  # per block
+        apply_overrides(get_recipe("sdar-bgpo"), ["rollout.steps=5"])

@@ -59,3 +59,24 @@ def test_readme_python_example_runs(tmp_path: Path, capsys: object) -> None:
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["rl_steps"] == 4 and namespace["summary"]["eval_accuracy_after_rl"] == summary[  # type: ignore[index]
         "eval_accuracy_after_rl"]
+
+
+def test_benchmarks_open_with_a_summary_and_contents_whose_links_resolve() -> None:
+    # before: 2,205 lines of dated logs with no contents and no summary of the current figures
+    text = (ROOT / "docs" / "benchmarks.md").read_text()
+    headings, fenced = [], False
+    for line in text.splitlines():
+        fenced = fenced != line.startswith("```")
+        if not fenced and (m := re.match(r"#{2,3} (.*)", line)):
+            headings.append(m.group(1))
+    assert headings[:3] == ["Current summary (2026-12-03)", "Contents", "Training step of dllm-models (the first log)"]
+    slugs: set[str] = set()
+    for heading in headings:  # GitHub's anchors: lower case, punctuation dropped, spaces to hyphens
+        slug = re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+        slugs.add(slug if slug not in slugs else f"{slug}-1")
+    slugs |= set(re.findall(r'<a id="([\w-]+)"></a>', text))  # explicit anchors
+    links = re.findall(r"\]\(#([\w-]+)\)", text)
+    summary = text.split("## Contents")[0]
+    assert len(re.findall(r"\]\(#", summary)) >= 12  # each summary row links its section
+    assert links and not [a for a in links if a not in slugs]
+    assert len(set(links)) >= len(headings) - 2  # the contents list every section

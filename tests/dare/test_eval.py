@@ -31,7 +31,7 @@ def _eval(ckpt: Path, out: Path, batch_size: int) -> subprocess.CompletedProcess
         [sys.executable, str(ROOT / "apps" / "dare"), "eval", str(ckpt), "--benchmarks", "gsm8k,countdown",
          "--limit", "4", "--batch-size", str(batch_size), "--max-new-tokens", "8", "--steps", "8",
          "--block-length", "8", "--output-dir", str(out)],
-        capture_output=True, text=True, cwd=ROOT, timeout=300)
+        capture_output=True, text=True, cwd=ROOT, timeout=600)
 
 
 def test_eval_writes_table_manifest_and_is_batch_invariant(tiny_checkpoint: Path, tmp_path: Path) -> None:
@@ -53,7 +53,7 @@ def test_presets_side_by_side(tiny_checkpoint: Path, tmp_path: Path) -> None:
         [sys.executable, str(ROOT / "apps" / "dare"), "eval", str(tiny_checkpoint), "--benchmarks", "gsm8k",
          "--preset", "dare_local,d1", "--limit", "2", "--max-new-tokens", "8", "--steps", "8",
          "--block-length", "8", "--output-dir", str(tmp_path)],
-        capture_output=True, text=True, cwd=ROOT, timeout=300)
+        capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert out.returncode == 0, out.stderr
     table = (tmp_path / "results.md").read_text()
     assert "dare_local" in table and "d1" in table
@@ -65,12 +65,12 @@ def test_presets_side_by_side(tiny_checkpoint: Path, tmp_path: Path) -> None:
 
 
 def test_reward_modes_side_by_side(tiny_checkpoint: Path, tmp_path: Path) -> None:
-    out = subprocess.run(
-        [sys.executable, str(ROOT / "apps" / "dare"), "eval", str(tiny_checkpoint), "--benchmarks", "countdown",
-         "--preset", "d1", "--reward-mode", "d1,dare", "--limit", "2", "--max-new-tokens", "8", "--steps", "8",
-         "--block-length", "8", "--output-dir", str(tmp_path)],
-        capture_output=True, text=True, cwd=ROOT, timeout=300)
-    assert out.returncode == 0, out.stderr
+    # in process: a subprocess under a 300 s limit failed on a busy 2-core machine (its imports alone)
+    from dare.cli import main
+
+    assert main(["eval", str(tiny_checkpoint), "--benchmarks", "countdown", "--preset", "d1", "--reward-mode",
+                 "d1,dare", "--limit", "2", "--max-new-tokens", "8", "--steps", "8", "--block-length", "8",
+                 "--output-dir", str(tmp_path)]) == 0
     table = (tmp_path / "results.md").read_text()
     assert "| countdown | d1 | d1 | 2 |" in table
     assert "| countdown | d1 | dare | 2 |" in table

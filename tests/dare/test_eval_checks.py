@@ -95,7 +95,8 @@ def test_one_fingerprint_per_model_for_every_benchmark(tiny_checkpoint: Path, tm
     assert len(prints) == 1 and next(iter(prints)).startswith("mix32-v1:")
 
 
-def test_adapter_on_the_base_evaluates_as_the_merged_model(tiny_checkpoint: Path, tmp_path: Path) -> None:
+def test_adapter_on_the_base_evaluates_as_the_merged_model(tiny_checkpoint: Path, tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("peft")
     from dllm_models import load_model, load_tokenizer
     from dllm_models.lora import apply_lora, merge_lora, save_peft_adapter
@@ -112,6 +113,7 @@ def test_adapter_on_the_base_evaluates_as_the_merged_model(tiny_checkpoint: Path
     args = ["--benchmarks", "countdown", "--preset", "d1", "--limit", "4", *FAST]
     assert main(["eval", str(tiny_checkpoint), "--adapter", str(tmp_path / "adapter"), *args,
                  "--output-dir", str(tmp_path / "a")]) == 0
+    assert f"model {tiny_checkpoint} with the LoRA adapter {tmp_path / 'adapter'} loaded" in capsys.readouterr().err
     assert main(["eval", str(tmp_path / "merged"), *args, "--output-dir", str(tmp_path / "m")]) == 0
     assert main(["eval", str(tiny_checkpoint), *args, "--output-dir", str(tmp_path / "b")]) == 0
 

@@ -28,6 +28,12 @@ from tests.dare.helpers import tiny_config
                                                "'algorithm.clip_high'?)"),
     ("quickstart", ["rollout.tempreature=0.5"], "(did you mean 'rollout.temperature'?)"),
     ("quickstart", ["algorithm=bgpoo"], "algorithm 'bgpoo' is unknown (did you mean 'bgpo'?)"),
+    ("llada-d1", ["algorithm=grpo"], "algorithm 'grpo' is unknown (did you mean 'bgpo'?); choose one of the RL "
+                                     "algorithms ['bgpo', "),  # before: "did you mean 'vrpo'", every kind listed
+    ("quickstart", ["rl_optim.lr=-1"], "rl_optim.lr must be > 0, got -1.0"),  # before: "optim.lr must ..."
+    ("llada-d1", ["rollout.steps=0"], "rollout.steps must be >= 1, got 0"),  # before: "steps must ..."
+    ("llada-d1", ["rollout.block_length=5"], "rollout.block_length (5) must divide rollout.max_new_tokens (512)"),
+    ("llada-sft", ["algorithm=sfft"], "(did you mean 'sft'?); choose one of the SFT algorithms ['lora-sft', 'sft']"),
     ("llada-d1", ["checkpoint.family=lada"], "checkpoint.family 'lada' unknown (did you mean 'llada'?)"),
     ("llada-d1", ["checkpoint.dtype=int64"], "checkpoint.dtype='int64' is not a parameter dtype; choose one of "
                                              "['bfloat16', 'float16', 'float32']"),
@@ -42,6 +48,27 @@ def test_misspellings_get_the_closest_name(recipe: str, overrides: list[str], ne
         main(["train", recipe, *overrides, "--no-progress"])
     assert exit_.value.code == 2
     assert needle in capsys.readouterr().err
+
+
+def test_an_unknown_algorithm_lists_only_the_runs_kind() -> None:
+    for recipe in ("quickstart", "llada-d1"):
+        with pytest.raises(ValueError) as err:
+            apply_overrides(get_recipe(recipe), ["algorithm=grpo"])
+        assert "vrpo" not in str(err.value) and "'sft'" not in str(err.value) and "'dpo'" not in str(err.value)
+
+
+def test_a_config_file_error_names_the_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # before: a raw "[Errno 2] No such file or directory: 'missing.json'" and a bare JSON error
+    (tmp_path / "torn.json").write_text('{"recipe": ')
+    (tmp_path / "bad.json").write_text('{"recipe": "quickstart", "rl_optim": {"lr": -1}}')
+    for name, needle in (("missing.json", "cannot read it (No such file or directory)"),
+                         ("torn.json", "not JSON (Expecting value at line 1, column 12)"),
+                         ("bad.json", "rl_optim.lr must be > 0")):
+        with pytest.raises(SystemExit) as exit_:
+            main(["train", "--config", str(tmp_path / name), "--no-progress"])
+        assert exit_.value.code == 2
+        err = capsys.readouterr().err
+        assert needle in err and (name == "bad.json" or f"--config {tmp_path / name}: " in err), err
 
 
 def test_no_close_name_gets_no_suggestion() -> None:

@@ -265,3 +265,37 @@ def test_a_lora_preference_run_holds_no_second_copy_of_the_model(lora: bool, fol
     # the policy (with its adapters) is everything a LoRA run holds; full fine-tuning holds two models
     assert seen["same"] is lora
     assert (live < 1.5 * model) if lora else (live >= 2 * model - 1), (live, model)
+def _rl_args(folders: dict[str, Path], out: Path, *extra: str) -> list[str]:
+    return ["train", "sdar-bgpo", f"checkpoint.checkpoint={folders['sdar']}", "checkpoint.dtype=float32",
+            "data.train_files=countdown", *extra, "--output-dir", str(out), "--no-progress"]
+
+
+def test_a_block_length_other_than_the_models_is_refused_before_work(folders: dict[str, Path], tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    # before: sdar-bgpo rollout.block_length=5 ran with the model's 4 while config.json recorded 5
+    for args in (_rl_args(folders, tmp_path / "rl", "rollout.block_length=5"),
+                 _args("sdar-sft", folders, tmp_path / "sft", "rollout.block_length=5")):
+        msg = _fails(args, capsys).strip().splitlines()
+        assert not any("Traceback" in line for line in msg) and msg[-1] == (
+            f"dare: error: rollout.block_length=5, but {folders['sdar']} is a block-diffusion model with block "
+            "size 4: it decodes on the grid its attention mask uses (dare eval refuses another too); set "
+            "rollout.block_length=4 or drop the override")
+    assert not (tmp_path / "rl").exists() and not (tmp_path / "sft").exists()
+
+
+def test_an_engine_that_is_not_installed_is_refused_before_work(folders: dict[str, Path], tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str],
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    # before: two tracebacks, then the reason, with config.json and metrics.jsonl already written
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "lmdeploy" else real(name, *a))
+    msg = _fails(_rl_args(folders, tmp_path / "x", "rollout.engine=lmdeploy"), capsys).strip().splitlines()
+    assert not any("Traceback" in line for line in msg)
+    assert msg[-1] == ("dare: error: rollout.engine=lmdeploy needs the lmdeploy extra, which is not installed: "
+                       "pip install 'dllm-rollout[lmdeploy]', or set rollout.engine=native")
+    assert not (tmp_path / "x").exists()
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "lmdeploy" else real(name, *a))
+    msg = _fails(_rl_args(folders, tmp_path / "x", "rollout.engine=lmdeploy", "algorithm=cj-grpo"), capsys)
+    assert "set rollout.engine=native" in msg and not (tmp_path / "x").exists()  # what the engine cannot decode

@@ -60,6 +60,14 @@ def test_each_status_is_read_from_the_folder(tmp_path: Path) -> None:
     assert read_run(interrupted).accuracy is None  # type: ignore[union-attr]
 
 
+def test_sft_checkpoints_are_not_counted_as_rl_steps(tmp_path: Path) -> None:
+    # before: the quick start's SFT checkpoint 0-sft-000200 made `dare runs` print 200/4
+    run = _run(tmp_path / "q", steps=2, checkpoints=(2,))
+    (run / "checkpoints" / "0-sft-000200").mkdir()
+    info = read_run(run)
+    assert info is not None and (info.steps_done, info.steps_total) == (2, 4)
+
+
 def test_a_checkpoint_recipes_final_eval_is_its_accuracy(tmp_path: Path) -> None:
     run = _run(tmp_path / "rl", steps=4, extra={4: {"eval/gsm8k_accuracy": 0.1}})
     (run / "summary.json").write_text(json.dumps({"steps": 4, "results": {"final_eval": {

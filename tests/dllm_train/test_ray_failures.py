@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import pytest
@@ -21,6 +20,7 @@ def failing_rank_setup() -> Any:
     return tiny_rank_setup()
 
 
+@pytest.mark.timeout(420)  # below the process group's 600 s timeout, which would end a hang otherwise
 def test_a_failing_rank_is_an_error_not_a_hang(ray_cluster: Any) -> None:
     from ray._raylet import PlacementGroupID
     from ray.util.placement_group import PlacementGroup, placement_group_table, remove_placement_group
@@ -29,11 +29,11 @@ def test_a_failing_rank_is_an_error_not_a_hang(ray_cluster: Any) -> None:
     from dllm_train.distributed.ray_backend import RayActorGroup
 
     before = set(placement_group_table())
-    t0 = time.monotonic()
     try:
         with pytest.raises(Exception, match="rank 1 fails on purpose"):
             RayActorGroup(failing_rank_setup, TrainerConfig(backend="ray", num_workers=2))
-        assert time.monotonic() - t0 < 120  # surfaced, not left waiting for the lost rank
+        # surfaced, not left waiting for the lost rank: no wall-clock assertion here, which a loaded 2-core
+        # machine exceeded (129 s against 120 s starting two ranks); a hang fails on the test's timeout
         leaked = [pg for pg, info in placement_group_table().items()
                   if pg not in before and info.get("state") != "REMOVED"]
         assert leaked == []  # the failed group freed its CPUs itself

@@ -37,10 +37,15 @@ def test_rl_step_changes_trainable_parameters_and_reports_metrics() -> None:
     assert changed
 
 
-def test_zero_advantages_leave_weights_unchanged_direction() -> None:
+def test_zero_advantages_leave_weights_unchanged_direction(caplog: pytest.LogCaptureFixture) -> None:
     # with all-equal rewards GRPO advantages are 0, so the loss gradient is exactly 0
     wf, model = _d1(reward=lambda text, answer: 1.0)
-    wf.step(0)
+    with caplog.at_level("WARNING", logger="dllm_train.step"):
+        wf.step(0)
+    # ... and the console says so (before: nothing did)
+    assert [r.getMessage().split(";")[0] for r in caplog.records if r.name == "dllm_train.step"] == [
+        "RL step 1: every group's rewards are equal (reward_mean 1), so every advantage is 0 and this step has no "
+        "learning signal"]
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     assert grads and all(float(g.abs().max()) == 0.0 for g in grads)
 

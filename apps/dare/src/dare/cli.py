@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import shlex
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -57,7 +59,7 @@ def _resolved(args: argparse.Namespace) -> RunConfig:
     """The run config of `args`: `--config FILE` or the recipe, with the dotted overrides applied."""
     if args.config and args.recipe:
         raise ValueError(f"pass either a recipe ({args.recipe!r}) or --config {args.config}, not both")
-    cfg = load_config(Path(args.config)) if args.config else get_recipe(args.recipe or "quickstart")
+    cfg = _config_file(Path(args.config)) if args.config else get_recipe(args.recipe or "quickstart")
     return resolve(cfg, args.overrides)  # `task=<task>`: DARE's per-task settings
 
 
@@ -84,11 +86,14 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _recipes(args: argparse.Namespace) -> int:
+    width = max(map(len, RECIPES))  # one column however long a name is
     for name in RECIPES:
-        print(f"{name:20s} {RECIPE_DOCS[name]}")
+        print(f"{name:{width}s}  {RECIPE_DOCS[name]}")
     print("\nalgorithms:")
-    for name, doc in describe().items():
-        print(f"  {name:18s} {doc}")
+    algorithms = describe()
+    width = max(map(len, algorithms))
+    for name, doc in algorithms.items():
+        print(f"  {name:{width}s}  {doc}")
     return 0
 
 
@@ -100,6 +105,18 @@ def _show(args: argparse.Namespace) -> int:
         print(_train_arguments(argparse.ArgumentParser(prog="dare train", description=_TRAIN)).format_help())
     print(describe_config(cfg, RECIPE_DOCS.get(cfg.recipe, "")))
     return 0
+
+
+def _config_file(path: Path) -> RunConfig:
+    """The run config of `--config path`; a missing, unreadable or malformed file is one ValueError naming it."""
+    try:
+        return load_config(path)
+    except OSError as err:
+        raise ValueError(f"--config {path}: cannot read it ({err.strerror or err}); pass the config.json of "
+                         "an earlier run folder") from None
+    except json.JSONDecodeError as err:
+        raise ValueError(f"--config {path}: not JSON ({err.msg} at line {err.lineno}, column {err.colno}); "
+                         "pass the config.json of an earlier run folder") from None
 
 
 _TRAIN = "Run a recipe (default: the CPU quick start). `dare train RECIPE --help` also lists the recipe's fields."
@@ -148,17 +165,29 @@ def _recipe_help(words: list[str]) -> list[str] | None:
     return ["show", *rest] if named or "--config" in rest else None
 
 
+def _parse(parser: argparse.ArgumentParser, words: list[str]) -> argparse.Namespace:
+    """`words` parsed, the dotted overrides of `train` and `show` accepted anywhere (after an option too)."""
+    args, extra = parser.parse_known_args(words)
+    if args.command in ("train", "show"):
+        if args.recipe and "=" in args.recipe:
+            args.overrides = [args.recipe, *args.overrides]
+            args.recipe = None
+        args.overrides += [w for w in extra if "=" in w and not w.startswith("-")]
+        extra = [w for w in extra if w not in args.overrides]
+    if extra:
+        also = "; overrides are dotted key=value words, e.g. sft.steps=1" if args.command in ("train", "show") else ""
+        parser.error(f"unrecognized arguments: {' '.join(extra)} (options: `dare {args.command} --help`{also})")
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     words = list(sys.argv[1:] if argv is None else argv)
     lead = words[:1] if words[:1] in (["-v"], ["--verbose"]) else []
     show_words = _recipe_help(words[len(lead):])  # `train RECIPE --help`: the options and the recipe's fields
-    args = parser.parse_args([*lead, *show_words] if show_words is not None else words)
+    args = _parse(parser, [*lead, *show_words] if show_words is not None else words)
     if show_words is not None:
         args.train_help = True
-    if args.command in ("train", "show") and args.recipe and "=" in args.recipe:
-        args.overrides = [args.recipe, *args.overrides]
-        args.recipe = None
     _setup_logging(args.verbose)
     from dare.algorithms import PLUGIN_ERRORS
 
@@ -171,6 +200,8 @@ def main(argv: list[str] | None = None) -> int:
             check_eval_inputs(args.checkpoint, args.output_dir, harness=args.harness)
         code: int = args.func(args)
     except KeyboardInterrupt as err:  # SIGINT, or SIGTERM during a phase (dllm_train.Interrupted): 128 + signal
+        for signum in (signal.SIGINT, signal.SIGTERM):  # on the way out: the copy `uv run` forwards is no traceback
+            signal.signal(signum, signal.SIG_IGN)
         parser.exit(getattr(err, "exit_code", 130), f"dare: interrupted. {_resume_hint(args, argv)}\n")
     except (ValueError, OSError) as err:  # user errors: bad config, missing or unreadable files
         if args.verbose or (isinstance(err, OSError) and not isinstance(err, ValueError) and err.filename is None):

@@ -31,6 +31,7 @@ from dare.config_sections import (
 from dare.config_tree import apply_tree, coerce, did_you_mean, from_dict, parse_overrides, section_type
 from dare.config_tree import to_dict as _tree_to_dict
 from dare.tasks.addition import AdditionConfig
+from dllm_models import family_kind
 from dllm_rollout import SamplingConfig
 from dllm_train import OptimConfig, RLConfig, SFTConfig, TrainerConfig
 
@@ -51,20 +52,40 @@ section: SFT's `sft` is the run's `sft` section itself (the one home of the SFT 
 for the quick start's warm start), `lora` the adapters of `checkpoint.lora_*` (as for RL recipes)."""
 
 
-def algorithm_kind(name: str) -> str:
-    """'rl', 'sft' or 'preference': the table of the algorithm registry that holds `name`."""
-    for kind, table in (("rl", ALGORITHMS), ("sft", SFT_ALGORITHMS), ("preference", PREFERENCE_ALGORITHMS)):
+_TABLES: dict[str, dict[str, Any]] = {"rl": ALGORITHMS, "sft": SFT_ALGORITHMS, "preference": PREFERENCE_ALGORITHMS}
+_TABLE_NAMES = {"rl": "RL algorithms", "sft": "SFT algorithms", "preference": "preference algorithms"}
+
+
+def algorithm_kind(name: str, within: str | None = None) -> str:
+    """'rl', 'sft' or 'preference': the table of the algorithm registry that holds `name`.
+
+    Args:
+        within: the kind of the run `name` is set on (None: unknown); an unknown name's error then
+            suggests and lists only algorithms of that kind.
+    """
+    for kind, table in _TABLES.items():
         if name in table:
             return kind
-    names = sorted([*ALGORITHMS, *SFT_ALGORITHMS, *PREFERENCE_ALGORITHMS])
+    if within is not None:
+        names = sorted(_TABLES[within])
+        raise ValueError(f"algorithm {name!r} is unknown{did_you_mean(name, names)}; choose one of the "
+                         f"{_TABLE_NAMES[within]} {names} (the kind of this run; see `dare recipes`)")
+    names = sorted(n for table in _TABLES.values() for n in table)
     raise ValueError(f"algorithm {name!r} is unknown{did_you_mean(name, names)}; choose one of {names} "
                      "(see `dare recipes`)")
 
 
-def registry_entry(name: str) -> Any:
-    """The registry's default entry of algorithm `name` (any kind)."""
-    tables: dict[str, dict[str, Any]] = {"rl": ALGORITHMS, "sft": SFT_ALGORITHMS, "preference": PREFERENCE_ALGORITHMS}
-    return tables[algorithm_kind(name)][name]
+def registry_entry(name: str, within: str | None = None) -> Any:
+    """The registry's default entry of algorithm `name` (any kind; `within`: see `algorithm_kind`)."""
+    return _TABLES[algorithm_kind(name, within)][name]
+
+
+def _sections_kind(data: dict[str, Any]) -> str | None:
+    """The algorithm kind a run config's sections call for: 'rl' for the quick start (its second
+    phase), else the kind whose own section (`rl`, `sft`, `preference`) `data` holds (None: none)."""
+    if data.get("recipe", "quickstart") == "quickstart":
+        return "rl"
+    return next((kind for kind in ("rl", "preference", "sft") if isinstance(data.get(kind), dict)), None)
 
 
 def algorithm_fields(entry: Any) -> list[dataclasses.Field[Any]]:
@@ -175,6 +196,7 @@ class RLPhaseRun(RunConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         check_policy_gradient(self.algorithm, self.rollout, self.algorithm_name)
+        check_denoising_steps(self.rollout, family_kind(self.family))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -297,6 +319,19 @@ def check_policy_gradient(algorithm: Any, rollout: SamplingConfig, name: str) ->
         "every step). Set rollout.temperature > 0 (the recipes use 0.2-1.0)")
 
 
+def check_denoising_steps(rollout: SamplingConfig, kind: str) -> None:
+    """Raise if the rollout has more denoising steps than tokens to unmask: `rollout.steps` >
+    `rollout.max_new_tokens` (masked diffusion, where steps count for the whole response), or >
+    `rollout.block_length` (block diffusion, where they count per block). Each extra step is a full
+    forward that unmasks nothing, so shortening responses (`rollout.max_new_tokens=16` on a recipe
+    of 256 steps) must lower the steps too, not keep the recipe's silently."""
+    per, tokens, what = ((rollout.steps, rollout.block_length, "rollout.block_length") if kind == "block"
+                         else (rollout.steps, rollout.max_new_tokens, "rollout.max_new_tokens"))
+    if per > tokens:
+        raise ValueError(f"rollout.steps={per} exceeds {what}={tokens}: each step beyond one per token is a "
+                         f"forward that unmasks nothing; set rollout.steps={tokens} (one token per step) or fewer")
+
+
 _OPTIONAL = tuple(dict.fromkeys(n for names in SECTIONS.values() for n in names))
 
 
@@ -346,7 +381,7 @@ def run_config_from_dict(data: dict[str, Any]) -> RunConfig:
     if isinstance(data.get("algorithm"), str) and "algorithm_name" not in data:  # config.json of dare <= 0.2
         data["algorithm_name"] = data.pop("algorithm")
     name = str(data.get("algorithm_name", QuickstartConfig.algorithm_name))
-    entry = registry_entry(name)
+    entry = registry_entry(name, _sections_kind(data))
     hints = _all_hints()
     names = list(FIELD_ORDER)
     unknown = sorted(set(data) - set(names))
@@ -404,7 +439,7 @@ def apply_overrides(cfg: C, overrides: list[str]) -> C:
     entry, name = cfg.algorithm, cfg.algorithm_name
     if "algorithm_name" in tree:
         name = str(tree.pop("algorithm_name"))
-        entry = changes["algorithm"] = registry_entry(name)
+        entry = changes["algorithm"] = registry_entry(name, "rl" if cfg.KIND == "quickstart" else cfg.KIND)
         changes["algorithm_name"] = name
     if "algorithm" in tree:
         _check_set_by_run(entry, tree["algorithm"])
@@ -447,6 +482,6 @@ __all__ = [
     "FIELD_ORDER", "SET_BY_RUN", "KINDS", "SECTIONS", "CheckpointModelConfig", "CheckpointRun", "DataConfig", "EvalConfig",
     "PreferenceConfig", "PreferenceRecipeConfig", "QuickstartConfig", "RLPhaseRun", "RLRecipeConfig", "RLRun",
     "RunConfig", "SFTPhaseRun", "SFTRecipeConfig", "TinyModelConfig", "algorithm_fields", "algorithm_kind",
-    "apply_overrides", "check_kind", "load_config", "ordered_fields", "registry_entry", "run_config_from_dict",
+    "apply_overrides", "check_denoising_steps", "check_kind", "load_config", "ordered_fields", "registry_entry", "run_config_from_dict",
     "run_kind", "save_config", "sections", "set_by_run", "to_dict",
 ]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import re
 import types
 import typing
 from collections.abc import Collection, Sequence
@@ -48,6 +49,32 @@ def to_dict(cfg: Any, fields: Sequence[dataclasses.Field[Any]] | None = None) ->
     return cfg
 
 
+class KeyedError(ValueError):
+    """A section's validation error whose field names are already the user's dotted keys."""
+
+
+def keyed(err: ValueError, cls: type[Any], prefix: str) -> ValueError:
+    """`err` of validating dataclass `cls` with its fields named as the user typed them, `prefix`
+    + field: at the start of the message, and before `=` or ` (` (a library's own label such as
+    `optim.` for `rl_optim.` is replaced). `rollout.steps=0` gives "rollout.steps must be >= 1",
+    not "steps must be >= 1"."""
+    if isinstance(err, KeyedError) or not prefix:
+        return err
+    names = "|".join(sorted((re.escape(f.name) for f in dataclasses.fields(cls)), key=len, reverse=True))
+    pattern = re.compile(rf"(^|(?<=[\s(`'\"]))(?:[a-z_]+\.)*({names})(?=$|=| \(| must| is| unknown|:|,)")
+    return KeyedError(pattern.sub(lambda m: f"{m.group(1)}{prefix}{m.group(2)}", str(err)))
+
+
+def _built(cls: type[Any], prefix: str, make: Any) -> Any:
+    """`make()` (a constructor or `dataclasses.replace` of `cls`), its ValueError `keyed`."""
+    try:
+        return make()
+    except KeyedError:
+        raise
+    except ValueError as err:
+        raise keyed(err, cls, prefix) from None
+
+
 def from_dict(cls: type[Any], data: dict[str, Any], *, prefix: str = "", base: Any = None,
               fields: Sequence[dataclasses.Field[Any]] | None = None) -> Any:
     """Rebuild a config dataclass from `to_dict` output (validation runs again).
@@ -73,7 +100,7 @@ def from_dict(cls: type[Any], data: dict[str, Any], *, prefix: str = "", base: A
             kwargs[name] = from_dict(sub, value, prefix=f"{prefix}{name}.")
         else:
             kwargs[name] = coerce(value, hint, prefix + name)
-    return dataclasses.replace(base, **kwargs) if base is not None else cls(**kwargs)
+    return _built(cls, prefix, lambda: dataclasses.replace(base, **kwargs) if base is not None else cls(**kwargs))
 
 
 def coerce(value: Any, hint: Any, name: str) -> Any:
@@ -182,8 +209,8 @@ def apply_tree(cfg: Any, tree: dict[str, Any], prefix: str, *, label: str | None
                              f"{dataclasses.fields(current)[0].name}=...")
         else:
             changes[name] = coerce(sub, hints[name], full)
-    return dataclasses.replace(cfg, **changes) if changes else cfg
+    return _built(type(cfg), prefix, lambda: dataclasses.replace(cfg, **changes)) if changes else cfg
 
 
-__all__ = ["apply_tree", "coerce", "did_you_mean", "from_dict", "parse_overrides",
-           "section_type", "to_dict"]
+__all__ = ["KeyedError", "apply_tree", "coerce", "did_you_mean", "from_dict", "parse_overrides",
+           "keyed", "section_type", "to_dict"]

@@ -143,7 +143,8 @@ def run_eval(args: argparse.Namespace) -> int:
     family = infer_family(model)
     t_print = time.perf_counter()
     fingerprint = weights_fingerprint(model)  # once per model, on its device: every benchmark's manifest
-    logger.info("model loaded in %.1f s, weights fingerprinted in %.1f s", t_print - t_load,
+    named = f"{args.checkpoint} with the LoRA adapter {args.adapter}" if args.adapter is not None else args.checkpoint
+    logger.info("model %s loaded in %.1f s, weights fingerprinted in %.1f s", named, t_print - t_load,
                 time.perf_counter() - t_print)
     extra = {"adapter": str(args.adapter)} if args.adapter is not None else {}
     from dare.engine_eval import engine_generate

@@ -61,6 +61,34 @@ def check_family_name(family: str, actual: str, folder: str) -> None:
             f"`dare recipes`) or set checkpoint.family={actual}")
 
 
+def check_block_length(block_length: int, native: int | None, folder: str) -> None:
+    """Raise if `rollout.block_length` is not the block size of a block-diffusion checkpoint (`native`;
+    None: masked diffusion, any block length): its attention mask fixes the decoding grid, the rule
+    `dllm_rollout.generate` applies to `dare eval` too. A run would otherwise decode with the model's
+    block size while config.json records another."""
+    if native is not None and block_length != native:
+        raise ValueError(f"rollout.block_length={block_length}, but {folder} is a block-diffusion model with "
+                         f"block size {native}: it decodes on the grid its attention mask uses (dare eval "
+                         f"refuses another too); set rollout.block_length={native} or drop the override")
+
+
+def check_rollout_engine(rollout: Any, model: Any, algorithm: Any, folder: str) -> None:
+    """Raise, before anything is written, if `rollout.engine` cannot serve this run: the engine's
+    package is not installed, or the model, algorithm or settings are ones it cannot decode
+    (`dllm_train.engine_rollout.check_engine_support`). `model`: the checkpoint on the meta device."""
+    if rollout.engine == "native":
+        return
+    import importlib.util
+
+    from dllm_train import sampling_for
+    from dllm_train.engine_rollout import check_engine_support
+
+    if importlib.util.find_spec(rollout.engine) is None:
+        raise ValueError(f"rollout.engine={rollout.engine} needs the {rollout.engine} extra, which is not "
+                         f"installed: pip install 'dllm-rollout[{rollout.engine}]', or set rollout.engine=native")
+    check_engine_support(str(model.traits.family), algorithm, sampling_for(model, rollout, algorithm), folder)
+
+
 def train_file_entries(train_files: str, *, names: Collection[str] = ()) -> list[str]:
     """The comma-separated entries of `data.train_files`; raise unless each is one of `names` or a
     parquet file with rows (`check_parquet_file`)."""
@@ -225,6 +253,6 @@ def eval_prompt_warnings(model: Any, tokenizer: Any, bench: Any, preset: Any, ma
     return warnings
 
 
-__all__ = ["check_checkpoint", "check_eval_inputs", "check_family_name", "check_output_dir", "check_parquet_file",
-           "check_rl_columns", "check_rl_data", "config_positions", "eval_prompt_warnings",
+__all__ = ["check_block_length", "check_checkpoint", "check_eval_inputs", "check_family_name", "check_output_dir", "check_parquet_file",
+           "check_rl_columns", "check_rl_data", "check_rollout_engine", "config_positions", "eval_prompt_warnings",
            "max_positions", "train_file_entries"]

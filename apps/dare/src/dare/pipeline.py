@@ -25,7 +25,8 @@ import torch
 
 from dare.algorithms import check_family, family_key
 from dare.config import CheckpointRun, RLRecipeConfig, RunConfig
-from dare.inputs import check_checkpoint, check_family_name, check_rl_data, train_file_entries
+from dare.inputs import (check_block_length, check_checkpoint, check_family_name, check_rl_data, check_rollout_engine,
+                         train_file_entries)
 from dare.rl_data import rl_prompts
 from dare.rl_backend import rl_backend
 from dare.run_folder import writing_run_folder
@@ -45,15 +46,20 @@ from dllm_train import (
 logger = logging.getLogger(__name__)
 
 
-def check_inputs(cfg: CheckpointRun, entry: Any) -> None:
+def check_inputs(cfg: CheckpointRun, entry: Any) -> Any:
     """Raise before any work if the checkpoint folder is incomplete (config.json, weights, tokenizer)
-    or of another family than `checkpoint.family`, the training data are not set or missing, or the
-    checkpoint's family (read from config.json, no weights) is not one the algorithm supports."""
+    or of another family than `checkpoint.family`, the training data are not set or missing, the
+    checkpoint's family (read from config.json, no weights) is not one the algorithm supports, or
+    `rollout.block_length` is not a block-diffusion checkpoint's block size. Returns the checkpoint's
+    model on the meta device (no weights)."""
     ckpt = cfg.checkpoint
     family = check_checkpoint(ckpt.checkpoint)
     train_file_entries(cfg.data.train_files, names=DATASETS)
-    check_family(cfg.algorithm_name, entry, family_key(load_model(ckpt.checkpoint, device="meta")))
+    meta: Any = load_model(ckpt.checkpoint, device="meta")
+    check_family(cfg.algorithm_name, entry, family_key(meta))
     check_family_name(ckpt.family, family, ckpt.checkpoint)
+    check_block_length(cfg.rollout.block_length, meta.traits.block_length, ckpt.checkpoint)
+    return meta
 
 
 def set_num_threads(cfg: RunConfig) -> None:
@@ -156,7 +162,8 @@ def rank_setup(cfg: RLRecipeConfig, reward: RowReward) -> Any:
 def _rl_inputs(cfg: RLRecipeConfig) -> tuple[Any, list[tuple[list[int], Row]]]:
     """The tokenizer and the encoded prompts of an RL recipe, every input checked before anything is
     written or the model loads."""
-    check_inputs(cfg, cfg.algorithm)
+    meta = check_inputs(cfg, cfg.algorithm)
+    check_rollout_engine(cfg.rollout, meta, cfg.algorithm, cfg.checkpoint.checkpoint)
     check_rl_data(cfg.data.train_files, names=DATASETS)
     tokenizer = load_tokenizer(cfg.checkpoint.checkpoint)
     return tokenizer, rl_prompts(cfg, tokenizer)

@@ -14,7 +14,7 @@ import torch
 from dare.config import QuickstartConfig
 from dare.rl_backend import rl_backend
 from dare.run_folder import writing_run_folder
-from dare.sinks import curves_title, open_wandb_run
+from dare.sinks import curves_title, drop_zero_panels, open_wandb_run
 from dare.tasks.addition import AdditionTask, build_tokenizer, exact_match_reward
 from dllm_algorithms import SFT
 from dllm_models import build_model, save_model
@@ -137,10 +137,13 @@ def _train(cfg: QuickstartConfig, output_dir: Path, *, t0: float, progress: bool
     save_model(model, output_dir / "model", tokenizer=tokenizer)
     records = read_metrics(output_dir / "metrics.jsonl")
     before, after = run.results["eval_accuracy_before_rl"], run.results["eval_accuracy_after_rl"]
-    plot_curves(records, ["reward_mean", "eval_accuracy", "loss", "clip_frac", "ppo_kl", "consistency_max_abs_gap"],
-                output_dir / "reward.png",
-                title=curves_title(cfg, output_dir, records, f"{cfg.algorithm_name} RL on {task.cfg.digits}-digit "
-                                   f"addition: held-out accuracy {before:.1%} after SFT -> {after:.1%} after RL"),
+    keys, zero = drop_zero_panels(records, ["reward_mean", "eval_accuracy", "loss", "clip_frac", "ppo_kl",
+                                            "consistency_max_abs_gap"],
+                                  tolerance={"consistency_max_abs_gap": 1e-4})  # float32 rounding: ~1e-7
+    detail = (f"{cfg.algorithm_name} RL on {task.cfg.digits}-digit addition: held-out accuracy {before:.1%} after "
+              f"SFT -> {after:.1%} after RL" + (f"\n0 at every step (within float32 rounding), not drawn: "
+                                               f"{', '.join(zero)}" if zero else ""))
+    plot_curves(records, keys, output_dir / "reward.png", title=curves_title(cfg, output_dir, records, detail),
                 points={"eval_accuracy": [(0, before, "after SFT (RL step 0)"),
                                           (cfg.trainer.max_steps, after, "after RL")]})
     summary = {

@@ -116,11 +116,13 @@ def _pid_alive(path: Path) -> bool:
     return True
 
 
-def _steps_done(folder: Path, records: list[dict[str, Any]]) -> int:
+def _steps_done(folder: Path, records: list[dict[str, Any]], phase: str) -> int:
+    """The steps done of phase `phase`: the last step of its `records` or of its checkpoints
+    (`<order>-<phase>-<step>`; another phase's, e.g. the quick start's SFT warm start, never count)."""
     steps = [int(r["step"]) for r in records if _finite(r.get("step"))]
     done = max(steps, default=0)
     names = [p.name for p in (folder / "checkpoints").glob("*-*-*") if p.is_dir()]
-    ckpt = [int(m.group(1)) for n in names if (m := re.fullmatch(r"\d+-[a-z]+-(\d+)", n))]
+    ckpt = [int(m.group(2)) for n in names if (m := re.fullmatch(r"\d+-([a-z]+)-(\d+)", n)) and m.group(1) == phase]
     return max([done, *ckpt])
 
 
@@ -163,12 +165,13 @@ def read_run(folder: Path) -> RunInfo | None:
     kind = "quickstart" if recipe == "quickstart" else _kind(algorithm)
     records = read_jsonl(folder / "metrics.jsonl")
     trainer, sft = config.get("trainer") or {}, config.get("sft") or {}
+    phase = kind if kind in ("sft", "preference") else "rl"
     if kind == "quickstart" and not records:  # still in its SFT warm start
         records = read_jsonl(folder / "sft_metrics.jsonl")
-        total = int(sft.get("steps", 0))
+        total, phase = int(sft.get("steps", 0)), "sft"
     else:
         total = int((sft if kind == "sft" else trainer).get("steps" if kind == "sft" else "max_steps", 0))
-    done = _steps_done(folder, records)
+    done = _steps_done(folder, records, phase)
     accuracies = [a for r in records if (a := accuracy_of(r)) is not None]
     accuracy = accuracies[-1] if accuracies else None
     summary = folder / "summary.json"

@@ -3,7 +3,7 @@ and what a run's figures (`curves.png`, `reward.png`) show first and say in thei
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +43,24 @@ def curve_keys(records: Sequence[dict[str, Any]], keys: Sequence[str]) -> list[s
     first = [k for k in FIRST if k in keys or k in logged]
     ordered = [*first, *accuracy]
     return ordered + [k for k in keys if k not in ordered]
+
+
+def drop_zero_panels(records: Sequence[dict[str, Any]], keys: Sequence[str],
+                     keep: Sequence[str] = (*FIRST, "eval_accuracy", "loss"),
+                     tolerance: Mapping[str, float] | None = None) -> tuple[list[str], list[str]]:
+    """(drawn, dropped): `keys` without those whose every finite value is 0 (within `tolerance[key]`,
+    default exactly), such as the `clip_frac` and `ppo_kl` of on-policy steps (the ratio is 1 by
+    construction), which would spend a panel each on a flat line. `keep` are drawn even at 0 (an
+    all-zero reward or loss is what a user checks first); a key with no value at all is left to
+    `plot_curves` (no panel)."""
+    tolerance = tolerance or {}
+
+    def zero(key: str) -> bool:
+        values = [r[key] for r in records if isinstance(r.get(key), (int, float)) and r[key] == r[key]]
+        return bool(values) and all(abs(v) <= tolerance.get(key, 0.0) for v in values)
+
+    dropped = [k for k in keys if k not in keep and zero(k)]
+    return [k for k in keys if k not in dropped], dropped
 
 
 def curves_title(cfg: RunConfig, output_dir: Path, records: Sequence[dict[str, Any]], detail: str = "") -> str:

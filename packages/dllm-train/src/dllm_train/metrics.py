@@ -283,6 +283,10 @@ def plot_curves(records: Sequence[dict[str, Any]], keys: Sequence[str], path: Pa
         if flat is not None:
             ax.set_title(f"{key} is flat at {flat:.3g} over all {len(pts)} steps", fontsize=8, color="tab:red")
         ax.legend(loc="best", fontsize=7)
+    from matplotlib.ticker import MaxNLocator
+
+    for ax in axes[:, 0]:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole: no 0.5 ticks on short runs
     axes[-1, 0].set_xlabel("step")
     if title:
         fig.suptitle(title, fontsize=10)

@@ -19,7 +19,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
-from torch.distributed.tensor import DTensor
 
 DEVICES = ("cuda",)
 """The device types whose tensors `HostOffload` moves (tests add "cpu" to run it without a GPU)."""
@@ -30,6 +29,8 @@ ALIGN_BYTES = 64
 def state_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
     """Every tensor of `optimizer`'s per-parameter state (AdamW: `exp_avg`, `exp_avg_sq`, `step`);
     of a DTensor, its local shard (the same storage)."""
+    from torch.distributed.tensor import DTensor  # here: 3 s of imports the CLI's cheap commands skip
+
     out = []
     for state in optimizer.state.values():
         for value in state.values():

@@ -11,6 +11,7 @@ process is one rank (`LocalRanks`); Ray runs one `PolicyRank` per actor
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -30,6 +31,8 @@ PromptSampler = Callable[[int], PromptBatch]
 """step -> the prompts of that step (deterministic in step)."""
 RolloutArgs = tuple[int, Sequence[Sequence[int]], Sequence[str], torch.Tensor, torch.Tensor]
 """The arguments of one rank's `PolicyRank.rollout_step`: step, prompts, answers, seeds [b], groups [b]."""
+
+logger = logging.getLogger(__name__)
 
 
 def check_settings(algorithm: RLAlgorithm[Any], sampling: SamplingConfig, *, consistency_every: int) -> None:
@@ -270,6 +273,11 @@ def rl_step(step: int, *, prompts: PromptSampler, ranks: Ranks, algorithm: RLAlg
         "response_length": float(lengths.mean()),
         "groups_all_equal": all_equal_groups(scores, groups),
     })
+    if metrics["groups_all_equal"] == 1.0 and not bool(advantages.any()):
+        logger.warning("RL step %d: every group's rewards are equal (reward_mean %.3g), so every advantage is 0 "
+                       "and this step has no learning signal; if it persists, the prompts are too hard or too "
+                       "easy for the model: raise rl.group_size or rollout.temperature, or change the data",
+                       step + 1, metrics["reward_mean"])
     return metrics
 
 
