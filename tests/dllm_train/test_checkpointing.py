@@ -204,3 +204,36 @@ def test_a_torn_ray_shard_makes_the_checkpoint_damaged(tmp_path: Path, tiny_llad
     _truncate(tmp_path / "checkpoints" / "0-rl-000002" / SHARDS / "__0_0.distcp")
     ref, state = resume_checkpoint(tmp_path, tiny_llada)
     assert ref is not None and ref.step == 1 and state == {"step": 1}
+
+
+def test_leftovers_of_a_killed_export_are_cleaned_at_the_next_start(
+        tmp_path: Path, tiny_llada: torch.nn.Module, monkeypatch: Any) -> None:
+    # issue #38 T2: kill -9 during the final model/ export left `.model.tmp-*` (a full model copy)
+    # and `.model.old-*` in the run folder for ever. The kill is stood in for by an export whose
+    # cleanup never runs: the old folder renamed aside, the new one not yet renamed into place.
+    import dllm_models.checkpoint as mc
+    from dllm_models import save_model
+    from dllm_train.checkpointing import recover_checkpoints
+
+    save_model(tiny_llada, tmp_path / "model")
+    real_replace, calls = mc.os.replace, []
+
+    def killed(src: Any, dst: Any) -> None:
+        calls.append(dst)
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # the process dies between the two renames
+        real_replace(src, dst)
+
+    monkeypatch.setattr(mc.os, "replace", killed)
+    monkeypatch.setattr(mc.shutil, "rmtree", lambda *a, **k: None)  # nothing runs after a kill
+    with pytest.raises(KeyboardInterrupt):
+        save_model(tiny_llada, tmp_path / "model")
+    monkeypatch.undo()
+    left = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".model."))
+    assert [re.sub(r"-.*", "-*", n) for n in left] == [".model.old-*", ".model.tmp-*"]
+    (tmp_path / ".config.json.tmp").write_text("{}")  # not an export's leftover: kept
+    (tmp_path / "model.bak").mkdir()
+    _three(tmp_path, tiny_llada)
+    ref = recover_checkpoints(tmp_path)  # what a run does when it starts
+    assert ref is not None and ref.step == 3
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".config.json.tmp", "checkpoints", "model.bak"]

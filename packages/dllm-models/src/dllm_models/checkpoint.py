@@ -7,6 +7,7 @@ import dataclasses
 import json
 import logging
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -357,6 +358,23 @@ def _replace_dir(src: Path, dst: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
     else:
         os.replace(src, dst)
+
+
+def save_leftovers(folder: str | os.PathLike[str]) -> list[Path]:
+    """The folders an interrupted `save_model` into `folder` left behind: its temporary copy
+    (`.<name>.tmp-*`) and the previous version it was replacing (`.<name>.old-<pid>`).
+
+    A writer that holds the folder alone may remove them (`shutil.rmtree`); a concurrent
+    `save_model` into the same folder would lose its temporary copy.
+    """
+    root = Path(folder)
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir()
+                  if _SAVE_LEFTOVER.match(p.name) and p.is_dir() and not p.is_symlink())
+
+
+_SAVE_LEFTOVER = re.compile(r"^\..+\.(tmp-.+|old-\d+)$")
 
 
 def copy_tokenizer_files(src_dir: str | os.PathLike[str], dst_dir: str | os.PathLike[str]) -> None:

@@ -35,7 +35,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from dllm_models import save_model, weight_files
+from dllm_models import save_leftovers, save_model, weight_files
 
 logger = logging.getLogger(__name__)
 MANIFEST = "manifest.json"
@@ -178,15 +178,21 @@ def set_aside(folder: Path, why: str) -> Path:
 
 def clean_leftovers(output_dir: Path) -> list[Path]:
     """Remove the temporary and half-deleted folders that interrupted writes and deletions leave in
-    `output_dir/checkpoints/`; returns what was removed. Only a run folder's single writer may call
-    it (a concurrent writer's temporary folder would go too)."""
+    `output_dir/checkpoints/`, and those of an interrupted export into `output_dir` (`save_model`'s
+    `.model.tmp-*` copy and `.model.old-*` predecessor, `dllm_models.save_leftovers`); returns what
+    was removed. Only a run folder's single writer may call it (a concurrent writer's temporary
+    folder would go too)."""
     root = output_dir / "checkpoints"
     gone = [p for p in root.iterdir() if p.name.startswith(_LEFTOVER)] if root.is_dir() else []
-    for p in gone:
-        shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+    exports = save_leftovers(output_dir)
+    for p in gone + exports:
+        shutil.rmtree(p, ignore_errors=True) if p.is_dir() and not p.is_symlink() else p.unlink(missing_ok=True)
     if gone:
         logger.info("removed %d leftover folder(s) of interrupted checkpoint writes in %s", len(gone), root)
-    return gone
+    if exports:
+        logger.info("removed %d leftover folder(s) of an interrupted export in %s: %s", len(exports), output_dir,
+                    ", ".join(p.name for p in exports))
+    return gone + exports
 
 
 def recover_checkpoints(output_dir: Path) -> CheckpointRef | None:
