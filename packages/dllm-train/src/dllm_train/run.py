@@ -97,6 +97,8 @@ class Run:
             `close()` finishes it.
         max_nonfinite_steps: a phase stops (`Diverged`) after this many steps in a row skipped
             for a non-finite loss or gradient norm (their `skipped` metric).
+        trust_legacy: resume from a checkpoint without a manifest (the layout written before
+            manifests); otherwise such a newest checkpoint is refused (`LegacyCheckpointRefused`).
 
     Starting, it removes the leftovers of interrupted checkpoint writes and resumes from the
     newest intact checkpoint, setting damaged ones aside (`checkpointing.resume_checkpoint`).
@@ -107,7 +109,7 @@ class Run:
 
     def __init__(self, output_dir: Path, model: Any, *, tokenizer: Any = None, log_every: int = 1,
                  keep_checkpoints: int = 2, progress: bool = True, tensorboard: bool = False,
-                 wandb_run: Any = None, max_nonfinite_steps: int = 3) -> None:
+                 wandb_run: Any = None, max_nonfinite_steps: int = 3, trust_legacy: bool = False) -> None:
         self.output_dir = output_dir
         self.tensorboard = tensorboard
         self.wandb_run = wandb_run
@@ -117,7 +119,7 @@ class Run:
         self.keep_checkpoints = keep_checkpoints
         self.progress = progress
         self.max_nonfinite_steps = max_nonfinite_steps
-        self.latest, self.state = resume_checkpoint(output_dir, model)
+        self.latest, self.state = resume_checkpoint(output_dir, model, trust_legacy=trust_legacy)
         self.latest_saved: Path | None = None
         self.results: dict[str, Any] = dict(self.state.get("results", {}))
         if self.latest is not None:
@@ -125,16 +127,20 @@ class Run:
 
     @classmethod
     def from_trainer(cls, output_dir: Path, model: Any, trainer: TrainerConfig, *, tokenizer: Any = None,
-                     progress: bool = True, wandb_run: Any = None) -> Run:
+                     progress: bool = True, wandb_run: Any = None, trust_legacy: bool = False) -> Run:
         """A run with the trainer's logging period, checkpoint count and TensorBoard switch."""
         return cls(output_dir, model, tokenizer=tokenizer, log_every=trainer.log_every,
                    keep_checkpoints=trainer.keep_checkpoints, progress=progress, tensorboard=trainer.tensorboard,
-                   wandb_run=wandb_run, max_nonfinite_steps=trainer.max_nonfinite_steps)
+                   wandb_run=wandb_run, max_nonfinite_steps=trainer.max_nonfinite_steps, trust_legacy=trust_legacy)
 
     def _start(self, spec: PhaseSpec) -> int | None:
         """First step to run, or None if the phase already finished."""
         if self.latest is None or self.latest.order < spec.order:
             return 0
+        if self.latest.order == spec.order and self.latest.phase != spec.name:
+            raise ValueError(f"the newest checkpoint {self.latest.path} is of phase {self.latest.phase!r}, but this "
+                             f"run's phase {spec.order} is {spec.name!r}: the folder holds another kind of run; "
+                             "choose a new --output-dir")
         if self.latest.order > spec.order or self.latest.step >= spec.steps:
             return None
         owner, shards = spec.owner, self.latest.path / SHARDS
