@@ -115,6 +115,27 @@ def test_a_run_stopped_by_diverged_weights_resumes_from_the_last_confirmed_check
     assert run.latest is not None and run.latest.step == 2
 
 
+def test_non_finite_logits_in_a_step_stop_the_run_like_non_finite_steps(tmp_path: Path) -> None:
+    # issue #38 "Also": rl_optim.lr=1e9 sends the weights to ~1e9; the next rollout's logits overflow
+    # and its decoder raised a RuntimeError, a traceback instead of one line. Update 3 poisons here.
+    from dllm_rollout import NonFiniteLogits
+
+    model = tiny_model("llada")
+    toy = _Toy(model)
+
+    def step(i: int) -> dict[str, float]:
+        if i == 3:
+            raise NonFiniteLogits("block [4, 8) still has masked positions after 4 steps: the model's logits are "
+                                  "not finite (NaN or inf)")
+        return toy.step(i)
+
+    spec = PhaseSpec(order=0, name="rl", steps=6, step_fn=step, owner=toy, save_every=1)
+    with pytest.raises(Diverged, match=r"rl step 4: the model's logits were not finite with the weights of rl step 3 "
+                                       r"\(block \[4, 8\).*set aside 1 checkpoint.*0-rl-000002.*learning rate"):
+        Run(tmp_path, model, progress=False, keep_checkpoints=3).run_phase(spec)
+    assert [r.step for r in list_checkpoints(tmp_path)] == [1, 2]
+
+
 class _Rewards:
     """A reward function that returns NaN for every row from call `bad_from` on (rows 8 per step)."""
 

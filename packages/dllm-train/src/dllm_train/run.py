@@ -11,11 +11,12 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import torch
 from tqdm import tqdm
 
+from dllm_rollout import NonFiniteLogits
 from dllm_train.checkpointing import (
     SHARDS,
     checkpoint_path,
@@ -30,6 +31,7 @@ from dllm_train.metrics import MetricsWriter, format_line, read_metrics
 from dllm_train.preemption import Diverged, Interrupted, StopRequest
 
 logger = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 
 class Stateful(Protocol):
@@ -214,6 +216,20 @@ class Run:
             f"rewards (last loss {loss}) and were skipped ({limit}); stopped without saving{aside}, "
             f"{self._resume_point()}. Lower the phase's learning rate (e.g. rl_optim.lr, sft_optim.lr) or its grad_clip")
 
+    def _guarded(self, spec: PhaseSpec, i: int, streak: int, fn: Callable[..., _T], *args: Any) -> _T:
+        """`fn(*args)` at step index `i`; non-finite logits in it (`NonFiniteLogits`: the weights of the
+        last update overflow) stop the run like non-finite steps: one `Diverged`, the checkpoints
+        holding those weights set aside."""
+        try:
+            return fn(*args)
+        except NonFiniteLogits as err:
+            aside = self._set_aside_unconfirmed(spec, i - streak)
+            first = str(err).splitlines()[0] if str(err) else type(err).__name__
+            raise Diverged(
+                f"{spec.name} step {i + 1}: the model's logits were not finite with the weights of {spec.name} "
+                f"step {i - streak} ({first}); stopped without saving{aside}, {self._resume_point()}. Lower the "
+                "phase's learning rate (e.g. rl_optim.lr, sft_optim.lr) or its grad_clip") from None
+
     def _set_aside_unconfirmed(self, spec: PhaseSpec, suspect_from: int) -> str:
         """Set aside this phase's checkpoints from step `suspect_from` on: they hold the weights of update
         `suspect_from`, with which no step computed a finite loss and gradient (what a too-large
@@ -241,9 +257,9 @@ class Run:
         try:
             with stop.catching():
                 for i in range(start, spec.steps):
-                    record: dict[str, Any] = {"step": i + 1, **spec.step_fn(i)}
+                    record: dict[str, Any] = {"step": i + 1, **self._guarded(spec, i, streak, spec.step_fn, i)}
                     if spec.eval_fn is not None and spec.eval_every and (i + 1) % spec.eval_every == 0:
-                        record.update(spec.eval_fn())
+                        record.update(self._guarded(spec, i, streak, spec.eval_fn))
                     writer.write(record)
                     bar.update(1)
                     if (i + 1) % self.log_every == 0 or i + 1 == spec.steps:
@@ -260,7 +276,7 @@ class Run:
                         else:
                             self._save(spec, i + 1)
                 if spec.on_end is not None:
-                    self.results.update(spec.on_end())
+                    self.results.update(self._guarded(spec, spec.steps, streak, spec.on_end))
                 self._save(spec, spec.steps)
             if stop.signum is not None:
                 raise Interrupted(stop.signum, self.latest_saved)
