@@ -151,3 +151,39 @@ def test_a_full_disk_during_a_metrics_append_is_one_error_line(
     assert "could not write" in line and "metrics.jsonl" in line and "No space left on device" in line
     assert "GiB free there: free disk space" in line
 
+
+
+def test_a_data_file_replaced_under_the_same_path_is_refused_like_a_changed_setting(tmp_path: Path) -> None:
+    # T5: the resume continued silently on other data
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from dare.config import apply_overrides
+    from dare.run_folder import DATA_STATE, start_run
+
+    data = tmp_path / "sums.parquet"
+
+    def write(answer: str) -> None:
+        pq.write_table(pa.table({"data_source": ["gsm8k"], "prompt": [[{"role": "user", "content": "1+1="}]],
+                                 "reward_model": [{"ground_truth": answer}]}), data)
+
+    write("2")
+    cfg = apply_overrides(get_recipe("llada-d1"), [f"data.train_files={data}"])
+    out = tmp_path / "run"
+    open_run_folder(cfg, out)
+    (out / "metrics.jsonl").write_text('{"step": 1}\n')
+    recorded = json.loads((out / DATA_STATE).read_text())["data.train_files"][str(data)]
+    check_run_folder(cfg, out)  # the same content resumes
+    write("3")  # another answer: other bytes under the same path
+    with pytest.raises(ValueError, match=rf"holds a run with a different config \(data.train_files content of {data}: "
+                                         rf"'{recorded[:12]}' -> '[0-9a-f]{{12}}'\).*--allow-config-change"):
+        check_run_folder(cfg, out)
+    with config_change_allowed():  # accepted, and recorded once the run starts
+        open_run_folder(cfg, out)
+    assert json.loads((out / DATA_STATE).read_text())["data.train_files"][str(data)] == recorded
+    from tests.tiny_rl import tiny_model
+
+    start_run(out, tiny_model("llada"), cfg.trainer, progress=False)
+    assert json.loads((out / DATA_STATE).read_text())["data.train_files"][str(data)] != recorded
+    check_run_folder(cfg, out)
+    release_run_folder(out)

@@ -14,6 +14,9 @@ saved one before anything is written:
   error and leaves config.json as it was);
 - a run of another kind (a quick start's folder for an RL recipe, an SFT folder for an RL
   recipe...) is refused even with `--allow-config-change`: its checkpoints are of other phases;
+- the content of the data files (`data.train_files`, fingerprinted by SHA-256 in the folder's
+  `data.json`) counts as a setting: a file replaced under the same path is refused (or accepted
+  with `--allow-config-change`) like any other change;
 - `trainer.max_steps` (or `sft.steps` of an SFT recipe) may not drop below the steps the folder
   has already completed: the finished steps cannot be undone, and the folder's summary.json keeps
   describing them. Raise the budget, or choose a new `--output-dir`.
@@ -39,6 +42,7 @@ import atexit
 import contextlib
 import contextvars
 import fcntl
+import hashlib
 import json
 import logging
 import os
@@ -51,7 +55,7 @@ from typing import Any
 from dare.config import RunConfig, load_config, run_kind, to_dict
 from dare.inputs import check_output_dir
 from dllm_train import Run, TrainerConfig
-from dllm_train.folder_files import find_symlinks, open_nofollow, write_new
+from dllm_train.folder_files import find_symlinks, open_nofollow, replace_text, write_new
 
 logger = logging.getLogger(__name__)
 
@@ -225,10 +229,55 @@ def check_extras(cfg: RunConfig) -> None:
 
 
 def write_config(cfg: RunConfig, output_dir: Path) -> None:
-    """Write the folder's config.json atomically (through `.config.json.tmp`, never through a link)."""
+    """Write the folder's config.json atomically (through `.config.json.tmp`, never through a link),
+    and the content fingerprints of its data files (`DATA_STATE`, `data_fingerprints`)."""
     tmp = output_dir / ".config.json.tmp"
     write_new(tmp, json.dumps(to_dict(cfg), indent=2, sort_keys=True))
     os.replace(tmp, output_dir / "config.json")
+    fingerprints = data_fingerprints(cfg)
+    if fingerprints:
+        replace_text(output_dir / DATA_STATE, json.dumps({"data.train_files": fingerprints}, indent=2))
+
+
+DATA_STATE = "data.json"
+"""The run folder's record of its data files' content: `{"data.train_files": {path: sha256}}`."""
+_DIGESTS: dict[tuple[str, int, int], str] = {}  # (resolved path, size, mtime_ns) -> sha256, per process
+
+
+def _sha256(path: Path) -> str:
+    st = path.stat()
+    key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
+    if key not in _DIGESTS:
+        h = hashlib.sha256()
+        with open(path, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+        _DIGESTS[key] = h.hexdigest()
+    return _DIGESTS[key]
+
+
+def data_fingerprints(cfg: RunConfig) -> dict[str, str]:
+    """SHA-256 of every file among the run's `data.train_files` entries (shipped dataset names and
+    runs without data files have none), by the entry as written."""
+    data = getattr(cfg, "data", None)
+    files = [e.strip() for e in str(getattr(data, "train_files", "")).split(",") if e.strip()]
+    return {entry: _sha256(Path(entry)) for entry in files if Path(entry).is_file()}
+
+
+def data_changes(cfg: RunConfig, output_dir: Path) -> dict[str, tuple[Any, Any]]:
+    """Data files whose content differs from the folder's record (`DATA_STATE`): the key
+    `data.train_files content of <path>` -> (old sha256, new sha256), 12 hex digits each. A folder
+    without the record (written before it existed) compares nothing."""
+    path = output_dir / DATA_STATE
+    try:
+        saved = json.loads(path.read_text())["data.train_files"] if path.is_file() else {}
+    except (OSError, ValueError, KeyError, TypeError):
+        saved = {}
+    if not isinstance(saved, dict):
+        saved = {}
+    new = data_fingerprints(cfg)
+    return {f"data.train_files content of {entry}": (str(saved[entry])[:12], digest[:12])
+            for entry, digest in new.items() if entry in saved and saved[entry] != digest}
 
 
 def check_no_symlinks(output_dir: Path) -> None:
@@ -286,7 +335,7 @@ def check_run_folder(cfg: RunConfig, output_dir: Path) -> dict[str, tuple[Any, A
         pass
     new = to_dict(cfg)
     _refuse_other_kind(cfg, saved, output_dir)
-    changes = config_changes(saved, new)
+    changes = {**config_changes(saved, new), **data_changes(cfg, output_dir)}
     if changes and not _ALLOW.get():
         listed = "; ".join(f"{k}: {old!r} -> {new_!r}" for k, (old, new_) in changes.items())
         raise ValueError(
@@ -346,6 +395,6 @@ def writing_run_folder(cfg: RunConfig, output_dir: Path) -> Iterator[None]:
         release_run_folder(output_dir)
 
 
-__all__ = ["LOCK", "RESUMABLE", "check_run_folder", "config_change_allowed", "config_changes", "holds_a_run",
-           "legacy_checkpoints_trusted", "lock_run_folder", "open_run_folder", "release_run_folder", "start_run", "write_config",
-           "writing_run_folder"]
+__all__ = ["DATA_STATE", "LOCK", "RESUMABLE", "check_run_folder", "config_change_allowed", "config_changes",
+           "data_changes", "data_fingerprints", "holds_a_run", "legacy_checkpoints_trusted", "lock_run_folder",
+           "open_run_folder", "release_run_folder", "start_run", "write_config", "writing_run_folder"]
