@@ -188,7 +188,7 @@ def test_a_diverged_run_ends_in_one_error_line(tmp_path: Path, capsys: pytest.Ca
     real = PolicyRank.rollout_step
 
     def overflowing(self: PolicyRank[Any], *args: Any) -> Any:
-        if max(float(p.abs().max()) for p in self.rollout.model.parameters()) > 1e6:
+        if max(float(p.detach().abs().max()) for p in self.rollout.model.parameters()) > 1e6:
             raise NonFiniteLogits("block [8, 12) still has masked positions after 4 steps, more than the 4 it can "
                                   "need: the model's logits are not finite (NaN or inf)")
         return real(self, *args)
