@@ -98,6 +98,32 @@ def test_rl_cells_are_named_before_the_model_loads(columns: dict[str, list[Any]]
     assert f"{data} {needle}" in msg
 
 
+@pytest.mark.parametrize(("source", "truth", "extra", "needle"), [
+    ("mbpp", "assert f(1) == 2", None, "'assert f(1) == 2' is not JSON (Expecting value: line 1 column 1"),
+    ("mbpp", '{"assert": 1}', None, "is JSON of another shape (dict); its reward reads a non-empty JSON list"),
+    ("kodcode", "[]", None, "is JSON of another shape (list)"),
+    ("humaneval", "def check(candidate:\n    pass", None, "is not Python source ("),
+    ("apps", "not json", None, "cannot be read as input/output tests ("),
+    ("countdown", "twelve", '{"numbers": [3, 4]}', "'twelve' is not a number"),
+    ("countdown", "12", '{"numbers": "[3, x]"}', "comes with extra_info['numbers'] = '[3, x]', not a list"),
+])
+def test_a_ground_truth_its_reward_cannot_read_is_named_before_the_model_loads(
+        source: str, truth: str, extra: str | None, needle: str, ckpt: Path, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # issue #38 T10: an mbpp row whose tests were not JSON passed the data checks, then stopped the
+    # run after the model load and a rollout with a bare `Expecting value: line 1 column 1`
+    good = {"mbpp": '["assert f(1) == 2"]', "kodcode": '["assert g() is None"]', "humaneval": "def check(c):\n    pass",
+            "apps": '{"inputs": ["1"], "outputs": ["2"]}', "countdown": "7"}[source]
+    columns: dict[str, list[Any]] = {"data_source": [source, source],
+                                     "reward_model": [{"ground_truth": good}, {"ground_truth": truth}]}
+    if source == "countdown":
+        columns["extra_info"] = ['{"numbers": [3, 4]}', extra]
+    data = _write(tmp_path, _rl(**columns))
+    msg = _fails(capsys, ckpt, data, tmp_path / "out")
+    assert f"{data} row 1, column 'reward_model.ground_truth' (data_source {source!r}): " in msg
+    assert needle in msg and msg.endswith("Fix the row or drop it")
+
+
 def test_flat_ground_truth_null_is_not_the_string_none(tmp_path: Path) -> None:
     table = pa.table({"prompt": [MESSAGE, MESSAGE], "data_source": ["gsm8k"] * 2, "ground_truth": ["46", None]})
     with pytest.raises(ValueError, match=r"row 1, column 'ground_truth': is null"):

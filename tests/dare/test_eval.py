@@ -80,3 +80,41 @@ def test_reward_modes_side_by_side(tiny_checkpoint: Path, tmp_path: Path) -> Non
     second = [json.loads(x)["response"]
               for x in (tmp_path / "countdown" / "reward-dare" / "samples.jsonl").read_text().splitlines()]
     assert first == second  # scored twice, generated once
+
+
+def test_a_second_eval_into_a_busy_output_dir_is_refused(tiny_checkpoint: Path, tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    # issue #38 T9: two `dare eval` into one --output-dir both exited 0, one result set overwriting
+    # the other. The first holds the folder's lock (as `dare train` holds a run folder's).
+    import fcntl
+    import os
+
+    from dare.cli import main
+
+    out = tmp_path / "out"
+    out.mkdir()
+    fd = os.open(out / ".lock", os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.write(fd, json.dumps({"pid": 4242, "host": "elsewhere", "started": "now"}).encode())
+        with pytest.raises(SystemExit) as err:
+            main(["eval", str(tiny_checkpoint), "--benchmarks", "gsm8k", "--limit", "1", "--output-dir", str(out)])
+    finally:
+        os.close(fd)
+    assert err.value.code == 2
+    assert "is in use by another run (pid 4242 on elsewhere" in capsys.readouterr().err
+    assert sorted(p.name for p in out.iterdir()) == [".lock"]  # nothing evaluated, nothing written
+
+
+def test_default_eval_folders_started_in_the_same_second_differ(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    # issue #38 T9: runs/eval-<time> to the second: two evaluations started together shared it
+    import time
+
+    from dare.evaluate import new_eval_folder
+
+    monkeypatch.setattr(time, "strftime", lambda fmt, *a: "20260101-000000")
+    first, second, third = (new_eval_folder(tmp_path) for _ in range(3))
+    assert [p.name for p in (first, second, third)] == ["eval-20260101-000000", "eval-20260101-000000-1",
+                                                        "eval-20260101-000000-2"]
+    assert all(p.is_dir() for p in (first, second, third))

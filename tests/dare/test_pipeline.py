@@ -171,3 +171,33 @@ def test_an_rl_recipe_whose_data_fail_writes_nothing(tiny_checkpoint: Path, sums
               f"data.train_files={sums_parquet}", "data.max_prompt_length=1", "--output-dir", str(out),
               "--no-progress"])
     assert err.value.code == 2 and not out.exists()
+
+
+def test_a_diverged_run_ends_in_one_error_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    # issue #38 "Also": rl_optim.lr=1e9 stopped the run without a poisoned checkpoint but ended in a
+    # traceback: the rollout after the poisoning update fails on overflowing logits (stood in for
+    # by a decoder that refuses weights above 1e6, as the logits of a larger model overflow)
+    import dare.quickstart
+    from dllm_rollout import NonFiniteLogits
+    from dllm_train import PolicyRank
+    from tests.dare.helpers import TINY
+    from tests.tiny_rl import partial_reward
+
+    monkeypatch.setattr(dare.quickstart, "exact_match_reward", partial_reward)
+    real = PolicyRank.rollout_step
+
+    def overflowing(self: PolicyRank[Any], *args: Any) -> Any:
+        if max(float(p.detach().abs().max()) for p in self.rollout.model.parameters()) > 1e6:
+            raise NonFiniteLogits("block [8, 12) still has masked positions after 4 steps, more than the 4 it can "
+                                  "need: the model's logits are not finite (NaN or inf)")
+        return real(self, *args)
+
+    monkeypatch.setattr(PolicyRank, "rollout_step", overflowing)
+    with pytest.raises(SystemExit) as err:
+        main(["train", *TINY, "rl_optim.lr=1e9", "trainer.save_every=1", "trainer.max_steps=8",
+              "--output-dir", str(tmp_path), "--no-progress"])
+    assert err.value.code == 2
+    lines = [x for x in capsys.readouterr().err.strip().splitlines() if not x[:2].isdigit()]  # not the log lines
+    assert len(lines) == 1 and lines[0].startswith("dare: error: rl step ") and "logits were not finite" in lines[0]
+    assert "learning rate" in lines[0]

@@ -9,13 +9,17 @@ import pytest
 
 from dare.cli import main
 from dare.config import apply_overrides, to_dict
+from dare.quickstart import build_tiny_model
 from dare.recipes import quickstart
+from dare.tasks.addition import build_tokenizer
 from dare.run_folder import (
     check_run_folder,
     config_change_allowed,
     config_changes,
     flatten,
     open_run_folder,
+    release_run_folder,
+    start_run,
 )
 
 
@@ -54,7 +58,11 @@ def test_changed_config_is_refused_with_the_fields_listed(tmp_path: Path) -> Non
     assert (tmp_path / "config.json").read_text() == saved  # nothing rewritten
     with config_change_allowed():
         open_run_folder(changed, tmp_path)
+    # an accepted change is recorded once the folder's checkpoint fits the run (issue #38 T3)
+    assert (tmp_path / "config.json").read_text() == saved
+    start_run(tmp_path, build_tiny_model(changed, build_tokenizer()), changed.trainer, progress=False)  # type: ignore[arg-type]
     assert json.loads((tmp_path / "config.json").read_text())["rl_optim"]["lr"] == 1e-5
+    release_run_folder(tmp_path)
     open_run_folder(apply_overrides(changed, ["trainer.max_steps=5", "trainer.log_every=7"]), tmp_path)
 
 

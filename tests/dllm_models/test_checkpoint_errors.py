@@ -103,3 +103,21 @@ def test_overflow_on_conversion_is_caught(tmp_path: Path) -> None:
     assert load_model(folder, dtype="float32") is not None
     with pytest.raises(ValueError, match="model.norm.weight.*non-finite"):
         load_model(folder, dtype="float16")
+
+
+@pytest.mark.parametrize(("content", "why"), [
+    ("", "is not valid JSON"),  # empty
+    ('{"metadata": {"total_size": 1}, "weight_m', "is not valid JSON"),  # torn
+    ('{"metadata": {}}', 'needs a non-empty "weight_map" object.*found no weight_map'),
+    ('{"weight_map": ["a"]}', 'needs a non-empty "weight_map" object.*found list'),
+    ("[1, 2]", 'needs a non-empty "weight_map"'),
+    ('{"weight_map": {"model.norm.weight": 3}}', r"weight_map\['model.norm.weight'\] = 3 is not the file name"),
+    ('{"weight_map": {"model.norm.weight": "../../outside.safetensors"}}', "is not the file name of a shard"),
+])
+def test_a_broken_index_names_the_file(tmp_path: Path, content: str, why: str) -> None:
+    # issue #38 L1: a raw JSONDecodeError or KeyError: 'weight_map', without the file's name
+    folder = _saved(tmp_path, max_shard_bytes=20_000)
+    index = folder / "model.safetensors.index.json"
+    index.write_text(content)
+    with pytest.raises(ValueError, match=rf"{index}.*{why}.*copy model.safetensors.index.json again"):
+        load_model(folder)

@@ -81,3 +81,25 @@ def test_tensor_coefficients_are_not_read() -> None:
     # a tensor argument is passed through: no host sync in the check (its value stays the caller's)
     out = _dpo(beta=0.1, length_normalizer=torch.tensor(2.0))
     assert out.item() == pytest.approx(math.log(2))
+
+
+def test_grpo_with_eps_zero_gives_all_equal_groups_zero_advantage() -> None:
+    # issue #38 L2: (r - mean) / (std + 0) was 0 / 0 = NaN for a group of equal scores.
+    # Group 0 = [1, 1]: advantage 0; group 1 = [1, 0]: mean 0.5, unbiased std sqrt(0.5), so +-0.5 / 0.7071.
+    adv = do.grpo_advantages(torch.tensor([1.0, 1.0, 1.0, 0.0]), torch.tensor([0, 0, 1, 1]), eps=0.0)
+    assert adv.tolist() == pytest.approx([0.0, 0.0, 1 / math.sqrt(2), -1 / math.sqrt(2)], abs=1e-6)
+    assert do.grpo_advantages(torch.full((3, 2), 7.0), torch.zeros(3, dtype=torch.long), eps=0.0).eq(0).all()
+
+
+def test_grpo_refuses_a_negative_eps() -> None:
+    with pytest.raises(ValueError, match=r"^eps must be >= 0.*got -0.5"):
+        do.grpo_advantages(Z3, G3, eps=-0.5)
+
+
+@pytest.mark.parametrize("value", [0.0, -4.0])
+def test_norm_const_must_be_positive(value: float) -> None:
+    # issue #38 L2: norm_const=0 gave a -inf loss, a negative one flipped the loss's sign.
+    with pytest.raises(ValueError, match=rf"^norm_const must be > 0.*got {value}"):
+        _clipped(agg="seq-mean-token-sum-norm", norm_const=value)
+    with pytest.raises(ValueError, match=r"^norm_const must be > 0"):
+        do.aggregate(torch.ones(2, 3), torch.ones(2, 3, dtype=torch.bool), "seq-mean-token-sum-norm", norm_const=value)

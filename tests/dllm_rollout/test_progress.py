@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dllm_rollout import generate
+from dllm_rollout import NonFiniteLogits, generate
 from dllm_rollout.progress import check_progress
 from tests.dllm_rollout.conftest import tiny
 
@@ -25,7 +25,7 @@ def test_non_finite_logits_raise_instead_of_looping(family: str, cache: str | No
     """Before the bound, each of these decoded forever (the last vocabulary id is the tiny models' mask)."""
     model = _poisoned(family)
     extra: dict[str, object] = {"threshold": 0.7, "editing_threshold": 0.5} if threshold == "edit" else {"threshold": threshold}
-    with pytest.raises(RuntimeError, match="logits are not finite"):
+    with pytest.raises(NonFiniteLogits, match="logits are not finite"):  # a RuntimeError a trainer can tell apart
         generate(model, [[1, 2, 3], [4, 5]], max_new_tokens=8, steps=4, block_length=4,  # type: ignore[arg-type]
                  temperature=1.0, cache=cache, **extra)
 

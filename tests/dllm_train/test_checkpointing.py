@@ -120,8 +120,8 @@ def test_a_damaged_newest_checkpoint_is_set_aside_and_the_older_one_resumes(
         _truncate(next((paths[-1] / "model").glob("*.safetensors")))
     else:
         _truncate(target if target.exists() else next((paths[-1] / "model").glob("*.safetensors")))
-    with caplog.at_level("WARNING"):
-        ref, state = resume_checkpoint(tmp_path, tiny_llada)
+    with caplog.at_level("WARNING"):  # a folder without a manifest is read only when trusted (issue #38 T7)
+        ref, state = resume_checkpoint(tmp_path, tiny_llada, trust_legacy=torn == "manifest.json")
     assert ref is not None and ref.step == 2 and state == {"step": 2}
     aside = [p.name for p in (tmp_path / "checkpoints").iterdir() if ".damaged-" in p.name]
     assert len(aside) == 1 and aside[0].startswith("0-rl-000003.damaged-")  # renamed, not deleted
@@ -129,14 +129,45 @@ def test_a_damaged_newest_checkpoint_is_set_aside_and_the_older_one_resumes(
     assert len(lines) == 1 and "0-rl-000003" in lines[0]
 
 
-def test_a_checkpoint_without_manifest_but_readable_still_resumes(tmp_path: Path, tiny_llada: torch.nn.Module) -> None:
-    # checkpoints written before manifests: renamed into place whole, so verified by reading them
+def test_a_checkpoint_without_manifest_is_refused_unless_trusted(tmp_path: Path, tiny_llada: torch.nn.Module) -> None:
+    # issue #38 T7: a folder without a manifest was accepted as one written before manifests, so a
+    # run folder from elsewhere resumed unverified. Now it takes trust_legacy (--trust-legacy-checkpoint).
+    from dllm_train import LegacyCheckpointRefused, Run
     from dllm_train.checkpointing import resume_checkpoint
 
     paths = _three(tmp_path, tiny_llada)
     (paths[-1] / "manifest.json").unlink()
-    ref, state = resume_checkpoint(tmp_path, tiny_llada)
+    before = {k: v.clone() for k, v in tiny_llada.state_dict().items()}
+    with pytest.raises(LegacyCheckpointRefused, match=r"0-rl-000003 has no manifest.json.*--trust-legacy-checkpoint"):
+        Run(tmp_path, tiny_llada, progress=False)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [p.name for p in paths]  # none set aside
+    assert all(torch.equal(before[k], v) for k, v in tiny_llada.state_dict().items())  # nothing loaded
+    assert latest_checkpoint(tmp_path).step == 2  # type: ignore[union-attr]
+    # trusted: renamed into place whole when it was written, so verified by reading it
+    ref, state = resume_checkpoint(tmp_path, tiny_llada, trust_legacy=True)
     assert ref is not None and ref.step == 3 and state == {"step": 3}
+
+
+class _Payload:
+    """Runs code when unpickled."""
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        return (print, ("unpickled: code ran",))
+
+
+def test_a_trainer_state_is_never_unpickled(tmp_path: Path, tiny_llada: torch.nn.Module,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    # issue #38 T7: trainer_state.pt was read with torch.load(weights_only=False): a run folder from
+    # elsewhere could run code when resumed. Its manifest is rewritten, as a forger would.
+    from dllm_train.checkpointing import resume_checkpoint, write_manifest
+
+    paths = _three(tmp_path, tiny_llada)
+    torch.save({"owner": {}, "results": {}, "x": _Payload()}, paths[-1] / "trainer_state.pt")
+    write_manifest(paths[-1])
+    with pytest.raises(ValueError, match=r"trainer_state.pt holds objects other than tensors and plain data"):
+        resume_checkpoint(tmp_path, tiny_llada)
+    assert "code ran" not in capsys.readouterr().out
+    assert (paths[-1]).is_dir()  # refused, not set aside: a rerun does not silently resume from an older one
 
 
 def test_a_checksum_mismatch_of_a_small_file_is_damage(tmp_path: Path, tiny_llada: torch.nn.Module) -> None:
@@ -204,3 +235,36 @@ def test_a_torn_ray_shard_makes_the_checkpoint_damaged(tmp_path: Path, tiny_llad
     _truncate(tmp_path / "checkpoints" / "0-rl-000002" / SHARDS / "__0_0.distcp")
     ref, state = resume_checkpoint(tmp_path, tiny_llada)
     assert ref is not None and ref.step == 1 and state == {"step": 1}
+
+
+def test_leftovers_of_a_killed_export_are_cleaned_at_the_next_start(
+        tmp_path: Path, tiny_llada: torch.nn.Module, monkeypatch: Any) -> None:
+    # issue #38 T2: kill -9 during the final model/ export left `.model.tmp-*` (a full model copy)
+    # and `.model.old-*` in the run folder for ever. The kill is stood in for by an export whose
+    # cleanup never runs: the old folder renamed aside, the new one not yet renamed into place.
+    import dllm_models.checkpoint as mc
+    from dllm_models import save_model
+    from dllm_train.checkpointing import recover_checkpoints
+
+    save_model(tiny_llada, tmp_path / "model")
+    real_replace, calls = mc.os.replace, []
+
+    def killed(src: Any, dst: Any) -> None:
+        calls.append(dst)
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # the process dies between the two renames
+        real_replace(src, dst)
+
+    monkeypatch.setattr(mc.os, "replace", killed)
+    monkeypatch.setattr(mc.shutil, "rmtree", lambda *a, **k: None)  # nothing runs after a kill
+    with pytest.raises(KeyboardInterrupt):
+        save_model(tiny_llada, tmp_path / "model")
+    monkeypatch.undo()
+    left = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".model."))
+    assert [re.sub(r"-.*", "-*", n) for n in left] == [".model.old-*", ".model.tmp-*"]
+    (tmp_path / ".config.json.tmp").write_text("{}")  # not an export's leftover: kept
+    (tmp_path / "model.bak").mkdir()
+    _three(tmp_path, tiny_llada)
+    ref = recover_checkpoints(tmp_path)  # what a run does when it starts
+    assert ref is not None and ref.step == 3
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".config.json.tmp", "checkpoints", "model.bak"]

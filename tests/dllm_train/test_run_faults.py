@@ -125,13 +125,93 @@ def test_non_finite_steps_in_a_row_stop_the_run_without_saving(tmp_path: Path) -
     toy = _Toy(model, poison=lambda i: i >= 2)
     with pytest.raises(Diverged, match=r"3 steps in a row had a non-finite loss.*trainer.max_nonfinite_steps=3"):
         Run(tmp_path, model, progress=False, max_nonfinite_steps=3).run_phase(_phase(toy, steps=10, save_every=2))
-    # steps 3-5 were skipped: the weights of step 2 (in checkpoints 2 and 4) gave no finite step, so
-    # both are set aside (renamed) and a rerun starts from an earlier one, here from scratch
+    # steps 3-5 were skipped: the weights of step 2 (checkpoint 2) gave no finite step, so it is set
+    # aside (renamed) and a rerun starts from an earlier one, here from scratch; step 4's periodic
+    # checkpoint (the same weights) is not written while the weights are suspect
     assert list_checkpoints(tmp_path) == []
     aside = sorted(p.name.split(".")[0] for p in (tmp_path / "checkpoints").iterdir())
-    assert aside == ["0-sft-000002", "0-sft-000004"]
+    assert aside == ["0-sft-000002"]
     assert toy.optim.updates == 2 and toy.optim.skipped == 3
     assert [r["skipped"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [0, 0, 1, 1, 1]
+
+
+def test_a_run_stopped_by_diverged_weights_resumes_from_the_last_confirmed_checkpoint(tmp_path: Path) -> None:
+    # issue #38 T1: the skipped steps kept writing checkpoints of the suspect weights, which pruned
+    # (keep_checkpoints=2) every checkpoint before them; all were then set aside and the rerun
+    # started over. Steps 1-3 finite (checkpoints 1-3), 4-6 non-finite with the weights of update 3.
+    model = tiny_model("llada")
+    with pytest.raises(Diverged, match="3 steps in a row had a non-finite loss or gradient norm with finite rewards"):
+        Run(tmp_path, model, progress=False, keep_checkpoints=2).run_phase(
+            _phase(_Toy(model, poison=lambda i: i >= 3), steps=10, save_every=1))
+    assert [r.step for r in list_checkpoints(tmp_path)] == [2]  # 3 set aside, 2 kept: its weights gave a finite step
+    resumed = tiny_model("llada", seed=1)
+    run = Run(tmp_path, resumed, progress=False, keep_checkpoints=2)
+    assert run.latest is not None and run.latest.step == 2
+
+
+def test_non_finite_logits_in_a_step_stop_the_run_like_non_finite_steps(tmp_path: Path) -> None:
+    # issue #38 "Also": rl_optim.lr=1e9 sends the weights to ~1e9; the next rollout's logits overflow
+    # and its decoder raised a RuntimeError, a traceback instead of one line. Update 3 poisons here.
+    from dllm_rollout import NonFiniteLogits
+
+    model = tiny_model("llada")
+    toy = _Toy(model)
+
+    def step(i: int) -> dict[str, float]:
+        if i == 3:
+            raise NonFiniteLogits("block [4, 8) still has masked positions after 4 steps: the model's logits are "
+                                  "not finite (NaN or inf)")
+        return toy.step(i)
+
+    spec = PhaseSpec(order=0, name="rl", steps=6, step_fn=step, owner=toy, save_every=1)
+    with pytest.raises(Diverged, match=r"rl step 4: the model's logits were not finite with the weights of rl step 3 "
+                                       r"\(block \[4, 8\).*set aside 1 checkpoint.*0-rl-000002.*learning rate"):
+        Run(tmp_path, model, progress=False, keep_checkpoints=3).run_phase(spec)
+    assert [r.step for r in list_checkpoints(tmp_path)] == [1, 2]
+
+
+class _Rewards:
+    """A reward function that returns NaN for every row from call `bad_from` on (rows 8 per step)."""
+
+    def __init__(self, bad_from: int) -> None:
+        self.calls, self.bad_from = 0, bad_from
+
+    def __call__(self, text: str, answer: str) -> float:
+        from tests.tiny_rl import partial_reward
+
+        self.calls += 1
+        return float("nan") if self.calls > self.bad_from else partial_reward(text, answer)
+
+
+def test_nan_rewards_skip_the_step_name_the_rows_and_set_nothing_aside(tmp_path: Path, caplog: Any) -> None:
+    # issue #38 T1: NaN rewards gave a NaN loss, which the guard blamed on the weights: it set aside
+    # every RL checkpoint (finite, unchanged weights), the rerun started over, and the message
+    # blamed the learning rate. Steps 1-2 score, steps 3-5 get NaN rewards (8 rows per step).
+    from dllm_algorithms import D1
+    from tests.tiny_rl import local_rl
+
+    model = tiny_model("llada")
+    rl = local_rl(model, D1(), reward=_Rewards(bad_from=16), lr=1e-2)
+    spec = PhaseSpec(order=0, name="rl", steps=8, step_fn=rl.step, owner=rl, save_every=1)
+    with caplog.at_level("WARNING"), pytest.raises(Diverged) as err:
+        Run(tmp_path, model, progress=False, keep_checkpoints=2).run_phase(spec)
+    msg = str(err.value)
+    assert "3 steps in a row were skipped for a non-finite reward" in msg and "reward non-finite in 8 row(s)" in msg
+    assert "the reward function returned NaN" in msg and "nothing was set aside" in msg
+    assert "learning rate" not in msg and "0-rl-000004" in msg  # the rerun's starting point
+    named = [r.getMessage() for r in caplog.records if "reward non-finite in rows" in r.getMessage()]
+    assert len(named) == 3 and "rows 0 ('" in named[0] and ": nan)" in named[0]
+    assert not [p for p in (tmp_path / "checkpoints").iterdir() if ".damaged-" in p.name]
+    refs = list_checkpoints(tmp_path)
+    assert [r.step for r in refs] == [3, 4]  # skipped steps still checkpoint: the weights are those of step 2
+    records = read_metrics(tmp_path / "metrics.jsonl")
+    assert [r["skipped"] for r in records] == [0, 0, 1, 1, 1] and records[2]["reward_nonfinite"] == 8
+    assert rl.actor.updates == 2  # no update from a NaN batch
+    trained = _weights(model)
+    resumed = tiny_model("llada", seed=1)
+    run = Run(tmp_path, resumed, progress=False)  # a rerun resumes from the newest checkpoint, not from scratch
+    assert run.latest is not None and run.latest.step == 4
+    assert all(torch.equal(trained[k], v) for k, v in resumed.state_dict().items())
 
 
 def test_a_skip_followed_by_a_finite_step_resets_the_count(tmp_path: Path) -> None:

@@ -22,7 +22,7 @@ from dare.config import PreferenceRecipeConfig, QuickstartConfig, RLRecipeConfig
 from dare.evaluate import add_eval_parser
 from dare.inputs import check_eval_inputs
 from dare.recipes import RECIPE_DOCS, RECIPES, get_recipe, resolve
-from dare.run_folder import check_run_folder, config_change_allowed
+from dare.run_folder import check_run_folder, config_change_allowed, legacy_checkpoints_trusted
 from dare.runs import add_runs_parser
 
 
@@ -66,7 +66,7 @@ def _resolved(args: argparse.Namespace) -> RunConfig:
 def _train(args: argparse.Namespace) -> int:
     cfg = _resolved(args)
     out = Path(args.output_dir) if args.output_dir else Path("runs") / f"{cfg.recipe}-{time.strftime('%Y%m%d-%H%M%S')}"
-    with config_change_allowed(args.allow_config_change):
+    with config_change_allowed(args.allow_config_change), legacy_checkpoints_trusted(args.trust_legacy_checkpoint):
         check_run_folder(cfg, out)  # a different run in the folder is refused before any work
         args.resolved_output_dir = str(out)  # for the resume hint of an interrupted run
         logging.getLogger(__name__).info("output folder: %s", out)
@@ -130,6 +130,9 @@ def _train_arguments(train: argparse.ArgumentParser) -> argparse.ArgumentParser:
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
     train.add_argument("--allow-config-change", action="store_true",
                        help="resume a run folder although the config differs in fields that must not change")
+    train.add_argument("--trust-legacy-checkpoint", action="store_true",
+                       help="resume from a checkpoint without manifest.json (written before manifests); "
+                            "only for a run folder you wrote yourself")
     return train
 
 
@@ -157,7 +160,8 @@ def _recipe_help(words: list[str]) -> list[str] | None:
     """`train RECIPE ... --help` -> the words of `show RECIPE ...` (None: no recipe help asked)."""
     if words[:1] != ["train"] or not {"-h", "--help"} & set(words):
         return None
-    rest = [w for w in words[1:] if w not in ("-h", "--help", "--no-progress", "--allow-config-change")]
+    rest = [w for w in words[1:] if w not in ("-h", "--help", "--no-progress", "--allow-config-change",
+                                                 "--trust-legacy-checkpoint")]
     if "--output-dir" in rest:
         del rest[rest.index("--output-dir"): rest.index("--output-dir") + 2]
     rest = [w for w in rest if not w.startswith("--output-dir=")]

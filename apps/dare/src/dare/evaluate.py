@@ -107,9 +107,37 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.set_defaults(func=run_eval)
 
 
+def new_eval_folder(root: Path = Path("runs")) -> Path:
+    """A new folder `root/eval-<time>` (`-1`, `-2`... when taken): created here, so two evaluations
+    started in the same second get two folders (`mkdir` is atomic)."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    root.mkdir(parents=True, exist_ok=True)
+    for n in range(10_000):
+        path = root / (f"eval-{stamp}-{n}" if n else f"eval-{stamp}")
+        try:
+            path.mkdir()
+        except FileExistsError:
+            continue
+        return path
+    raise ValueError(f"{root} holds 10000 evaluation folders of {stamp}; pass --output-dir")
+
+
 def run_eval(args: argparse.Namespace) -> int:
+    """`dare eval`: the output folder is locked for the evaluation (one writer, as a run folder)."""
     check_eval_args(args)  # before anything is loaded
-    out = Path(args.output_dir) if args.output_dir else Path("runs") / f"eval-{time.strftime('%Y%m%d-%H%M%S')}"
+    from dare.run_folder import check_no_symlinks, lock_run_folder, release_run_folder
+
+    out = Path(args.output_dir) if args.output_dir else new_eval_folder()
+    check_no_symlinks(out)
+    out.mkdir(parents=True, exist_ok=True)
+    lock_run_folder(out)  # a second `dare eval` into the folder is refused while this one writes it
+    try:
+        return _evaluate(args, out)
+    finally:
+        release_run_folder(out)
+
+
+def _evaluate(args: argparse.Namespace, out: Path) -> int:
     names = _names(args.benchmarks)
     if args.batch_size is None:
         args.batch_size = 64 if str(args.device).startswith("cuda") else 8

@@ -30,12 +30,12 @@ from dare.datasets import (
     step_indices,
 )
 from dare.pipeline import check_inputs, finish, policy_with_adapters, set_num_threads, validator
-from dare.run_folder import open_run_folder
+from dare.run_folder import open_run_folder, start_run
 from dare.sinks import open_wandb_run
 from dare.inputs import config_positions
 from dllm_models import load_tokenizer, read_config
 from dllm_algorithms import PreferenceBatch
-from dllm_train import OfflineWorker, PhaseSpec, Run, resolved_attention, set_activation_checkpointing
+from dllm_train import OfflineWorker, PhaseSpec, resolved_attention, set_activation_checkpointing
 
 
 def _pad_id(tokenizer: Any) -> int:
@@ -97,7 +97,7 @@ def run_sft_recipe(cfg: SFTRecipeConfig, output_dir: Path, *, progress: bool = T
                           attention=resolved_attention(cfg.trainer, model),
                           max_tokens_per_pass=cfg.trainer.max_tokens_per_pass)
     validate = validator(cfg, model, tokenizer)
-    run = Run.from_trainer(output_dir, model, cfg.trainer, tokenizer=tokenizer, progress=progress,
+    run = start_run(output_dir, model, cfg.trainer, tokenizer=tokenizer, progress=progress,
                            wandb_run=wandb_run)
     run.run_phase(PhaseSpec(
         order=0, name="sft", steps=sft.steps, step_fn=worker.step, owner=worker,
@@ -147,7 +147,7 @@ def run_preference_recipe(cfg: PreferenceRecipeConfig, output_dir: Path, *, prog
                            attention=resolved_attention(cfg.trainer, model),
                            max_tokens_per_pass=cfg.trainer.max_tokens_per_pass)
     validate = validator(cfg, model, tokenizer)
-    run = Run.from_trainer(output_dir, model, cfg.trainer, tokenizer=tokenizer, progress=progress,
+    run = start_run(output_dir, model, cfg.trainer, tokenizer=tokenizer, progress=progress,
                            wandb_run=wandb_run)
     run.run_phase(PhaseSpec(
         order=0, name="preference", steps=cfg.trainer.max_steps, step_fn=worker.step, owner=worker,

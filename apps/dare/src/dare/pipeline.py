@@ -29,7 +29,7 @@ from dare.inputs import (check_block_length, check_checkpoint, check_family_name
                          train_file_entries)
 from dare.rl_data import rl_prompts
 from dare.rl_backend import rl_backend
-from dare.run_folder import writing_run_folder
+from dare.run_folder import start_run, writing_run_folder
 from dare.sinks import curve_keys, curves_title, open_wandb_run
 from dllm_eval import DATASETS, Row, score
 from dllm_models import load_model, load_tokenizer, save_model
@@ -41,6 +41,7 @@ from dllm_train import (
     derive_seed,
     plot_curves,
     read_metrics,
+    replace_text,
 )
 
 logger = logging.getLogger(__name__)
@@ -105,7 +106,7 @@ def finish(cfg: CheckpointRun, output_dir: Path, run: Run, model: Any, tokenizer
                 title=curves_title(cfg, output_dir, records))
     summary = {"recipe": cfg.recipe, "algorithm": cfg.algorithm_name, "steps": steps, "results": run.results,
                "wall_time_s_this_invocation": round(time.perf_counter() - t0, 1)}
-    (output_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    replace_text(output_dir / "summary.json", json.dumps(summary, indent=2))  # never through a link
     return summary
 
 
@@ -191,7 +192,7 @@ def run_rl_recipe(cfg: RLRecipeConfig, output_dir: Path, *, progress: bool = Tru
             reward_fn=reward, detokenize=detokenizer(tokenizer),
             rank_setup=functools.partial(rank_setup, cfg, reward))
         validate = validator(cfg, model, tokenizer)
-        run = Run.from_trainer(output_dir, model, cfg.trainer, tokenizer=tokenizer, progress=progress,
+        run = start_run(output_dir, model, cfg.trainer, tokenizer=tokenizer, progress=progress,
                                wandb_run=wandb_run)
         try:
             run.run_phase(PhaseSpec(

@@ -13,7 +13,7 @@ import torch
 
 from dare.config import QuickstartConfig
 from dare.rl_backend import rl_backend
-from dare.run_folder import writing_run_folder
+from dare.run_folder import start_run, writing_run_folder
 from dare.sinks import curves_title, drop_zero_panels, open_wandb_run
 from dare.tasks.addition import AdditionTask, build_tokenizer, exact_match_reward
 from dllm_algorithms import SFT
@@ -22,11 +22,11 @@ from dllm_rollout import SamplingConfig, decode, left_pad
 from dllm_train import (
     PhaseSpec,
     PromptBatch,
-    Run,
     derive_seed,
     generator,
     plot_curves,
     read_metrics,
+    replace_text,
 )
 
 logger = logging.getLogger(__name__)
@@ -99,7 +99,7 @@ def _train(cfg: QuickstartConfig, output_dir: Path, *, t0: float, progress: bool
     task = AdditionTask(cfg.task, tokenizer)
     model = build_tiny_model(cfg, tokenizer)
     seed = cfg.trainer.seed
-    run = Run.from_trainer(output_dir, model, cfg.trainer, tokenizer=tokenizer, progress=progress,
+    run = start_run(output_dir, model, cfg.trainer, tokenizer=tokenizer, progress=progress,
                            wandb_run=wandb_run)
 
     def evaluate() -> dict[str, float]:
@@ -155,5 +155,5 @@ def _train(cfg: QuickstartConfig, output_dir: Path, *, t0: float, progress: bool
         "wall_time_s_this_invocation": round(time.perf_counter() - t0, 1),
         "model_dir": str((output_dir / "model").resolve()),
     }
-    (output_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    replace_text(output_dir / "summary.json", json.dumps(summary, indent=2))  # never through a link
     return summary

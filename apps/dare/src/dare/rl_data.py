@@ -28,7 +28,7 @@ from dare.config import RLRecipeConfig
 from dare.datasets import cell_prompt, cell_text, chat_prompt_ids, check_kept
 from dare.config_tree import did_you_mean
 from dare.inputs import check_rl_columns, config_positions, train_file_entries
-from dllm_eval import DATASETS, REWARDS, Row, load_rows
+from dllm_eval import DATASETS, REWARDS, Row, ground_truth_problem, load_rows
 from dllm_models import read_config
 
 
@@ -100,7 +100,18 @@ def read_rl_file(path: str | Path) -> list[Row]:
             cell_prompt(rec["prompt"], where)), ground_truth=_answer(rec, where),
             extra_info=_extra(rec.get("extra_info"), where)))
     _check_sources(Path(path), [r.data_source for r in rows])
+    column = "ground_truth" if "ground_truth" in pq.read_schema(path).names else "reward_model.ground_truth"
+    for row in rows:
+        _check_ground_truth(row, f"{path} row {row.index}", column)
     return rows
+
+
+def _check_ground_truth(row: Row, where: str, column: str) -> None:
+    """Raise if the row's verifier cannot read its ground truth (`dllm_eval.ground_truth_problem`)."""
+    problem = ground_truth_problem(row.data_source, row.ground_truth, row.extra_info)
+    if problem is not None:
+        raise ValueError(f"{where}, column {column!r} (data_source {row.data_source!r}): {row.ground_truth[:60]!r} "
+                         f"{problem}. Fix the row or drop it")
 
 
 def read_rl_rows(train_files: str) -> list[Row]:

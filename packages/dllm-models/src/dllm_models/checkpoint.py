@@ -7,6 +7,7 @@ import dataclasses
 import json
 import logging
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -133,12 +134,37 @@ def _open_safetensors(path: Path, device: str = "cpu") -> Iterator[Any]:
         yield f
 
 
+def _read_index(index: Path) -> dict[str, str]:
+    """The `weight_map` of a model.safetensors.index.json (tensor name -> shard file in the folder).
+
+    Raises:
+        ValueError: the file is not JSON (torn, empty) or its `weight_map` is not a non-empty
+            object of tensor names to shard file names of the same folder; the message names the file.
+    """
+    fix = "copy model.safetensors.index.json again from the release (a torn download or copy leaves it short)"
+    try:
+        raw = json.loads(index.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{index} is not valid JSON ({err}); {fix}") from None
+    weight_map = raw.get("weight_map") if isinstance(raw, dict) else None
+    if not isinstance(weight_map, dict) or not weight_map:
+        got = type(weight_map).__name__ if isinstance(raw, dict) and "weight_map" in raw else "no weight_map"
+        raise ValueError(f"{index} needs a non-empty \"weight_map\" object (tensor name -> shard file), "
+                         f"found {got}; {fix}")
+    bad = next(((k, v) for k, v in weight_map.items()
+                if not isinstance(v, str) or not v or Path(v).name != v or v in (".", "..")), None)
+    if bad is not None:
+        raise ValueError(f"{index}: weight_map[{bad[0]!r}] = {bad[1]!r} is not the file name of a shard in "
+                         f"the folder; {fix}")
+    return weight_map
+
+
 def weight_files(checkpoint_dir: str | os.PathLike[str]) -> dict[str, str]:
     """Map of tensor name -> safetensors file name, from the index or the single file."""
     root = Path(checkpoint_dir)
     index = root / "model.safetensors.index.json"
     if index.is_file():
-        weight_map: dict[str, str] = json.loads(index.read_text())["weight_map"]
+        weight_map = _read_index(index)
         missing = sorted({f for f in weight_map.values() if not (root / f).is_file()})
         if missing:
             raise CheckpointFilesError(
@@ -332,6 +358,23 @@ def _replace_dir(src: Path, dst: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
     else:
         os.replace(src, dst)
+
+
+def save_leftovers(folder: str | os.PathLike[str]) -> list[Path]:
+    """The folders an interrupted `save_model` into `folder` left behind: its temporary copy
+    (`.<name>.tmp-*`) and the previous version it was replacing (`.<name>.old-<pid>`).
+
+    A writer that holds the folder alone may remove them (`shutil.rmtree`); a concurrent
+    `save_model` into the same folder would lose its temporary copy.
+    """
+    root = Path(folder)
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir()
+                  if _SAVE_LEFTOVER.match(p.name) and p.is_dir() and not p.is_symlink())
+
+
+_SAVE_LEFTOVER = re.compile(r"^\..+\.(tmp-.+|old-\d+)$")
 
 
 def copy_tokenizer_files(src_dir: str | os.PathLike[str], dst_dir: str | os.PathLike[str]) -> None:

@@ -61,7 +61,8 @@ def grpo_advantages(
         scores: float ``[B]`` or ``[B, K]`` outcome rewards.
         group_ids: integer ``[B]``.
         norm_by_std: divide by the group standard deviation plus ``eps``.
-        eps: added to the standard deviation.
+        eps: added to the standard deviation (>= 0). With ``eps=0`` a group whose scores are
+            all equal (standard deviation 0) gets advantage 0, as it does for any ``eps > 0``.
         unbiased_std: ``N - 1`` denominator (``torch.std``, verl) or ``N``.
         singleton: ``"zero"`` or ``"raw"``.
 
@@ -71,6 +72,8 @@ def grpo_advantages(
     check_choice("singleton", singleton, _SINGLETON)
     check_nonempty("scores", scores)
     check_finite(eps=eps)
+    if eps < 0:
+        raise ValueError(f"eps must be >= 0 (it is added to a group's standard deviation), got {eps}.")
     x = scores.float()
     mean, count = group_mean(x, group_ids)
     centred = x - mean
@@ -78,7 +81,9 @@ def grpo_advantages(
         sq, _ = group_mean(centred**2, group_ids)
         dof = (count - 1).clamp_min(1) if unbiased_std else count
         std = (sq * count / dof).sqrt()
-        centred = centred / (std + eps)
+        scale = std + eps
+        # an all-equal group: centred is exactly 0, and so is its advantage (0 / 0 when eps=0)
+        centred = torch.where(scale > 0, centred / torch.where(scale > 0, scale, 1.0), 0.0)
     lone = (count == 1).expand_as(x)
     # verl: mean 0 and std 1 for singletons, i.e. r / (1 + eps) with std normalisation
     raw = x / (1.0 + eps) if norm_by_std else x

@@ -41,7 +41,7 @@ def aggregate(
         values: ``[..., R]`` (leading dims are sequences).
         mask: bool ``[..., R]``.
         mode: one of :data:`AGG_MODES`.
-        norm_const: the constant of ``seq-mean-token-sum-norm``.
+        norm_const: the constant of ``seq-mean-token-sum-norm`` (> 0: it divides the sum).
 
     Returns:
         float32 scalar.
@@ -49,6 +49,9 @@ def aggregate(
     check_choice("agg mode", mode, AGG_MODES)
     check_same_shape(values=values, mask=mask)
     check_finite(norm_const=norm_const)
+    if norm_const is not None and norm_const <= 0:
+        raise ValueError(f"norm_const must be > 0 (the sum is divided by it; 0 gives an infinite loss, a "
+                         f"negative value flips its sign), got {norm_const}; pass None for the response length.")
     m = mask.float()
     mv = values.float() * m
     if mode == "token-mean":

@@ -13,6 +13,11 @@ from __future__ import annotations
 import torch
 
 
+class NonFiniteLogits(RuntimeError):
+    """A block that cannot finish because the model's logits are not finite (NaN or inf): its
+    weights hold non-finite or overflowing values. A trainer tells a diverged run by it."""
+
+
 def check_progress(step: int, limit: int, start: int, end: int, logits: torch.Tensor | None) -> None:
     """Raise when block [start, end) is still unfinished after `limit` steps.
 
@@ -22,10 +27,10 @@ def check_progress(step: int, limit: int, start: int, end: int, logits: torch.Te
     """
     if step < limit:
         return
-    cause = "the decoder did not commit a token for some row at some step"
+    head = f"block [{start}, {end}) still has masked positions after {step} steps, more than the {limit} it can need"
     if logits is not None and not bool(torch.isfinite(logits).all()):
-        cause = ("the model's logits are not finite (NaN or inf): check that its weights were loaded or "
-                 "initialised (`build_model` leaves them uninitialised; call `reset_parameters` or load a "
-                 "checkpoint) and that its dtype does not overflow")
-    raise RuntimeError(f"block [{start}, {end}) still has masked positions after {step} steps, more than the "
-                       f"{limit} it can need: {cause}")
+        raise NonFiniteLogits(
+            f"{head}: the model's logits are not finite (NaN or inf): check that its weights were loaded or "
+            "initialised (`build_model` leaves them uninitialised; call `reset_parameters` or load a "
+            "checkpoint) and that its dtype does not overflow")
+    raise RuntimeError(f"{head}: the decoder did not commit a token for some row at some step")

@@ -1,7 +1,9 @@
 """dllm_train: workers, dataflow, the RL step and the run loop for diffusion LM post-training."""
 
 from dllm_train.checkpointing import (
+    CheckpointMismatch,
     CheckpointRef,
+    LegacyCheckpointRefused,
     latest_checkpoint,
     list_checkpoints,
     load_checkpoint,
@@ -14,6 +16,7 @@ from dllm_train.config import OptimConfig, RLConfig, SFTConfig, TrainerConfig
 from dllm_train.dataflow import PromptBatch
 from dllm_train.evaluation import benchmark_validator
 from dllm_train.likelihood import Scorer, plan_token_logp
+from dllm_train.folder_files import FolderWriteError, SymlinkRefused, find_symlinks, open_nofollow, replace_text
 from dllm_train.metrics import MetricsWriter, format_line, open_wandb, plot_curves, read_metrics
 from dllm_train.optim import OptimizerStep
 from dllm_train.preemption import Diverged, Interrupted
@@ -40,9 +43,12 @@ from dllm_train.run import PhaseSpec, Run, ShardedStateful
 __all__ = [
     "ActorWorker",
     "BaseWeightsScorer",
+    "CheckpointMismatch",
     "CheckpointRef",
     "Diverged",
+    "FolderWriteError",
     "Interrupted",
+    "LegacyCheckpointRefused",
     "LocalRL",
     "LocalRanks",
     "LossInputs",
@@ -73,6 +79,7 @@ __all__ = [
     "ScoreCall",
     "Scorer",
     "SpecialTokens",
+    "SymlinkRefused",
     "TrainerConfig",
     "Update",
     "ValuesFn",
@@ -83,16 +90,19 @@ __all__ = [
     "check_settings",
     "derive_seed",
     "evaluate",
+    "find_symlinks",
     "format_line",
     "generator",
     "latest_checkpoint",
     "list_checkpoints",
     "load_checkpoint",
     "mini_batch_slices",
+    "open_nofollow",
     "open_wandb",
     "plan_token_logp",
     "plot_curves",
     "read_metrics",
+    "replace_text",
     "resolved_attention",
     "rl_step",
     "sample_seeds",

@@ -13,6 +13,10 @@ checksum of the weights and optimizer state would read all of them again at ever
 large files are verified by size and by loading. `recover_checkpoints` (run when a run starts) removes the
 leftovers of interrupted writes and deletions, and sets aside (renames, never deletes) every
 checkpoint newer than the newest intact one, each named in one log line.
+
+A run folder may come from elsewhere, so reading one never unpickles: `trainer_state.pt` is read
+with `torch.load(weights_only=True)` (tensors and plain data), and a checkpoint without a manifest
+(the layout written before manifests) is refused unless the caller trusts it (`trust_legacy`).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import hashlib
 import json
 import logging
 import os
+import pickle
 import re
 import shutil
 import tempfile
@@ -35,7 +40,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from dllm_models import save_model, weight_files
+from dllm_models import save_leftovers, save_model, weight_files
 
 logger = logging.getLogger(__name__)
 MANIFEST = "manifest.json"
@@ -141,12 +146,16 @@ def write_manifest(folder: Path) -> None:
         os.fsync(fh.fileno())
 
 
-def damage(folder: Path) -> str | None:
-    """What is wrong with a checkpoint folder (None: its manifest holds and every file matches it)."""
+def damage(folder: Path, *, trust_legacy: bool = False) -> str | None:
+    """What is wrong with a checkpoint folder (None: its manifest holds and every file matches it).
+
+    A folder of the layout written before manifests (`trainer_state.pt` and `model/config.json`,
+    no manifest) passes only with `trust_legacy`: nothing verifies where its files came from.
+    """
     manifest = folder / MANIFEST
     if not manifest.is_file():
         if _legacy(folder):  # written before manifests, renamed into place whole: verified by reading it
-            return None
+            return None if trust_legacy else LEGACY
         return f"no {MANIFEST} (an incomplete write)"
     try:
         files = json.loads(manifest.read_text())["files"]
@@ -178,30 +187,53 @@ def set_aside(folder: Path, why: str) -> Path:
 
 def clean_leftovers(output_dir: Path) -> list[Path]:
     """Remove the temporary and half-deleted folders that interrupted writes and deletions leave in
-    `output_dir/checkpoints/`; returns what was removed. Only a run folder's single writer may call
-    it (a concurrent writer's temporary folder would go too)."""
+    `output_dir/checkpoints/`, and those of an interrupted export into `output_dir` (`save_model`'s
+    `.model.tmp-*` copy and `.model.old-*` predecessor, `dllm_models.save_leftovers`); returns what
+    was removed. Only a run folder's single writer may call it (a concurrent writer's temporary
+    folder would go too)."""
     root = output_dir / "checkpoints"
     gone = [p for p in root.iterdir() if p.name.startswith(_LEFTOVER)] if root.is_dir() else []
-    for p in gone:
-        shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+    exports = save_leftovers(output_dir)
+    for p in gone + exports:
+        shutil.rmtree(p, ignore_errors=True) if p.is_dir() and not p.is_symlink() else p.unlink(missing_ok=True)
     if gone:
         logger.info("removed %d leftover folder(s) of interrupted checkpoint writes in %s", len(gone), root)
-    return gone
+    if exports:
+        logger.info("removed %d leftover folder(s) of an interrupted export in %s: %s", len(exports), output_dir,
+                    ", ".join(p.name for p in exports))
+    return gone + exports
 
 
-def recover_checkpoints(output_dir: Path) -> CheckpointRef | None:
+def recover_checkpoints(output_dir: Path, *, trust_legacy: bool = False) -> CheckpointRef | None:
     """The newest intact checkpoint of a run folder, after cleaning up (see the module docstring).
 
     Leftovers are removed (`clean_leftovers`) and every checkpoint newer than the newest intact
     one is renamed aside (`set_aside`) with one warning line each.
+
+    Raises:
+        LegacyCheckpointRefused: the newest checkpoint has no manifest (the layout written before
+            manifests, or a folder from elsewhere) and `trust_legacy` is False.
     """
     clean_leftovers(output_dir)
     for ref in reversed(_named_checkpoints(output_dir)):
-        why = damage(ref.path)
+        why = damage(ref.path, trust_legacy=trust_legacy)
         if why is None:
             return ref
+        if why == LEGACY:
+            raise LegacyCheckpointRefused(
+                f"checkpoint {ref.path} has no {MANIFEST} (the layout written before manifests, or a folder from "
+                "elsewhere): nothing verifies its files. Pass --trust-legacy-checkpoint (`trust_legacy=True`) to "
+                "resume from it if you wrote it, or choose a new --output-dir")
         set_aside(ref.path, why)
     return None
+
+
+LEGACY = f"no {MANIFEST} (the layout written before manifests)"
+"""`damage`'s answer for a legacy checkpoint that is not trusted."""
+
+
+class LegacyCheckpointRefused(ValueError):
+    """The newest checkpoint of a run folder has no manifest and legacy checkpoints are not trusted."""
 
 
 def write_checkpoint_files(folder: Path, *, model: Any, state: dict[str, Any], tokenizer: Any = None) -> None:
@@ -257,10 +289,10 @@ def list_checkpoints(output_dir: Path) -> list[CheckpointRef]:
     return [r for r in _named_checkpoints(output_dir) if (r.path / MANIFEST).is_file() or _legacy(r.path)]
 
 
-def latest_checkpoint(output_dir: Path) -> CheckpointRef | None:
+def latest_checkpoint(output_dir: Path, *, trust_legacy: bool = False) -> CheckpointRef | None:
     """The newest intact checkpoint (`damage` finds nothing wrong), without touching the folder."""
     for ref in reversed(_named_checkpoints(output_dir)):
-        if damage(ref.path) is None:
+        if damage(ref.path, trust_legacy=trust_legacy) is None:
             return ref
     return None
 
@@ -276,9 +308,19 @@ def read_checkpoint(ref: CheckpointRef) -> tuple[dict[str, torch.Tensor], dict[s
         weights: dict[str, torch.Tensor] = {}
         for shard in sorted(set(weight_files(folder).values())):
             weights.update(load_file(str(folder / shard)))
-        state: dict[str, Any] = torch.load(ref.path / "trainer_state.pt", weights_only=False)
+        # tensors and plain data only: a trainer state is never unpickled (that could run code)
+        state: dict[str, Any] = torch.load(ref.path / "trainer_state.pt", weights_only=True)
+    except pickle.UnpicklingError as err:
+        if "weights only" not in str(err).lower():
+            raise CheckpointDamaged(f"{type(err).__name__}: {str(err).splitlines()[0]}") from err
+        raise ValueError(
+            f"{ref.path / 'trainer_state.pt'} holds objects other than tensors and plain data, which only "
+            "unpickling (running code from the file) could read: it was not written by this trainer. Refused; "
+            "choose a new --output-dir") from None
     except (OSError, ValueError, RuntimeError, EOFError, SafetensorError, KeyError) as err:
         raise CheckpointDamaged(f"{type(err).__name__}: {err}") from err
+    if not isinstance(state, dict):
+        raise CheckpointDamaged(f"trainer_state.pt holds a {type(state).__name__}, not a dict")
     return weights, state
 
 
@@ -295,15 +337,47 @@ def load_checkpoint(ref: CheckpointRef, model: Any) -> dict[str, Any]:
     """
     dtype = next(model.parameters()).dtype
     weights, state = read_checkpoint(ref)
+    check_fits(ref, model, weights)
     model.load_state_dict({k: v.to(dtype) if v.is_floating_point() else v for k, v in weights.items()}, strict=True)
     return state
 
 
-def resume_checkpoint(output_dir: Path, model: Any) -> tuple[CheckpointRef | None, dict[str, Any]]:
+def check_fits(ref: CheckpointRef, model: Any, weights: dict[str, torch.Tensor]) -> None:
+    """Raise one `CheckpointMismatch` if the checkpoint's tensors are not the model's (names, shapes)."""
+    own = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    missing, unexpected = sorted(set(own) - set(weights)), sorted(set(weights) - set(own))
+    shapes = [(k, tuple(weights[k].shape), own[k]) for k in sorted(own) if k in weights
+              and tuple(weights[k].shape) != own[k]]
+    if not (missing or unexpected or shapes):
+        return
+    if shapes:
+        k, theirs, ours = shapes[0]
+        what = f"{len(shapes)} tensor(s) of another shape (first: {k} is {list(theirs)} there, {list(ours)} here)"
+    else:
+        what = (f"{len(missing)} of the model's tensors missing (first: {missing[0]})" if missing
+                else f"{len(unexpected)} tensor(s) the model lacks (first: {unexpected[0]})")
+    raise CheckpointMismatch(
+        f"checkpoint {ref.path} does not fit the model of this run: {what}. A run folder's checkpoints hold "
+        "the model of the config it was started with: resume with that model (the folder's config.json), "
+        "or choose a new --output-dir")
+
+
+class CheckpointMismatch(ValueError):
+    """A checkpoint whose tensors are not those of the model it is loaded into (another model shape)."""
+
+
+def resume_checkpoint(output_dir: Path, model: Any, *,
+                      trust_legacy: bool = False) -> tuple[CheckpointRef | None, dict[str, Any]]:
     """Load the newest intact, readable checkpoint of a run folder into `model`: (its ref, its state),
     or (None, {}) with none. Leftovers are cleaned first and damaged checkpoints set aside
-    (`recover_checkpoints`), including one whose files pass the manifest but do not parse."""
-    while (ref := recover_checkpoints(output_dir)) is not None:
+    (`recover_checkpoints`), including one whose files pass the manifest but do not parse.
+
+    Raises:
+        LegacyCheckpointRefused: the newest checkpoint has no manifest and `trust_legacy` is False.
+        CheckpointMismatch: the checkpoint holds another model (nothing is set aside or loaded).
+        ValueError: its trainer state would need unpickling to be read.
+    """
+    while (ref := recover_checkpoints(output_dir, trust_legacy=trust_legacy)) is not None:
         try:
             return ref, load_checkpoint(ref, model)
         except CheckpointDamaged as err:

@@ -141,8 +141,9 @@ class TrainerConfig:
             copy of the state per step (`optimizer_offload_s`, `optimizer_restore_s`). See
             `dllm_train.offload`. Nothing to move under `fsdp_cpu_offload` (already on the CPU).
         max_nonfinite_steps: a phase stops with one error line after this many steps in a row
-            skipped for a non-finite loss or gradient norm (a skipped step changes neither the
-            weights nor the optimizer state; nothing non-finite is ever checkpointed).
+            skipped for a non-finite loss, gradient norm or reward (a skipped step changes neither
+            the weights nor the optimizer state; nothing non-finite is ever checkpointed, and
+            steps skipped only for their rewards set no checkpoint aside).
         num_threads: torch CPU threads of this process (0 keeps torch's default). Tiny models run
             fastest on one thread: OpenMP threads spin at every barrier, which costs more than the
             small matrix products gain, and collapses when another process shares the cores.

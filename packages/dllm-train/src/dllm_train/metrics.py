@@ -11,6 +11,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from dllm_train.folder_files import append_text, open_nofollow, replace_text, write_new
+
 logger = logging.getLogger(__name__)
 
 WANDB_INSTALL_HINT = "pip install 'dllm-train[wandb]' (in this workspace: uv sync --extra wandb --package dllm-train)"
@@ -46,7 +48,7 @@ def open_wandb(output_dir: Path, *, project: str, name: str = "", config: Mappin
     root.mkdir(parents=True, exist_ok=True)
     id_file = root / "run_id"
     run_id = id_file.read_text().strip() if id_file.is_file() else uuid.uuid4().hex[:12]
-    id_file.write_text(run_id)
+    replace_text(id_file, run_id)
     offline = not os.environ.get("WANDB_API_KEY") and not os.environ.get("WANDB_MODE")
     if offline:
         logger.info("W&B: no WANDB_API_KEY, logging offline to %s (upload later with `wandb sync`)", root)
@@ -58,6 +60,9 @@ def open_wandb(output_dir: Path, *, project: str, name: str = "", config: Mappin
 
 class MetricsWriter:
     """Appends `{"step": ..., ...}` lines to a jsonl file; truncates past a resume point.
+
+    No write follows a symbolic link (`dllm_train.folder_files`), and a write that fails (a full
+    disk) raises one `FolderWriteError` naming the file and the free space.
 
     Args:
         path: the jsonl file.
@@ -75,8 +80,8 @@ class MetricsWriter:
             cut_torn_tail(path)
         kept = [r for r in read_metrics(path) if int(r["step"]) <= resume_step] if path.exists() else []
         tmp = path.with_suffix(".tmp")
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
-        tmp.replace(path)
+        write_new(tmp, "".join(json.dumps(r) + "\n" for r in kept))  # never through a link planted there
+        os.replace(tmp, path)  # replaces a link at `path` itself, not its target
         self._tb: Any = None
         if tensorboard_dir is not None:
             try:
@@ -94,8 +99,7 @@ class MetricsWriter:
 
     def write(self, record: dict[str, Any]) -> None:
         clean = {k: (v if not isinstance(v, float) or math.isfinite(v) else str(v)) for k, v in record.items()}
-        with open(self.path, "a") as fh:
-            fh.write(json.dumps(clean) + "\n")
+        append_text(self.path, json.dumps(clean) + "\n")  # a full disk: one FolderWriteError naming the file
         scalars = {k: v for k, v in record.items() if isinstance(v, (int, float)) and k != "step"}
         if self._tb is not None:
             for k, v in scalars.items():
@@ -196,8 +200,11 @@ def cut_torn_tail(path: Path) -> bool:
         torn = True
     if not torn:
         return False
-    with open(path, "r+b") as fh:
-        fh.truncate(len(head))
+    fd = open_nofollow(path, os.O_RDWR)
+    try:
+        os.ftruncate(fd, len(head))
+    finally:
+        os.close(fd)
     logger.warning("%s: cut its torn last line (%d bytes, an interrupted write): %r", path, len(last), last[:80])
     return True
 

@@ -12,6 +12,7 @@ process is one rank (`LocalRanks`); Ray runs one `PolicyRank` per actor
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ from dllm_train.dataflow import PromptBatch
 from dllm_train.seeding import sample_seeds
 from dllm_train.workers import ActorWorker, Prepared, ReferenceWorker, RewardWorker, Rollout, special_tokens
 
+logger = logging.getLogger(__name__)
 D = TypeVar("D")
 PromptSampler = Callable[[int], PromptBatch]
 """step -> the prompts of that step (deterministic in step)."""
@@ -251,7 +253,9 @@ def rl_step(step: int, *, prompts: PromptSampler, ranks: Ranks, algorithm: RLAlg
     """One RL step on `ranks`: rollout, rewards, advantages on the whole batch, update; its metrics.
 
     Per-rank metrics are averaged over ranks (the peak memory is the largest rank's); reward
-    statistics are over the whole batch.
+    statistics are over the whole batch. A batch with a non-finite reward is not trained on: the
+    step is skipped before any update (`skipped` 1, `reward_nonfinite` the number of such rows)
+    and the rows are named in one warning.
     """
     expanded, answers, groups = prompts(step).expanded()
     seeds = sample_seeds(seed, len(expanded), "rollout", step)
@@ -260,6 +264,8 @@ def rl_step(step: int, *, prompts: PromptSampler, ranks: Ranks, algorithm: RLAlg
     firsts = [outs[r] for r in range(ranks.size) if r == 0 or ranks.group_of(r) != ranks.group_of(r - 1)]
     scores = torch.cat([o.scores.cpu() for o in firsts])
     lengths = torch.cat([o.lengths.cpu() for o in firsts])
+    if not bool(torch.isfinite(scores).all()):
+        return _skip_for_rewards(step, scores, lengths, answers)
     advantages = algorithm.advantages(scores, groups)
     per_rank = ranks.update([advantages[s] for s in rows])
     metrics = {k: (max(m[k] for m in per_rank) if is_peak(k) else sum(m[k] for m in per_rank) / len(per_rank))
@@ -279,6 +285,22 @@ def rl_step(step: int, *, prompts: PromptSampler, ranks: Ranks, algorithm: RLAlg
                        "easy for the model: raise rl.group_size or rollout.temperature, or change the data",
                        step + 1, metrics["reward_mean"])
     return metrics
+
+
+def _skip_for_rewards(step: int, scores: torch.Tensor, lengths: torch.Tensor, answers: Sequence[str]) -> dict[str, float]:
+    """The metrics of a step skipped before its update because the reward function returned a
+    non-finite reward: weights and optimizer state unchanged, the rows named in one warning.
+    `reward_nonfinite` (the number of such rows) tells `Run` the weights are not to blame."""
+    bad = (~torch.isfinite(scores)).nonzero().flatten().tolist()
+    shown = ", ".join(f"{i} ({answers[i]!r}: {float(scores[i])})" for i in bad[:8]) + (" ..." if len(bad) > 8 else "")
+    logger.warning("rl step %d skipped: reward non-finite in rows %s of the step's %d (row: answer or data key, "
+                   "reward); the reward function returned NaN or inf for them, so no update was made (weights and "
+                   "optimizer state unchanged). Fix the reward function or those rows' ground truth",
+                   step + 1, shown, len(scores))
+    finite = scores[torch.isfinite(scores)]
+    return {"skipped": 1.0, "optimizer_steps": 0.0, "reward_nonfinite": float(len(bad)),
+            "reward_mean": float(finite.mean()) if finite.numel() else math.nan,
+            "response_length": float(lengths.mean())}
 
 
 __all__ = ["LocalRanks", "PolicyRank", "PromptSampler", "RankRollout", "Ranks", "RolloutArgs", "all_equal_groups",

@@ -24,6 +24,7 @@ from dllm_eval.rewards.dare import (
     dare_math_reward,
     dare_sudoku_reward,
 )
+from dllm_eval.rewards.ground_truth import ground_truth_problem
 from dllm_eval.rewards.hendrycks import hendrycks_normalize
 from dllm_eval.rewards.math import (
     GSM8K_EXTRACTIONS,
@@ -69,6 +70,7 @@ __all__ = [
     "extract_hash_answer",
     "extract_last_number",
     "extract_mbpp_code",
+    "ground_truth_problem",
     "gsm8k_reward",
     "hendrycks_normalize",
     "is_equivalent",

@@ -168,11 +168,15 @@ def save_sharded_state(model: nn.Module, optimizer: torch.optim.Optimizer, folde
 
 
 def load_sharded_state(model: nn.Module, optimizer: torch.optim.Optimizer, folder: str) -> None:
-    """Inverse of `save_sharded_state` (any number of ranks: DCP reshards); a collective."""
+    """Inverse of `save_sharded_state` (any number of ranks: DCP reshards); a collective. Nothing is
+    unpickled beyond DCP's metadata classes and plain data (`safe_dcp`)."""
     from torch.distributed.checkpoint.state_dict_loader import load
 
+    from dllm_train.distributed.safe_dcp import SafeLoadPlanner, SafeReader
+
     model_state, optim_state = get_state_dict(model, optimizer)
-    load({"model": model_state, "optimizer": optim_state}, checkpoint_id=folder)  # in place
+    load({"model": model_state, "optimizer": optim_state}, checkpoint_id=folder,  # in place
+         storage_reader=SafeReader(folder), planner=SafeLoadPlanner())
     set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optim_state)
 
 
