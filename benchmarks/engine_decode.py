@@ -9,7 +9,7 @@ run); lmdeploy runs through `dllm_rollout.engines.LMDeployEngine` (the adapter `
 Printed per (rows, new tokens): seconds, tokens/s, native / lmdeploy, and the greedy agreement
 (share of response tokens equal, and the mean length of the common prefix).
 Engines: `native` and its switched variants (`SWITCHES`: `native_nofold`, `native_sdpa`, `native_keep`,
-`native_chain`, `native_span`, `native_fused`, `native_split2`, `native_all`), `native_lora` /
+`native_span`, `native_split2`), `native_lora` /
 `native_lora_unmerged`, `lmdeploy`: several variants in one process, each on a fresh load of the folder.
 `--stop-token auto` (or ids) measures rows that stop at different lengths, as a trained model's do:
 random weights almost never emit the real EOS, so tokens the random model does emit play the stop
@@ -129,12 +129,8 @@ SWITCHES: dict[str, dict[str, Any]] = {
     "native_sdpa": {"dllm_models.attention.DECODE_KERNEL": False},      # dense-mask sdpa, no decode kernel
     "native_nofold": {"dllm_rollout.block.FOLD_STORE": False},          # a separate store pass per block
     "native_keep": {"dllm_rollout.block.RETIRE_ROWS": 0},               # finished rows stay in the batch
-    "native_chain": {"dllm_rollout.block.CHAIN_STEPS": True},           # whole-step graphs
     "native_span": {"dllm_models.attention.DECODE_SPAN": True},         # the kernel walks visible tiles only
-    "native_fused": {"dllm_models.fusion.FUSED_PROJECTIONS": True},     # q/k/v and gate/up as one GEMM each
     "native_split2": {"dllm_models.kernels.decode_attention.SPLITS": 2},
-    "native_all": {"dllm_rollout.block.CHAIN_STEPS": True, "dllm_models.attention.DECODE_SPAN": True,
-                   "dllm_models.fusion.FUSED_PROJECTIONS": True},
     "native_lora": {}, "native_lora_unmerged": {},
 }
 

@@ -30,12 +30,6 @@ sequences). Every row's draws and records depend on that row alone (`RowNoise`, 
 a row decodes the same in the smaller batch, up to the rounding of a GEMM at another batch size.
 Per-step records (`record_steps`) keep every row. `DLLM_ROLLOUT_RETIRE_ROWS=0` (or
 `dllm_rollout.block.RETIRE_ROWS = 0`) keeps finished rows in the batch.
-
-With `DLLM_ROLLOUT_CHAIN_STEPS=1` (`CHAIN_STEPS`), a block that starts fully masked under a static
-quota (no threshold, editing, reference model or per-step records: the recipes' setting) runs its
-known number of steps as whole-step graphs: the forward, the proposals, the selection, the commit
-and the records of a step are one graph, and nothing is read back to the host until the block
-ends. The same operations in the same order as the step loop, so the same samples (tested).
 """
 
 from __future__ import annotations
@@ -61,9 +55,6 @@ FOLD_STORE = os.environ.get("DLLM_ROLLOUT_FOLD_STORE", "1") != "0"
 # finished rows leave the batch once this many have gathered (0: never); each retirement captures
 # the cached steps anew, so a few rows are not worth one
 RETIRE_ROWS = int(os.environ.get("DLLM_ROLLOUT_RETIRE_ROWS", "16"))
-# whole denoising steps (forward, proposal, selection, commit, records) as one graph, with no
-# read-back between the steps of a block (`_ChainedSteps`); off until measured on the GPU
-CHAIN_STEPS = os.environ.get("DLLM_ROLLOUT_CHAIN_STEPS", "0") == "1"
 
 
 def grid_layout(prompt_lengths: torch.Tensor, block_length: int, max_new_tokens: int) -> tuple[int, int, torch.Tensor]:
@@ -157,24 +148,12 @@ def decode_blocks(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
     post_budget = cfg.max_post_steps if cfg.editing_threshold is not None else 0
     own = _own_span(offsets, r, bl)
     cached = _CachedBlocks(model, canvas, attn, pos, r0, bl) if cfg.cache == "prefix" else None
-    chained = (CHAIN_STEPS and cached is not None and cfg.threshold is None and cfg.editing_threshold is None
-               and ref_model is None and not cfg.record_steps)
-    # the quotas of a block that starts fully masked, one per step
-    fill = [quota_at(quota, s, bl) for s in range(steps_to_fill(quota, bl))]
-    chain: _ChainedSteps | None = None
     try:
         for start in range(r0, width, bl):
             end = start + bl
             step, post, open_rows = 0, torch.zeros_like(num_edits), live.clone()
             logits: torch.Tensor | None = None
-            # every block after the first (which holds the prompt tails) starts fully masked
-            stepped = chained and start > r0 and cached is not None and cached.static is not None
-            if stepped:
-                assert cached is not None
-                if chain is None:
-                    chain = _ChainedSteps(cached, cfg, noise, rec, mask_id)
-                chain.block(start, end, start - r0, open_rows, fill)
-            while not stepped:
+            while True:
                 still = (canvas[:, start:end] == mask_id) & open_rows[:, None]
                 active, post = rows_to_step(open_rows, still.any(-1), post, post_budget)
                 if not bool(active.any()):
@@ -213,9 +192,6 @@ def decode_blocks(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
                 if alive == 0:
                     break
                 if full is not None and end < width and live.numel() - alive >= RETIRE_ROWS:
-                    if chain is not None:  # its graphs and buffers are those of the old batch
-                        chain.release()
-                        chain = None
                     keep = live.nonzero().flatten()
                     full.put(canvas, rec, num_edits)
                     full.rows = full.rows[keep]
@@ -225,10 +201,8 @@ def decode_blocks(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
                     if cached is not None:
                         cached.keep_rows(keep, canvas, attn, pos)
     finally:
-        # on an exception too: the graphs hold bound methods of these objects, a cycle that would keep the
+        # on an exception too: the graphs hold bound methods of this object, a cycle that would keep the
         # canvas-wide KV cache alive until the next garbage collection (a retry would meet it on the GPU)
-        if chain is not None:
-            chain.release()
         if cached is not None:
             cached.release()
     if full is not None and full.rows.numel() < full.canvas.shape[0]:
@@ -243,15 +217,6 @@ def decode_blocks(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
 def quota_at(quota: list[int], step: int, block: int) -> int:
     """Masks a row may commit at `step` of a block: the per-step quota, then the whole block."""
     return quota[step] if step < len(quota) else block
-
-
-def steps_to_fill(quota: list[int], block: int) -> int:
-    """Steps of the per-step `quota` (then a whole block per step) that commit `block` masks."""
-    done, steps = 0, 0
-    while done < block:
-        done += quota_at(quota, steps, block)
-        steps += 1
-    return steps
 
 
 def _own_span(offsets: torch.Tensor, max_new_tokens: int, block: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -387,96 +352,6 @@ class _CachedBlocks:
         if self.static is None:
             self.static = StaticBlockCache(kv, self.canvas.shape[0], self.canvas.shape[1], self.block)
             self.static.store(start, kv, self.attn[:, start:end])
-
-
-class _ChainedSteps:
-    """Whole denoising steps of a block as graphs of fixed shapes (`CHAIN_STEPS`, module doc).
-
-    A step forwards the block against the cache (alone, or after the finished block whose store
-    pass it folds in), proposes and scores tokens, selects the quota of each row's most confident
-    masks, commits them and records their step and log-prob: `decode_blocks`' step without
-    threshold, editing, reference model or per-step records, in the same order. The block's
-    tokens, its records and the rows still open live in buffers of this object during the block;
-    the rows' noise counters and step counters are updated in place. Nothing is read back between
-    steps, so a block's steps are queued back to back.
-    """
-
-    def __init__(self, cached: _CachedBlocks, cfg: SamplingConfig, noise: RowNoise, rec: Recorder,
-                 mask_id: int) -> None:
-        b, bl, dev = cached.canvas.shape[0], cached.block, cached.canvas.device
-        self.cached: _CachedBlocks | None = cached
-        self.cfg, self.noise, self.rec, self.mask_id = cfg, noise, rec, mask_id
-        self.blk = torch.empty((b, bl), dtype=torch.long, device=dev)
-        self.open = torch.empty(b, dtype=torch.bool, device=dev)
-        self.unmask = torch.empty((b, bl), dtype=torch.long, device=dev)
-        self.logp = torch.empty((b, bl), dtype=torch.float32, device=dev)
-        self.quotas: dict[int, torch.Tensor] = {}
-        self.single: GraphedStep | None = GraphedStep(self._single, pool=cached.pool, state=self._state)
-        self.pair: GraphedStep | None = GraphedStep(self._pair, pool=cached.pool, state=self._state)
-
-    def release(self) -> None:
-        """Drop the graphs (they hold bound methods of this object: a reference cycle)."""
-        self.single = self.pair = self.cached = None
-
-    def _state(self) -> list[torch.Tensor]:
-        """What a step updates in place (restored after a capture's warm-up run)."""
-        return [self.blk, self.open, self.unmask, self.logp, self.rec.row_step, self.noise.drawn]
-
-    def _advance(self, logits: torch.Tensor, k: torch.Tensor) -> None:
-        cfg, blk = self.cfg, self.blk
-        still = (blk == self.mask_id) & self.open[:, None]
-        active = still.any(-1)
-        x0, conf, logp = propose_scored(logits, remasking="maskgit_plus", temperature=cfg.temperature,
-                                        top_k=cfg.top_k, top_p=cfg.top_p, noise=self.noise, active=active,
-                                        mask_id=self.mask_id)
-        commit = select(conf, still, k) & active[:, None]
-        blk.copy_(torch.where(commit, x0, blk))
-        self.unmask.copy_(torch.where(commit, self.rec.row_step[:, None].expand_as(commit), self.unmask))
-        self.logp.copy_(torch.where(commit, logp.float(), self.logp))
-        self.rec.row_step.add_(active.long())
-        self.open.copy_(active)
-
-    def _single(self, pos: torch.Tensor, k: torch.Tensor) -> None:
-        assert self.cached is not None and self.cached.static is not None
-        logits = self.cached.model(self.blk, position_ids=pos, past_key_values=self.cached.static.cache).logits
-        self._advance(logits, k)
-
-    def _pair(self, prev: torch.Tensor, pos: torch.Tensor, k: torch.Tensor) -> None:
-        cached = self.cached
-        assert cached is not None and cached.static is not None
-        with head_columns(cached.model, cached.head):
-            ids = torch.cat([prev, self.blk], dim=1)
-            logits = cached.model(ids, position_ids=pos, past_key_values=cached.static.pair).logits
-        self._advance(logits, k)
-
-    def _quota(self, k: int) -> torch.Tensor:
-        if k not in self.quotas:
-            self.quotas[k] = torch.full((self.blk.shape[0],), k, dtype=torch.long, device=self.blk.device)
-        return self.quotas[k]
-
-    def block(self, start: int, end: int, lo: int, open_rows: torch.Tensor, quotas: list[int]) -> None:
-        """Decode block [start, end) (region columns from `lo`) of the rows `open_rows` in one step per
-        quota, then write its tokens and records back; raise if a mask is left (no progress)."""
-        cached = self.cached
-        assert cached is not None and self.single is not None and self.pair is not None, "released"
-        canvas, pos, hi = cached.canvas, cached.pos, lo + end - start
-        self.blk.copy_(canvas[:, start:end])
-        self.open.copy_(open_rows)
-        self.unmask.copy_(self.rec.unmask_step[:, lo:hi])
-        self.logp.copy_(self.rec.step_logp[:, lo:hi])
-        prev = cached.setup(start, end)
-        for i, q in enumerate(quotas):
-            if i == 0 and prev >= 0:
-                self.pair(canvas[:, prev:start], pos[:, prev:end], self._quota(q))
-            else:
-                self.single(pos[:, start:end], self._quota(q))
-        canvas[:, start:end] = self.blk
-        self.rec.unmask_step[:, lo:hi] = self.unmask
-        self.rec.step_logp[:, lo:hi] = self.logp
-        if bool(((self.blk == self.mask_id) & open_rows[:, None]).any()):  # one read-back per block
-            assert cached.static is not None
-            logits = cached.model(self.blk, position_ids=pos[:, start:end], past_key_values=cached.static.cache).logits
-            check_progress(len(quotas), len(quotas), start, end, logits)
 
 
 def _tail_extras(region: torch.Tensor, offsets: torch.Tensor, cfg: SamplingConfig, rec: Recorder,

@@ -10,7 +10,7 @@ failure.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -29,20 +29,6 @@ def graph_pool(device: torch.device) -> Any:
     return torch.cuda.graph_pool_handle()
 
 
-def warm_up(fn: Callable[..., Any], inputs: Sequence[torch.Tensor],
-            state: Callable[[], Sequence[torch.Tensor]] | None = None) -> None:
-    """Run `fn(*inputs)` once for its side effects on the device (lazy inits, kernel selection),
-    then put the tensors of `state()` back as they were: a step that updates them in place has
-    then not run (the graph captured next is its one run)."""
-    saved = [t.clone() for t in state()] if state is not None else []
-    try:
-        fn(*inputs)
-    finally:
-        if state is not None:
-            for t, before in zip(state(), saved):
-                t.copy_(before)
-
-
 class GraphedStep:
     """`fn(*inputs)` replayed from a CUDA graph; inputs are copied into static buffers.
 
@@ -52,14 +38,10 @@ class GraphedStep:
     off, the inputs are not on CUDA, or the capture fails.
     """
 
-    def __init__(self, fn: Callable[..., Any], pool: Any = None,
-                 state: Callable[[], Sequence[torch.Tensor]] | None = None) -> None:
-        """Args: pool: a `graph_pool` shared with other steps (None: the graph's own pool);
-        state: the tensors `fn` updates in place (a whole decoding step's canvas, counters,
-        records); the warm-up run before a capture is undone on them, so the step runs once."""
+    def __init__(self, fn: Callable[..., Any], pool: Any = None) -> None:
+        """Args: pool: a `graph_pool` shared with other steps (None: the graph's own pool)."""
         self.fn = fn
         self.pool = pool
-        self.state = state
         self.graph: torch.cuda.CUDAGraph | None = None
         self.static: list[torch.Tensor] = []
         self.out: Any = None
@@ -70,7 +52,7 @@ class GraphedStep:
         stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            warm_up(self.fn, self.static, self.state)  # lazy inits, kernel selection
+            self.fn(*self.static)  # lazy inits, kernel selection
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
