@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 import torch
 
-from dllm_rollout import consistency_gap, generate
+from dllm_rollout import SpeedConfig, consistency_gap, generate
 from dllm_rollout.block import grid_canvas, grid_layout
 
 # lengths 5, 10, 3 with block 4: prompt tails of 1, 2 and 3 tokens share the first decode block
@@ -108,17 +108,14 @@ def _forwards(model: torch.nn.Module) -> tuple[list[str], object]:
     return kinds, model.register_forward_pre_hook(hook, with_kwargs=True)
 
 
-def _decode_each(monkeypatch: pytest.MonkeyPatch, model: torch.nn.Module, prompts: list[list[int]],
-                 args: dict[str, object], flag: str) -> tuple[dict[bool, object], dict[bool, list[str]]]:
-    """`generate` with `dllm_rollout.block.<flag>` off and on: the batches and the forwards' kinds."""
-    import dllm_rollout.block as block
-
+def _decode_each(model: torch.nn.Module, prompts: list[list[int]], args: dict[str, object],
+                 flag: str) -> tuple[dict[bool, object], dict[bool, list[str]]]:
+    """`generate` with the speed switch `SpeedConfig.<flag>` off and on: the batches and the forwards' kinds."""
     out: dict[bool, object] = {}
     kinds: dict[bool, list[str]] = {}
     for on in (False, True):
-        monkeypatch.setattr(block, flag, on)
         seen, handle = _forwards(model)
-        out[on] = generate(model, prompts, **args)  # type: ignore[arg-type]
+        out[on] = generate(model, prompts, speed=SpeedConfig(**{flag: on}), **args)  # type: ignore[arg-type]
         handle.remove()  # type: ignore[attr-defined]
         kinds[on] = seen
     return out, kinds
@@ -133,19 +130,16 @@ def _decode_each(monkeypatch: pytest.MonkeyPatch, model: torch.nn.Module, prompt
 ])
 def test_folded_store_pass_equals_separate_store_passes(
     tiny_block_model: torch.nn.Module, prompts: list[list[int]], kwargs: dict[str, object],
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The store pass folded into the next block's first step: same tokens, same step log-probs (float64),
     one forward fewer per finished block, of two blocks' width."""
-    import dllm_rollout.block as block
-
     if "editing_threshold" in kwargs and tiny_block_model.traits.family != "llada2":
         pytest.skip("editing is LLaDA2.1's decoding")
     model = tiny_block_model.double()
     args: dict[str, object] = {"max_new_tokens": 10, "steps": 4, "block_length": 4, "seed": 3,
                                "stop_at_eos": False, "record_trajectory": True, "cache": "prefix"}
     args.update(kwargs)
-    batches, widths = _decode_each(monkeypatch, model, prompts, args, "FOLD_STORE")
+    batches, widths = _decode_each(model, prompts, args, "fold_store")
     out: dict[bool, Any] = batches
     assert torch.equal(out[False].response_ids, out[True].response_ids)
     assert out[False].step_logp is not None and out[True].step_logp is not None
@@ -187,11 +181,9 @@ def test_folded_store_pass_is_block_causal(tiny_block_model: torch.nn.Module) ->
         assert torch.equal(a, b)
 
 
-def test_a_pending_store_survives_a_block_without_steps(tiny_block_model: torch.nn.Module,
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_pending_store_survives_a_block_without_steps(tiny_block_model: torch.nn.Module) -> None:
     """`finish` twice without a step between: the first block's store pass runs on its own, so its cached
     keys are those of a separate store pass."""
-    import dllm_rollout.block as block
     from dllm_rollout.block import _CachedBlocks
 
     model = tiny_block_model.double()
@@ -199,10 +191,9 @@ def test_a_pending_store_survives_a_block_without_steps(tiny_block_model: torch.
     canvas = torch.arange(5, 5 + w)[None].clone()
     attn = torch.ones(b, w, dtype=torch.bool)
     pos = torch.arange(w)[None]
-    want = _CachedBlocks(model, canvas.clone(), attn, pos, 4, bl)
-    got = _CachedBlocks(model, canvas.clone(), attn, pos, 4, bl)
-    for cb, fold in ((want, False), (got, True)):
-        monkeypatch.setattr(block, "FOLD_STORE", fold)
+    want = _CachedBlocks(model, canvas.clone(), attn, pos, 4, bl, SpeedConfig(fold_store=False))
+    got = _CachedBlocks(model, canvas.clone(), attn, pos, 4, bl, SpeedConfig(fold_store=True))
+    for cb in (want, got):
         cb.logits(4, 8)
         cb.canvas[0, 4:8] = torch.tensor([40, 41, 42, 43])  # the step's commits: the store must see them
         cb.finish(4, 8)
@@ -260,13 +251,10 @@ def _batch_sizes(model: torch.nn.Module) -> tuple[list[int], object]:
 def test_finished_rows_retire_with_the_same_samples(
     tiny_block_model: torch.nn.Module, kwargs: dict[str, object], fold: bool, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Rows that finished leave the batch (`RETIRE_ROWS`): later forwards run on fewer rows, and every
+    """Rows that finished leave the batch (`speed.retire_rows`): later forwards run on fewer rows, and every
     row's tokens, mask, step log-probs and unmask steps are those of a batch that keeps them (float64)."""
-    import dllm_rollout.block as block
-
     if "editing_threshold" in kwargs and tiny_block_model.traits.family != "llada2":  # type: ignore[union-attr]
         pytest.skip("editing is LLaDA2.1's decoding")
-    monkeypatch.setattr(block, "FOLD_STORE", fold)
     model = tiny_block_model.double()
     prompts = [PROMPTS[i % 3] for i in range(10)]
     args: dict[str, object] = {"max_new_tokens": 24, "steps": 4, "block_length": 4, "seed": list(range(10)),
@@ -274,9 +262,9 @@ def test_finished_rows_retire_with_the_same_samples(
     _stop_rows_apart(monkeypatch, model, prompts, args)
     out, rows = {}, {}
     for retire in (0, 1):
-        monkeypatch.setattr(block, "RETIRE_ROWS", retire)
         seen, handle = _batch_sizes(model)
-        out[retire] = generate(model, prompts, **args)  # type: ignore[arg-type]
+        speed = SpeedConfig(fold_store=fold, retire_rows=retire)
+        out[retire] = generate(model, prompts, speed=speed, **args)  # type: ignore[arg-type]
         handle.remove()  # type: ignore[attr-defined]
         rows[retire] = seen
     keep, gone = out[0], out[1]
@@ -296,20 +284,16 @@ def test_rows_do_not_retire_with_per_step_records(tiny_block_model: torch.nn.Mod
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """`record_steps` keeps every row in the batch (its per-step records are per batch) and still stops
     finished rows: the same samples as without retirement."""
-    import dllm_rollout.block as block
-
     model = tiny_block_model.double()
     prompts = [PROMPTS[i % 3] for i in range(10)]
     args: dict[str, object] = {"max_new_tokens": 24, "steps": 4, "block_length": 4, "seed": list(range(10)),
                                "temperature": 1.0, "cache": "prefix", "record_steps": True}
     _stop_rows_apart(monkeypatch, model, prompts, args)
-    monkeypatch.setattr(block, "RETIRE_ROWS", 1)
     seen, handle = _batch_sizes(model)
-    out = generate(model, prompts, **args)  # type: ignore[arg-type]
+    out = generate(model, prompts, speed=SpeedConfig(retire_rows=1), **args)  # type: ignore[arg-type]
     handle.remove()  # type: ignore[attr-defined]
     assert set(seen) == {10}
-    monkeypatch.setattr(block, "RETIRE_ROWS", 0)
-    ref = generate(model, prompts, **args)  # type: ignore[arg-type]
+    ref = generate(model, prompts, speed=SpeedConfig(retire_rows=0), **args)  # type: ignore[arg-type]
     assert torch.equal(out.response_ids, ref.response_ids)
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import torch
 
-from dllm_rollout import fused_sampling, generate, sampling
+from dllm_rollout import SpeedConfig, fused_sampling, generate
 from dllm_rollout.noise import RowNoise
 from dllm_rollout.sampling import filter_logits, fuses, propose_scored
 
@@ -55,12 +55,14 @@ def test_only_cuda_logits_and_kernel_confidences_take_the_fused_path() -> None:
         assert fuses(gpu, "low_confidence", None) and fuses(gpu, "origin", 1.0)
         assert not fuses(gpu, "entropy", None) and not fuses(gpu, "topk_margin", None)
         assert not fuses(gpu, "maskgit_plus", 0.9)
+        assert not fuses(gpu, "maskgit_plus", None, fused=False)  # speed.fused_sampling=False
 
 
 def check_against_unfused(device: str, dtype: torch.dtype) -> None:
     """`propose_scored` fused == unfused: the same tokens, confidences and log-probs, and the same
     noise consumed, for every temperature, top-k and confidence the kernel serves."""
     assert fuses(torch.zeros(1, device=device), "maskgit_plus", None)
+    assert not fuses(torch.zeros(1, device=device), "maskgit_plus", None, fused=False)
     b, n = 8, 6
     logits = _logits(b * n, dtype, device).view(b, n, V)
     active = torch.tensor([True, True, False, True, True, True, False, True], device=device)
@@ -69,13 +71,9 @@ def check_against_unfused(device: str, dtype: torch.dtype) -> None:
             for remasking in ("maskgit_plus", "low_confidence", "random"):
                 out = []
                 for fused in (True, False):
-                    sampling.FUSED_SAMPLING = fused
                     noise = RowNoise(torch.arange(b) + 3, device)
-                    try:
-                        got = propose_scored(logits, remasking=remasking, temperature=temperature, top_k=top_k,
-                                             top_p=None, noise=noise, active=active, mask_id=MASK)
-                    finally:
-                        sampling.FUSED_SAMPLING = True
+                    got = propose_scored(logits, remasking=remasking, temperature=temperature, top_k=top_k,
+                                         top_p=None, noise=noise, active=active, mask_id=MASK, fused=fused)
                     out.append((*got, noise.drawn.clone()))
                 where = (temperature, top_k, remasking)
                 (x0, conf, logp, drawn), (x0_ref, conf_ref, logp_ref, drawn_ref) = out
@@ -104,12 +102,9 @@ def check_decodes(device: str) -> None:
         bl = int(getattr(model, "traits").block_length or 8)
         out = []
         for fused in (True, False):
-            sampling.FUSED_SAMPLING = fused
-            try:
-                out.append(generate(model, PROMPTS, seed=4, record_trajectory=True, max_new_tokens=16,
-                                    block_length=bl, steps=16 if bl == 8 else bl, **kwargs))
-            finally:
-                sampling.FUSED_SAMPLING = True
+            out.append(generate(model, PROMPTS, seed=4, record_trajectory=True, max_new_tokens=16,
+                                block_length=bl, steps=16 if bl == 8 else bl, speed=SpeedConfig(fused_sampling=fused),
+                                **kwargs))
         assert torch.equal(out[0].response_ids, out[1].response_ids), (family, kwargs)
         torch.testing.assert_close(out[0].step_logp, out[1].step_logp, rtol=0, atol=1e-4)
 

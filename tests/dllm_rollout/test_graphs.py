@@ -1,5 +1,5 @@
 """CUDA-graph decoding steps against eager ones (GPU only): same tokens, same log-probs, and the
-graphs were really captured (a failed capture falls back to eager calls silently)."""
+graphs were really captured (a failed capture falls back to eager calls, warned once and counted)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import torch
 
-from dllm_rollout import generate, graphs
+from dllm_rollout import SpeedConfig, generate, graphs
 from dllm_rollout.graphs import GraphedStep
 
 pytestmark = pytest.mark.gpu
@@ -39,10 +39,10 @@ def _spy_captures(monkeypatch: pytest.MonkeyPatch) -> list[GraphedStep]:
 
 def _decode_both(monkeypatch: pytest.MonkeyPatch, model: torch.nn.Module, **kwargs: Any) -> tuple[Any, Any, int]:
     captured = _spy_captures(monkeypatch)
-    monkeypatch.setattr(graphs, "CUDA_GRAPHS", True)
-    graphed = generate(model, PROMPTS, seed=4, record_trajectory=True, **kwargs)
-    monkeypatch.setattr(graphs, "CUDA_GRAPHS", False)
-    eager = generate(model, PROMPTS, seed=4, record_trajectory=True, **kwargs)
+    failures = graphs.capture_failures()
+    graphed = generate(model, PROMPTS, seed=4, record_trajectory=True, speed=SpeedConfig(cuda_graphs=True), **kwargs)
+    eager = generate(model, PROMPTS, seed=4, record_trajectory=True, speed=SpeedConfig(cuda_graphs=False), **kwargs)
+    assert graphs.capture_failures() == failures
     return graphed, eager, len(captured)
 
 
@@ -75,7 +75,6 @@ def test_block_steps_replay_as_graphs(monkeypatch: pytest.MonkeyPatch, family: s
 def test_block_steps_recapture_after_rows_retire(monkeypatch: pytest.MonkeyPatch) -> None:
     """Finished rows leave the batch: the cached steps are captured anew at the smaller batch and give
     the samples of eager steps on a batch that keeps every row."""
-    import dllm_rollout.block as block
     from tests.dllm_rollout.test_block import _stop_rows_apart
 
     model = _cuda_model("sdar")
@@ -85,12 +84,8 @@ def test_block_steps_recapture_after_rows_retire(monkeypatch: pytest.MonkeyPatch
                             "eos_handling": "truncate"}
     _stop_rows_apart(monkeypatch, model, prompts, args)
     captured = _spy_captures(monkeypatch)
-    monkeypatch.setattr(graphs, "CUDA_GRAPHS", True)
-    monkeypatch.setattr(block, "RETIRE_ROWS", 1)
-    graphed = generate(model, prompts, **args)
-    monkeypatch.setattr(graphs, "CUDA_GRAPHS", False)
-    monkeypatch.setattr(block, "RETIRE_ROWS", 0)
-    eager = generate(model, prompts, **args)
+    graphed = generate(model, prompts, speed=SpeedConfig(cuda_graphs=True, retire_rows=1), **args)
+    eager = generate(model, prompts, speed=SpeedConfig(cuda_graphs=False, retire_rows=0), **args)
     batches = sorted({int(g.static[0].shape[0]) for g in captured}, reverse=True)
     assert batches[0] == 10 and len(batches) >= 2, batches  # captured again at fewer rows
     assert int((eager.response_mask.sum(1) < 24).sum()) >= 2

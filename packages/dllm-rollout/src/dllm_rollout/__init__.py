@@ -1,7 +1,7 @@
 """dllm_rollout: diffusion LM samplers, KV-cached decoding and engine adapters."""
 
 from dllm_rollout.batch import RolloutBatch, response_mask
-from dllm_rollout.config import SamplingConfig, configure
+from dllm_rollout.config import SamplingConfig, SpeedConfig, configure
 from dllm_rollout.consistency import consistency_gap
 from dllm_rollout.generate import decode, generate
 from dllm_rollout.masked import transfer_quota
@@ -12,6 +12,7 @@ from dllm_rollout.tree import TreeRollout, tree_generate
 __all__ = [
     "RolloutBatch",
     "SamplingConfig",
+    "SpeedConfig",
     "TreeRollout",
     "configure",
     "consistency_gap",

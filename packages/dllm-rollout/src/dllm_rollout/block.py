@@ -19,28 +19,26 @@ the next block's first step: one forward over [finished block ; next block], blo
 query, writes the finished block's final K/V and gives the next block's logits (the head runs on
 the next block only). The finished block's queries see exactly what a store pass sees, so the
 function is the same; it saves one forward per block, its weight and cache reads and its head.
-`DLLM_ROLLOUT_FOLD_STORE=0` (or `dllm_rollout.block.FOLD_STORE = False`) runs separate store passes.
+`SamplingConfig.speed.fold_store=False` runs separate store passes.
 
 Rows that have finished (`stop_at_eos`: a finished block of theirs holds a stop id) take no more steps,
-and once `RETIRE_ROWS` of them have gathered they leave the batch: the canvas, the noise streams,
+and once `speed.retire_rows` of them have gathered they leave the batch: the canvas, the noise streams,
 the records and the KV cache keep the live rows only (the cache packed in place), and the cached
 steps are captured anew at the smaller batch, so later forwards, their weights' work and their
 head run on the rows still denoising (as an engine with continuous batching drops finished
 sequences). Every row's draws and records depend on that row alone (`RowNoise`, `Recorder`), so
 a row decodes the same in the smaller batch, up to the rounding of a GEMM at another batch size.
-Per-step records (`record_steps`) keep every row. `DLLM_ROLLOUT_RETIRE_ROWS=0` (or
-`dllm_rollout.block.RETIRE_ROWS = 0`) keeps finished rows in the batch.
+Per-step records (`record_steps`) keep every row. `speed.retire_rows=0` keeps finished rows in the batch.
 """
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
 
 from dllm_rollout.batch import RolloutBatch, decoded_batch, stop_positions
-from dllm_rollout.config import SamplingConfig
+from dllm_rollout.config import SamplingConfig, SpeedConfig
 from dllm_rollout.editing import EDITS, rows_to_step, step_edits, still_open
 from dllm_rollout.graphs import GraphedStep, graph_pool
 from dllm_rollout.head import block_forward, head_columns
@@ -51,10 +49,6 @@ from dllm_rollout.progress import check_progress
 from dllm_rollout.record import Recorder
 from dllm_rollout.sampling import propose_scored, select
 
-FOLD_STORE = os.environ.get("DLLM_ROLLOUT_FOLD_STORE", "1") != "0"
-# finished rows leave the batch once this many have gathered (0: never); each retirement captures
-# the cached steps anew, so a few rows are not worth one
-RETIRE_ROWS = int(os.environ.get("DLLM_ROLLOUT_RETIRE_ROWS", "16"))
 
 
 def grid_layout(prompt_lengths: torch.Tensor, block_length: int, max_new_tokens: int) -> tuple[int, int, torch.Tensor]:
@@ -143,11 +137,14 @@ def decode_blocks(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
     live = torch.ones(b, dtype=torch.bool, device=device)
     num_edits = torch.zeros(b, dtype=torch.long, device=device)
     # the batch's rows still in the working tensors below (all, until finished rows retire)
-    full = (_FullRows(canvas, rec, offsets, num_edits) if cfg.stop_at_eos and RETIRE_ROWS > 0 and not cfg.record_steps
+    # finished rows leave the batch once `speed.retire_rows` have gathered (0: never); each retirement
+    # captures the cached steps anew, so a few rows are not worth one
+    retire = cfg.speed.retire_rows
+    full = (_FullRows(canvas, rec, offsets, num_edits) if cfg.stop_at_eos and retire > 0 and not cfg.record_steps
             else None)
     post_budget = cfg.max_post_steps if cfg.editing_threshold is not None else 0
     own = _own_span(offsets, r, bl)
-    cached = _CachedBlocks(model, canvas, attn, pos, r0, bl) if cfg.cache == "prefix" else None
+    cached = _CachedBlocks(model, canvas, attn, pos, r0, bl, cfg.speed) if cfg.cache == "prefix" else None
     try:
         for start in range(r0, width, bl):
             end = start + bl
@@ -167,7 +164,7 @@ def decode_blocks(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
                     logits = _recompute_logits(model, canvas, attn, pos, start, end)
                 x0, conf, logp = propose_scored(logits, remasking="maskgit_plus", temperature=cfg.temperature,
                                                 top_k=cfg.top_k, top_p=cfg.top_p, noise=noise, active=active,
-                                                mask_id=mask_id)
+                                                mask_id=mask_id, fused=cfg.speed.fused_sampling)
                 k = torch.full((canvas.shape[0],), quota_at(quota, step, bl), dtype=torch.long, device=device)
                 commit = select(conf, still, k, cfg.threshold) & active[:, None]
                 edits = step_edits(x0, conf, canvas[:, start:end], active, mask_id=mask_id, lo=start - r0,
@@ -191,7 +188,7 @@ def decode_blocks(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
                 alive = int(live.sum())
                 if alive == 0:
                     break
-                if full is not None and end < width and live.numel() - alive >= RETIRE_ROWS:
+                if full is not None and end < width and live.numel() - alive >= retire:
                     keep = live.nonzero().flatten()
                     full.put(canvas, rec, num_edits)
                     full.rows = full.rows[keep]
@@ -256,19 +253,20 @@ class _CachedBlocks:
     keys/values in place, so every step has the same shapes and runs as one CUDA graph
     (`GraphedStep`). Decode-region columns are always real tokens (rows are padded by whole blocks
     before the region), so a step passes no attention mask of its own; padding lives in the
-    cache's key padding. With `FOLD_STORE` a finished block's store pass is the first half of the
+    cache's key padding. With `speed.fold_store` a finished block's store pass is the first half of the
     next block's first step (module doc), a second graph of 2 x block columns.
     """
 
     def __init__(self, model: Any, canvas: torch.Tensor, attn: torch.Tensor, pos: torch.Tensor, r0: int,
-                 block: int) -> None:
+                 block: int, speed: SpeedConfig) -> None:
         self.model, self.canvas, self.attn, self.pos, self.block = model, canvas, attn, pos, block
+        self.speed = speed
         self.static: StaticBlockCache | None = None
         self.shown = -1  # start column of the block the cache currently writes
         self.pending = -1  # start column of a finished block whose store pass is still to run
-        self.pool = graph_pool(canvas.device)  # one memory pool: the graphs run one after another
-        self.step: GraphedStep | None = GraphedStep(self._forward, pool=self.pool)
-        self.pair_step: GraphedStep | None = GraphedStep(self._pair_forward, pool=self.pool)
+        self.step: GraphedStep | None = None
+        self.pair_step: GraphedStep | None = None
+        self._capture_steps()
         self.head = torch.arange(block, 2 * block, device=canvas.device)  # the next block's columns
         if r0 > 0:
             # prompt blocks: keys/values only, the head runs on no column
@@ -335,17 +333,23 @@ class _CachedBlocks:
         if self.static is not None:
             self.static.keep_rows(rows)
         self.step = self.pair_step = None  # the old graphs and their memory go before new ones are captured
-        self.pool = graph_pool(canvas.device)
-        self.step = GraphedStep(self._forward, pool=self.pool)
-        self.pair_step = GraphedStep(self._pair_forward, pool=self.pool)
+        self._capture_steps()
+
+    def _capture_steps(self) -> None:
+        """New block and two-block steps (captured at their first call), sharing one memory pool: the
+        graphs run one after another."""
+        graphs = self.speed.cuda_graphs
+        self.pool = graph_pool(self.canvas.device, graphs)
+        self.step = GraphedStep(self._forward, pool=self.pool, enabled=graphs)
+        self.pair_step = GraphedStep(self._pair_forward, pool=self.pool, enabled=graphs)
 
     def finish(self, start: int, end: int) -> None:
         """Block [start, end) is finished: cache its final keys/values (SDAR's "store" pass), now or,
-        with `FOLD_STORE`, as part of the next block's first step."""
+        with `speed.fold_store`, as part of the next block's first step."""
         if self.pending >= 0:  # the block after a pending store took no step: store that one alone
             prev, self.pending = self.pending, -1
             self._run(prev, prev + self.block)
-        if FOLD_STORE and self.static is not None:
+        if self.speed.fold_store and self.static is not None:
             self.pending = start
             return
         _, kv = self._run(start, end, keep=True)

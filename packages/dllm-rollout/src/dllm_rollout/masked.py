@@ -84,7 +84,7 @@ class _BlockLogits:
         self.full: KVCache | None = None  # the canvas-wide cache, as the full forward writes it
         self.past: KVCache | None = None  # the same tensors, as the current block's cached steps write them
         self.lo = -1
-        self.pool = graph_pool(canvas.device)  # one memory pool for the cached steps' graphs
+        self.pool = graph_pool(canvas.device, cfg.speed.cuda_graphs)  # one memory pool for the cached steps' graphs
         self.steps: dict[int, GraphedStep] = {}  # window width -> its cached step
         self.write: dict[int, torch.Tensor] = {}  # window width -> its write columns
 
@@ -128,7 +128,7 @@ class _BlockLogits:
                 self.lo = lo
             return logits
         if hi - lo not in self.steps:
-            self.steps[hi - lo] = GraphedStep(self._cached_forward, pool=self.pool)
+            self.steps[hi - lo] = GraphedStep(self._cached_forward, pool=self.pool, enabled=self.cfg.speed.cuda_graphs)
         window: torch.Tensor = self.steps[hi - lo](c[:, lo:hi], self.pos[:, lo:hi])
         return window
 
@@ -203,7 +203,7 @@ def decode_masked(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
                 # LLaDA's confidences read the raw logits; Dream's read softmax(filtered)
                 x0, conf, logp = propose_scored(logits, remasking=cfg.remasking, temperature=cfg.temperature,
                                                 top_k=cfg.top_k, top_p=cfg.top_p, noise=noise, active=active,
-                                                mask_id=mask_id)
+                                                mask_id=mask_id, fused=cfg.speed.fused_sampling)
                 k = _quota(cfg, still, step, spb, quota)
                 if cfg.remasking == "origin" and cfg.threshold is None:
                     reveal = float(_dream_ratio(step, spb)) if step < spb - 1 else 1.0

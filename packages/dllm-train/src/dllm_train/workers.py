@@ -82,7 +82,9 @@ class RolloutWorker:
     def generate(self, prompts: Sequence[Sequence[int]], seeds: torch.Tensor) -> RolloutBatch:
         """Decode `prompts` with one seed per sample (the seeds make every sample replayable)."""
         from dllm_rollout.batch import concat_batches
+        from dllm_rollout.graphs import capture_failures
 
+        failures = capture_failures()
         was_training = self.model.training
         self.model.eval()
         device = next(self.model.parameters()).device
@@ -105,6 +107,8 @@ class RolloutWorker:
 
                     parts.append(decode(self.model, ids, mask, s, self.sampling, self.ref_model))
         self.model.train(was_training)
+        # a CUDA-graph capture that failed ran its step eagerly (slower, same samples): counted, not silent
+        self.last_metrics = {"graph_capture_failures": float(capture_failures() - failures)}
         if len(parts) == 1:
             return parts[0]
         return concat_batches(parts, pad_id=int(traits.pad_token_id), mask_id=int(traits.mask_token_id))
