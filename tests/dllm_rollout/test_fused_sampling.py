@@ -93,12 +93,15 @@ DECODES: list[tuple[str, dict[str, Any]]] = [
 ]
 
 
-def check_decodes(device: str) -> None:
-    """Whole tiny decodes with the kernel on and off: the same tokens and step log-probs."""
+def check_decodes(device: str, model_kernels: Any = None) -> None:
+    """Whole tiny decodes with the kernel on and off: the same tokens and step log-probs (the models
+    run with `model_kernels`, a `KernelConfig`; None: their default)."""
     from tests.dllm_models.tiny_configs import build_tiny
 
     for family, kwargs in DECODES:
         model = build_tiny(family).to(device)
+        if model_kernels is not None:
+            model.kernels = model_kernels
         bl = int(getattr(model, "traits").block_length or 8)
         out = []
         for fused in (True, False):
@@ -112,9 +115,10 @@ def check_decodes(device: str) -> None:
 # float32 only on CPU: the interpreter rounds float32 -> bfloat16 by truncation, the GPU to nearest even
 _INTERPRETED = """
 import torch
+from dllm_models.layers import KernelConfig
 from tests.dllm_rollout import test_fused_sampling as t
 t.check_against_unfused('cpu', torch.float32)
-t.check_decodes('cpu')
+t.check_decodes('cpu', KernelConfig(fused=False))
 print('ok')
 """
 
@@ -123,7 +127,7 @@ print('ok')
 def test_fused_draw_in_interpreter_mode() -> None:
     """The kernel itself (Triton interpreter on CPU; the models' own kernels off) == the unfused path."""
     pytest.importorskip("triton")
-    env = dict(os.environ, TRITON_INTERPRET="1", DLLM_FUSED_KERNELS="0", PYTHONPATH=str(ROOT))
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
     done = subprocess.run([sys.executable, "-c", _INTERPRETED], env=env, cwd=ROOT, timeout=900,
                           capture_output=True, text=True)
     assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-3000:]

@@ -41,7 +41,7 @@ from dllm_rollout.batch import RolloutBatch, decoded_batch, stop_positions
 from dllm_rollout.config import SamplingConfig, SpeedConfig
 from dllm_rollout.editing import EDITS, rows_to_step, step_edits, still_open
 from dllm_rollout.graphs import GraphedStep, graph_pool
-from dllm_rollout.head import block_forward, head_columns
+from dllm_rollout.head import block_forward
 from dllm_rollout.static_cache import StaticBlockCache
 from dllm_rollout.masked import transfer_quota
 from dllm_rollout.noise import RowNoise
@@ -288,8 +288,8 @@ class _CachedBlocks:
     def _pair_forward(self, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """[finished block ; next block]: writes both blocks' keys/values, logits of the next one."""
         assert self.static is not None
-        with head_columns(self.model, self.head):
-            logits: torch.Tensor = self.model(ids, position_ids=pos, past_key_values=self.static.pair).logits
+        logits: torch.Tensor = self.model(ids, position_ids=pos, past_key_values=self.static.pair,
+                                          logit_columns=self.head).logits
         return logits
 
     def setup(self, start: int, end: int) -> int:

@@ -21,7 +21,7 @@ import torch
 
 from dllm_models import BaseWeightsView, merged_adapters
 from dllm_rollout import RolloutBatch, SamplingConfig, left_pad
-from dllm_train.algorithm import LossInputs, RLAlgorithm, RLBatch, SpecialTokens
+from dllm_train.algorithm import LossInputs, Prepared, RLAlgorithm, RLBatch, SpecialTokens
 from dllm_train.config import OptimConfig
 from dllm_train.likelihood import Scorer
 from dllm_train.minibatch import mean_metrics, mini_batches
@@ -193,27 +193,6 @@ class RewardWorker:
                     continue
                 out[i, k] = self.reward_fn(self._text(rollout.step_x0[i, k].tolist(), keep), answers[i])
         return out
-
-
-@dataclass(frozen=True)
-class Prepared(Generic[D]):
-    """A batch ready for the update: the algorithm's data, old and reference values.
-
-    Attributes:
-        batch: the rollout and rewards.
-        data: what `RLAlgorithm.prepare` derived.
-        old: per update iteration, the values under the rollout policy (None: not needed, or
-            taken from the training pass on-policy).
-        old_outputs: the raw scorer outputs of iteration 0's old pass, reused by the update of
-            a non-row-local loss as its value pass (the weights have not moved since).
-        ref: per update iteration, the values under the reference model.
-    """
-
-    batch: RLBatch
-    data: D
-    old: list[torch.Tensor] | None = None
-    old_outputs: list[torch.Tensor] | None = None
-    ref: list[torch.Tensor] | None = None
 
 
 class ReferenceWorker:

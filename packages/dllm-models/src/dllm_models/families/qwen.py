@@ -70,7 +70,7 @@ class QwenAttention(nn.Module):
         new_kv = (k, v)
         if past is not None:
             k, v = past.join(k, v)
-        att = attend(q, k, v, mask, backend=backend).transpose(1, 2).reshape(b, n, -1)
+        att = attend(q, k, v, mask, backend=backend, kernels=kernels).transpose(1, 2).reshape(b, n, -1)
         out: torch.Tensor = self.o_proj(att)
         return out, new_kv
 
@@ -160,6 +160,7 @@ class QwenStyleLM(HeadedDiffusionLM):
         past_key_values: KVCache | None = None,
         use_cache: bool = False,
         attention: AttentionMask | None = None,
+        attention_backend: str | None = None,
     ) -> tuple[torch.Tensor, KVCache | None]:
         """(final hidden states [B, L, H] after the final norm, KVCache of this call or None)."""
         mask, position_ids = attention_inputs(
@@ -168,7 +169,8 @@ class QwenStyleLM(HeadedDiffusionLM):
         cos, sin = rope_cos_sin(position_ids, self.rotary_dim, self.rope_theta)
         x = self.model.embed_tokens(input_ids)
         x, cache = run_layers(
-            self, self.model.layers, x, cos, sin, mask, past_key_values, use_cache, attention_mask
+            self, self.model.layers, x, cos, sin, mask, past_key_values, use_cache, attention_mask,
+            backend=attention_backend,
         )
         hidden: torch.Tensor = self.model.norm(x, self.kernels)
         return hidden, cache
