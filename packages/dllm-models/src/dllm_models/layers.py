@@ -81,6 +81,21 @@ class KernelConfig:
         return self.fused and runs_on(x)
 
 
+def set_kernels(model: nn.Module, kernels: KernelConfig) -> nn.Module:
+    """Make `model` (a dllm_models family) run with `kernels` from now on; returns it.
+
+    Raises:
+        TypeError: `model` is not a family (it has no `kernels` to set) or `kernels` is no KernelConfig.
+    """
+    if not isinstance(kernels, KernelConfig):
+        raise TypeError(f"kernels must be a dllm_models.KernelConfig, got {type(kernels).__name__}")
+    if not isinstance(getattr(model, "kernels", None), KernelConfig):
+        raise TypeError(f"{type(model).__name__} is not a dllm_models family (it has no `kernels`); "
+                        "build it with dllm_models.load_model or build_model")
+    setattr(model, "kernels", kernels)
+    return model
+
+
 PLAIN = KernelConfig(fused=False)
 """The plain PyTorch path for the elementwise ops (the default of every layer called on its own)."""
 
