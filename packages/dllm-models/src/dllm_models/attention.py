@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from dllm_models.kernels.decode_attention import decode_attention, decode_attention_fits, visible_span
 from dllm_models.layers import KernelConfig
-from dllm_models.mask import AttentionMask, _limit_mask, bd3lm_mask
+from dllm_models.mask import AttentionMask, bd3lm_mask, key_limit_mask
 
 __all__ = ["BACKENDS", "AttentionFn", "AttentionMask", "attend", "available_backends", "bd3lm_mask"]
 
@@ -85,7 +85,7 @@ def _sdpa_grouped(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Atten
     # [B, 1, 1, Lk] or None: the key padding, the same for every query of a row
     dense = None if mask.key_padding is None else mask.key_padding[:, None, None, -k.shape[2]:].to(q.device, torch.bool)
     if mask.key_limit is not None:  # [1, 1, n_rep * Lq, Lk]
-        limit = _limit_mask(mask.key_limit[-lq:].repeat(hq // hkv), k.shape[2], q.device)[None, None]
+        limit = key_limit_mask(mask.key_limit[-lq:].repeat(hq // hkv), k.shape[2], q.device)[None, None]
         dense = limit if dense is None else (dense & limit)
     out = F.scaled_dot_product_attention(folded, k, v, attn_mask=dense, is_causal=False)
     return out.reshape(b, hq, lq, d)

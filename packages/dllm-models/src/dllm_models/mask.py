@@ -103,12 +103,12 @@ class AttentionMask:
                 rule = (kc & ((qc & (kb <= qb)) | (~qc & (kb < qb)))) | (~kc & ~qc & same)
             mask = rule[:, None] if mask is None else (mask & rule[:, None])
         if self.key_limit is not None:
-            limit = _limit_mask(self.key_limit[-q_len:], k_len, device)[None, None]
+            limit = key_limit_mask(self.key_limit[-q_len:], k_len, device)[None, None]
             mask = limit if mask is None else (mask & limit)
         return mask
 
 
-def _limit_mask(key_limit: torch.Tensor, k_len: int, device: torch.device) -> torch.Tensor:
+def key_limit_mask(key_limit: torch.Tensor, k_len: int, device: torch.device) -> torch.Tensor:
     """bool [Lq, Lk]: key position j < key_limit[i]."""
     return torch.arange(k_len, device=device)[None, :] < key_limit.to(device)[:, None]
 
@@ -169,3 +169,6 @@ def bd3lm_mask(
         is_clean=torch.cat(clean)[None],
         copy_ids=torch.cat(copy)[None] if copies is not None else None,
     )
+
+
+__all__ = ["AttentionMask", "bd3lm_mask", "key_limit_mask"]

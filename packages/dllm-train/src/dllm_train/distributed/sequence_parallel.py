@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from dllm_models.attention import BACKENDS, AttentionMask
-from dllm_models.layers import KernelConfig, positions_from_mask
+from dllm_models.layers import DEFAULT_KERNELS, KernelConfig, positions_from_mask
 from dllm_train.likelihood import Scorer, logp_of_targets
 
 _counter = itertools.count()
@@ -162,7 +162,7 @@ def register_ulysses_backend(group: dist.ProcessGroup | None, inner: str) -> str
     name = f"ulysses{next(_counter)}:{inner}"
 
     def fn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask,
-           kernels: KernelConfig = KernelConfig()) -> torch.Tensor:
+           kernels: KernelConfig = DEFAULT_KERNELS) -> torch.Tensor:
         return ulysses_attention(q, k, v, mask, inner=inner, group=group, kernels=kernels)
 
     BACKENDS[name] = fn
