@@ -141,3 +141,17 @@ def test_a_block_model_decodes_a_preset_on_its_own_block_grid() -> None:
         for_model(SamplingConfig(max_new_tokens=256, steps=256, block_length=8, cache="dual"), 32)
     same_grid = for_model(SamplingConfig(max_new_tokens=256, steps=256, block_length=32), 32)
     assert (same_grid.steps, same_grid.cache, same_grid.block_diffusion) == (256, None, True)
+
+
+def test_opencompass_model_names_and_configs_carry_the_speed_section() -> None:
+    """The speed switches never change a sample, so they do not rename an OpenCompass model; the decoding
+    dict written into its config (with `speed`) reads back to the same SamplingConfig."""
+    import dataclasses
+
+    from dllm_eval.opencompass.configs import model_abbr
+    from dllm_rollout import SamplingConfig, SpeedConfig, configure
+
+    base = SamplingConfig(max_new_tokens=8, steps=8, block_length=8)
+    slow = dataclasses.replace(base, speed=SpeedConfig(cuda_graphs=False, retire_rows=0))
+    assert model_abbr("/ckpt/m", slow) == model_abbr("/ckpt/m", base) == "m_L8_S8_B8_T0"
+    assert configure(None, **dataclasses.asdict(slow)) == slow

@@ -399,3 +399,16 @@ def test_kernel_config_defaults_and_bad_values() -> None:
                        ({"flex_kernel_options": (("BLOCK_M",),)}, r"kernels\.flex_kernel_options must be")):
         with pytest.raises(ValueError, match=match):
             KernelConfig(**bad)  # type: ignore[arg-type]
+
+
+def test_set_kernels_takes_a_family_and_a_kernel_config() -> None:
+    from dllm_models import KernelConfig, set_kernels
+    from tests.dllm_models.tiny_configs import build_tiny
+
+    model = build_tiny("llada")
+    assert set_kernels(model, KernelConfig(decode_splits=2)) is model
+    assert model.kernels == KernelConfig(decode_splits=2)
+    with pytest.raises(TypeError, match="is not a dllm_models family"):
+        set_kernels(torch.nn.Linear(2, 2), KernelConfig())
+    with pytest.raises(TypeError, match="kernels must be a dllm_models.KernelConfig"):
+        set_kernels(model, {"fused": False})  # type: ignore[arg-type]

@@ -73,7 +73,7 @@ def model_abbr(checkpoint: str | Path, decoding: SamplingConfig) -> str:
     for f in dataclasses.fields(decoding):  # any other setting that differs from its default
         value = getattr(decoding, f.name)
         default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-        if f.name not in named and value != default:
+        if f.name not in named and f.name != "speed" and value != default:  # speed: never what is sampled
             abbr += f"_{f.name}{value}"
     return abbr
 
