@@ -37,13 +37,14 @@ def _spy_captures(monkeypatch: pytest.MonkeyPatch) -> list[GraphedStep]:
     return captured
 
 
-def _decode_both(monkeypatch: pytest.MonkeyPatch, model: torch.nn.Module, **kwargs: Any) -> tuple[Any, Any, int]:
+def _decode_both(monkeypatch: pytest.MonkeyPatch, model: torch.nn.Module, **kwargs: Any) -> tuple[Any, Any, int, int]:
+    """Graphed and eager decodes, the captures and the failed captures of the graphed one."""
     captured = _spy_captures(monkeypatch)
     failures = graphs.capture_failures()
     graphed = generate(model, PROMPTS, seed=4, record_trajectory=True, speed=SpeedConfig(cuda_graphs=True), **kwargs)
+    failed = graphs.capture_failures() - failures
     eager = generate(model, PROMPTS, seed=4, record_trajectory=True, speed=SpeedConfig(cuda_graphs=False), **kwargs)
-    assert graphs.capture_failures() == failures
-    return graphed, eager, len(captured)
+    return graphed, eager, len(captured), failed
 
 
 @pytest.mark.parametrize("family", ["llada", "Dream"])
@@ -52,10 +53,10 @@ def _decode_both(monkeypatch: pytest.MonkeyPatch, model: torch.nn.Module, **kwar
 def test_masked_steps_replay_as_graphs(monkeypatch: pytest.MonkeyPatch, family: str, cache: str | None,
                                        temperature: float) -> None:
     model = _cuda_model(family)
-    graphed, eager, captures = _decode_both(monkeypatch, model, max_new_tokens=16, steps=8, block_length=8,
-                                            cache=cache, temperature=temperature, top_k=20)
+    graphed, eager, captures, failed = _decode_both(monkeypatch, model, max_new_tokens=16, steps=8, block_length=8,
+                                                    cache=cache, temperature=temperature, top_k=20)
     # no cache: eager full forwards; dual: one graph; prefix: one per block width
-    assert captures == {None: 0, "dual": 1, "prefix": 2}[cache]
+    assert captures == {None: 0, "dual": 1, "prefix": 2}[cache] and failed == 0
     assert torch.equal(graphed.response_ids, eager.response_ids)
     torch.testing.assert_close(graphed.step_logp, eager.step_logp, rtol=0, atol=1e-4)
 
@@ -64,10 +65,13 @@ def test_masked_steps_replay_as_graphs(monkeypatch: pytest.MonkeyPatch, family: 
 def test_block_steps_replay_as_graphs(monkeypatch: pytest.MonkeyPatch, family: str) -> None:
     model = _cuda_model(family)
     bl = int(model.traits.block_length)  # type: ignore[union-attr]
-    graphed, eager, captures = _decode_both(monkeypatch, model, max_new_tokens=3 * bl, steps=bl, block_length=bl,
-                                            cache="prefix", temperature=1.0, top_k=20)
+    graphed, eager, captures, failed = _decode_both(monkeypatch, model, max_new_tokens=3 * bl, steps=bl,
+                                                    block_length=bl, cache="prefix", temperature=1.0, top_k=20)
     if family == "sdar":
         assert captures == 2  # the block step, and the two-block step that folds a finished block's store pass
+        assert failed == 0
+    else:  # a capture that failed (MoE routing reads back to the host) ran eagerly and was counted
+        assert captures + failed == 2, (captures, failed)
     assert torch.equal(graphed.response_ids, eager.response_ids)
     torch.testing.assert_close(graphed.step_logp, eager.step_logp, rtol=0, atol=1e-4)
 
