@@ -19,8 +19,9 @@ from dllm_models.kernels import runs_on
 
 @dataclass(frozen=True, kw_only=True)
 class KernelConfig:
-    """How a model's forward runs on the GPU: which kernels, tuned how. Never what it computes: every
-    switch gives the same function (tests compare both settings), up to floating-point rounding.
+    """How a model's forward runs on the GPU: which kernels, tuned how (never what it computes).
+
+    Every switch gives the same function (tests compare both settings), up to floating-point rounding.
 
     A model holds one (`model.kernels`, set from the run config) and passes it down its forward to
     every layer and attention call; nothing is read from the environment.

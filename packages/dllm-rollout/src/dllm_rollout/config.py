@@ -18,8 +18,10 @@ ENGINES = ("native", "lmdeploy")
 
 @dataclass(frozen=True, kw_only=True)
 class SpeedConfig:
-    """How the native decoder runs, not what it computes: every switch leaves the samples unchanged
-    (up to the rounding of a GEMM at another batch size; tests compare both settings).
+    """How the native decoder runs (never what it samples).
+
+    Every switch leaves the samples unchanged, up to the rounding of a GEMM at another batch size
+    (tests compare both settings).
 
     Attributes:
         cuda_graphs: cached decoding steps replay as CUDA graphs (`graphs.GraphedStep`; CUDA only).
