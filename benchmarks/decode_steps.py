@@ -20,6 +20,7 @@ Random bf16 weights at the released shapes (benchmarks/configs), batch 64, 256-t
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -35,7 +36,7 @@ sys.path.insert(0, str(HERE))
 
 from rollout_bench import _model  # noqa: E402
 
-from dllm_rollout import SamplingConfig, decode, fast, sampling  # noqa: E402
+from dllm_rollout import SamplingConfig, SpeedConfig, decode  # noqa: E402
 from dllm_rollout.block import grid_canvas  # noqa: E402
 from dllm_rollout.head import block_forward  # noqa: E402
 
@@ -65,13 +66,10 @@ def _decode_both(model: Any, ids: torch.Tensor, mask: torch.Tensor, cfg: Samplin
     out: dict[str, float] = {}
     tokens = {}
     for name, graphs, fused in VARIANTS:
-        fast.CUDA_GRAPHS, sampling.FUSED_SAMPLING = graphs, fused
-        try:
-            decode(model, ids, mask, seeds, cfg)  # warm-up: kernels, autotune, allocator
-            holder: dict[str, Any] = {}
-            out[name] = _wall(lambda: holder.update(batch=decode(model, ids, mask, seeds, cfg)), device)
-        finally:
-            fast.CUDA_GRAPHS, sampling.FUSED_SAMPLING = True, True
+        run = dataclasses.replace(cfg, speed=SpeedConfig(cuda_graphs=graphs, fused_sampling=fused))
+        decode(model, ids, mask, seeds, run)  # warm-up: kernels, autotune, allocator
+        holder: dict[str, Any] = {}
+        out[name] = _wall(lambda: holder.update(batch=decode(model, ids, mask, seeds, run)), device)
         tokens[name] = holder["batch"].response_ids
     first, unfused, eager = (tokens[name] for name, _, _ in VARIANTS)
     if not torch.equal(first, eager):

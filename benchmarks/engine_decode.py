@@ -9,7 +9,7 @@ run); lmdeploy runs through `dllm_rollout.engines.LMDeployEngine` (the adapter `
 Printed per (rows, new tokens): seconds, tokens/s, native / lmdeploy, and the greedy agreement
 (share of response tokens equal, and the mean length of the common prefix).
 Engines: `native` and its switched variants (`SWITCHES`: `native_nofold`, `native_sdpa`, `native_keep`,
-`native_chain`, `native_span`, `native_fused`, `native_split2`, `native_all`), `native_lora` /
+`native_nospan`, `native_split2`: config values, not module attributes), `native_lora` /
 `native_lora_unmerged`, `lmdeploy`: several variants in one process, each on a fresh load of the folder.
 `--stop-token auto` (or ids) measures rows that stop at different lengths, as a trained model's do:
 random weights almost never emit the real EOS, so tokens the random model does emit play the stop
@@ -41,8 +41,6 @@ import gc
 import json
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -130,57 +128,17 @@ def pick_stop_tokens(responses: list[list[int]], mean: float, most: int = 64) ->
                            "rows_stopping": round(sum(e < n for e in ends) / len(ends), 3)}
 
 
-# the decoder's switches per engine name: module attribute -> value for that run (the defaults otherwise)
-SWITCHES: dict[str, dict[str, Any]] = {
+# the switches of each native variant, as config values: `speed` fields of the rollout's `SpeedConfig`,
+# `kernels` fields of the model's `KernelConfig` (the defaults otherwise)
+SWITCHES: dict[str, dict[str, dict[str, Any]]] = {
     "native": {},
-    "native_sdpa": {"dllm_models.attention.DECODE_KERNEL": False},      # dense-mask sdpa, no decode kernel
-    "native_nofold": {"dllm_rollout.block.FOLD_STORE": False},          # a separate store pass per block
-    "native_keep": {"dllm_rollout.block.RETIRE_ROWS": 0},               # finished rows stay in the batch
-    "native_chain": {"dllm_rollout.block.CHAIN_STEPS": True},           # whole-step graphs
-    "native_span": {"dllm_models.attention.DECODE_SPAN": True},         # the kernel walks visible tiles only
-    "native_fused": {"dllm_models.fusion.FUSED_PROJECTIONS": True},     # q/k/v and gate/up as one GEMM each
-    "native_split2": {"dllm_models.kernels.decode_attention.SPLITS": 2},
-    "native_all": {"dllm_rollout.block.CHAIN_STEPS": True, "dllm_models.attention.DECODE_SPAN": True,
-                   "dllm_models.fusion.FUSED_PROJECTIONS": True},
+    "native_sdpa": {"kernels": {"decode_attention": False}},  # dense-mask sdpa, no decode kernel
+    "native_nofold": {"speed": {"fold_store": False}},        # a separate store pass per block
+    "native_keep": {"speed": {"retire_rows": 0}},             # finished rows stay in the batch
+    "native_nospan": {"kernels": {"decode_span": False}},     # the kernel walks every tile, skipping hidden ones
+    "native_split2": {"kernels": {"decode_splits": 2}},
     "native_lora": {}, "native_lora_unmerged": {},
 }
-
-
-@contextmanager
-def switched(values: dict[str, Any]) -> Iterator[None]:
-    """Set module attributes ("package.module.NAME": value) for the block, then restore them."""
-    import importlib
-
-    old = []
-    for path, value in values.items():
-        mod, name = path.rsplit(".", 1)
-        module = importlib.import_module(mod)
-        old.append((module, name, getattr(module, name)))
-        setattr(module, name, value)
-    try:
-        yield
-    finally:
-        for module, name, value in reversed(old):
-            setattr(module, name, value)
-
-
-def native(folder: Path, prompts: list[list[int]], new: int, device: str, *, lora: str = "",
-           switches: dict[str, Any] | None = None, stop_tokens: tuple[int, ...] = (),
-           threshold: float | None = None, stats: dict[str, Any] | None = None) -> tuple[float, list[list[int]]]:
-    """Seconds and responses of the native decoder (after one warm-up call on 2 rows).
-
-    `switches`: the decoder's module switches for this run (`SWITCHES[engine]`).
-    `threshold`: DARE's threshold rule at this threshold (`threshold_settings`); `stats` then receives
-    `response_tokens_per_step`, the mean tokens a row commits per denoising step.
-    `stop_tokens`: rows stop after the block holding one of them (`stop_at_eos` with them as the
-    model's stop ids); the responses are then cut after the first.
-    `lora="merged"`: rank-64 adapters (non-zero B) decoded through the rollout worker (`dare train`'s
-    path, adapters folded in); `lora="unmerged"`: the same model through `generate` (adapters applied
-    at every call: the worker's path before).
-    """
-    with switched(switches or {}):
-        return _native(folder, prompts, new, device, lora=lora, stop_tokens=stop_tokens, threshold=threshold,
-                       stats=stats)
 
 
 def threshold_settings(threshold: float | None) -> dict[str, Any]:
@@ -190,21 +148,35 @@ def threshold_settings(threshold: float | None) -> dict[str, Any]:
     return {"remasking": "low_confidence_dynamic", "threshold": threshold}
 
 
-def _native(folder: Path, prompts: list[list[int]], new: int, device: str, *, lora: str,
-            stop_tokens: tuple[int, ...], threshold: float | None = None,
-            stats: dict[str, Any] | None = None) -> tuple[float, list[list[int]]]:
+def native(folder: Path, prompts: list[list[int]], new: int, device: str, *, lora: str = "",
+           switches: dict[str, Any] | None = None, stop_tokens: tuple[int, ...] = (),
+           threshold: float | None = None, stats: dict[str, Any] | None = None) -> tuple[float, list[list[int]]]:
+    """Seconds and responses of the native decoder (after one warm-up call on 2 rows).
+
+    `switches`: the variant's config values for this run (`SWITCHES[engine]`).
+    `threshold`: DARE's threshold rule at this threshold (`threshold_settings`); `stats` then receives
+    `response_tokens_per_step`, the mean tokens a row commits per denoising step.
+    `stop_tokens`: rows stop after the block holding one of them (`stop_at_eos` with them as the
+    model's stop ids); the responses are then cut after the first.
+    `lora="merged"`: rank-64 adapters (non-zero B) decoded through the rollout worker (`dare train`'s
+    path, adapters folded in); `lora="unmerged"`: the same model through `generate` (adapters applied
+    at every call: the worker's path before).
+    """
+    import dataclasses
+
     from dllm_models import apply_lora, load_model
-    from dllm_rollout import SamplingConfig, generate
+    from dllm_rollout import SamplingConfig, SpeedConfig, generate
     from dllm_train.workers import RolloutWorker
 
+    switches = switches or {}
     model = load_model(folder, dtype=torch.bfloat16, device=device).eval()
+    model.kernels = dataclasses.replace(model.kernels, **switches.get("kernels", {}))
     kw: dict[str, Any] = dict(max_new_tokens=new, steps=4, block_length=4, temperature=0.0, cache="prefix",
-                              stop_at_eos=False, **threshold_settings(threshold))
+                              stop_at_eos=False, speed=SpeedConfig(**switches.get("speed", {})),
+                              **threshold_settings(threshold))
     if threshold is not None:
         kw["record_trajectory"] = True  # the steps each row took (response_tokens_per_step)
     if stop_tokens:
-        import dataclasses
-
         from dllm_models import generation_stop_ids
 
         # lmdeploy stops at the folder's EOS ids as well (it adds them to every request): so does native here

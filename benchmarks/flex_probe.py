@@ -15,6 +15,7 @@ import torch
 
 from dllm_models import flex
 from dllm_models.attention import AttentionMask, attend, bd3lm_mask
+from dllm_models.layers import KernelConfig
 
 OPTIONS: list[dict[str, Any] | None] = [
     None,
@@ -25,22 +26,23 @@ OPTIONS: list[dict[str, Any] | None] = [
 ]
 
 
-def _reset(options: dict[str, Any] | None) -> None:
-    flex.KERNEL_OPTIONS = options
+def _reset(options: dict[str, Any] | None) -> KernelConfig:
+    """Fresh compilation, and the kernels that hand `options` to the flex backend."""
     flex._compiled_flex.cache_clear()
     torch._dynamo.reset()
+    return KernelConfig(flex_kernel_options=None if options is None else tuple(options.items()))
 
 
 def small_bd3lm(options: dict[str, Any] | None) -> str:
     """The unit test's case: BD3LM lengths 13, 4, 22 (78 positions), 8 q / 2 kv heads, d 64, bf16."""
-    _reset(options)
+    kernels = _reset(options)
     m = bd3lm_mask([13, 4, 22], block_size=4, device="cuda")
     g = torch.Generator(device="cuda").manual_seed(0)
     q = torch.randn(1, 8, 78, 64, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_(True)
     k = torch.randn(1, 2, 78, 64, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_(True)
     v = torch.randn(1, 2, 78, 64, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_(True)
     try:
-        out = attend(q, k, v, m, backend="flex")
+        out = attend(q, k, v, m, backend="flex", kernels=kernels)
         out.float().square().sum().backward()
         ref = attend(q.detach(), k.detach(), v.detach(), m, backend="sdpa")
         return f"ok (max |flex - sdpa| {float((out - ref).abs().max()):.3g})"
@@ -52,7 +54,7 @@ def small_bd3lm(options: dict[str, Any] | None) -> str:
 def sdar_block_causal(options: dict[str, Any] | None) -> str:
     """Attention alone at SDAR-8B's training shape: 32 q / 8 kv heads, d 128, packed block-causal
     rows of the benchmark's 8 lengths (4259 tokens), block 4; fwd + bwd ms."""
-    _reset(options)
+    kernels = _reset(options)
     lengths = [1024, 811, 640, 533, 421, 356, 270, 204]
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
     blocks = torch.cat([torch.arange(n) // 4 for n in lengths])[None].cuda()
@@ -64,11 +66,11 @@ def sdar_block_causal(options: dict[str, Any] | None) -> str:
     v = torch.randn(1, 8, t, 128, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_(True)
     try:
         for _ in range(3):
-            attend(q, k, v, m, backend="flex").sum().backward()
+            attend(q, k, v, m, backend="flex", kernels=kernels).sum().backward()
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         for _ in range(20):
-            attend(q, k, v, m, backend="flex").sum().backward()
+            attend(q, k, v, m, backend="flex", kernels=kernels).sum().backward()
         torch.cuda.synchronize()
         ms = (time.perf_counter() - t0) / 20 * 1e3
         pairs = sum(n * (n // 4 * 4 + 4) / 2 for n in lengths)  # ~ allowed pairs of block-causal rows

@@ -168,11 +168,9 @@ def decode_floor(cfg: Any, prompt_lens: Sequence[int], shape: Shape, hw: Hardwar
 
         if cfg.cache == "prefix":
             forward(sum(f * bl for f in full), sum(block_pairs(0, f * bl, bl) for f in full), 0)  # prompt blocks
-        # with `FOLD_STORE` a finished block's store pass is part of the next block's first forward,
+        # with `speed.fold_store` a finished block's store pass is part of the next block's first forward,
         # except the first block's when no row has a full prompt block (that store creates the cache)
-        import dllm_rollout.block as block_decoder
-
-        fold = block_decoder.FOLD_STORE and cfg.cache == "prefix"
+        fold = cfg.speed.fold_store and cfg.cache == "prefix"
         pending: tuple[int, int] | None = None  # (pairs, cache reads) of a store pass to fold
         for d in range(decode_blocks):
             masks = [bl - t if d == 0 else bl for t in tails]  # the canvas past the response is denoised too

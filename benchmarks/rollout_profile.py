@@ -27,7 +27,7 @@ sys.path.insert(0, str(HERE))
 
 from rollout_bench import _model  # noqa: E402
 
-from dllm_rollout import SamplingConfig, decode, sampling  # noqa: E402
+from dllm_rollout import SamplingConfig, SpeedConfig, decode  # noqa: E402
 from dllm_rollout.block import grid_canvas  # noqa: E402
 from dllm_rollout.noise import RowNoise  # noqa: E402
 from dllm_rollout.sampling import propose_scored, select  # noqa: E402
@@ -102,13 +102,9 @@ def _parts(model: Any, ids: torch.Tensor, attn: torch.Tensor, pos: torch.Tensor,
                                               ("maskgit_plus", 1.0, 50)):
             for fused in (True, False):
                 def sample() -> None:
-                    sampling.FUSED_SAMPLING = fused
-                    try:
-                        _, conf, _ = propose_scored(logits, remasking=remasking, temperature=temperature,
-                                                    top_k=top_k, top_p=None, noise=noise, active=active, mask_id=0)
-                        select(conf, still, k)
-                    finally:
-                        sampling.FUSED_SAMPLING = True
+                    _, conf, _ = propose_scored(logits, remasking=remasking, temperature=temperature, top_k=top_k,
+                                                top_p=None, noise=noise, active=active, mask_id=0, fused=fused)
+                    select(conf, still, k)
 
                 kind = "fused" if fused else "unfused"
                 out[f"{tag} propose_scored+select ({remasking}, T={temperature}, top-k {top_k}, {kind})"] = _time(
@@ -155,7 +151,7 @@ def _sdar(args: argparse.Namespace, b: int, ids: torch.Tensor, mask: torch.Tenso
     from dllm_rollout.block import _CachedBlocks
 
     with torch.no_grad():
-        cb = _CachedBlocks(sdar, canvas, attn, pos, r0, 4)
+        cb = _CachedBlocks(sdar, canvas, attn, pos, r0, 4, SpeedConfig())
         cb.logits(s, e)  # first call on a new block: marks its columns, captures the graph
         times["sdar cached step: _CachedBlocks.logits (graph replay)"] = _time(lambda: cb.logits(s, e), device, reps=5)
         print(f"graph captured: {cb.step.graph is not None}, capture failed: {cb.step.failed}")

@@ -61,31 +61,26 @@ def test_dependencies_point_one_way(member: str) -> None:
     assert {k: v for k, v in bad.items() if v} == {}
 
 
-def _module_names(member: str) -> dict[str, Path]:
-    """Dotted module name -> file, for every module of a member (a package is its `__init__`)."""
+def _module_names(package: Path) -> dict[str, Path]:
+    """Dotted module name -> file, for every module of a package folder (a package is its `__init__`)."""
     out = {}
-    for p in _sources(member):
-        parts = list(p.relative_to(MEMBERS[member].parent).with_suffix("").parts)
+    for p in sorted(package.rglob("*.py")):
+        parts = list(p.relative_to(package.parent).with_suffix("").parts)
         out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = p
     return out
 
 
 def _internal_imports(name: str, path: Path, modules: dict[str, Path]) -> dict[str, int]:
-    """The member's modules that `name` imports at run time -> line of the first such import.
+    """The member's modules that `name` imports -> line of the first such import.
 
-    Counts module-level and function-local imports (a local import that dodges a cycle is still
-    one); skips `if TYPE_CHECKING:` blocks, which never run. `from pkg import x` names the module
-    `pkg.x` when there is one, else `pkg` itself.
+    Counts every import: module-level, function-local and under `if TYPE_CHECKING:` (a local or
+    typing-only import that dodges a cycle at run time still makes one between the concepts).
+    `from pkg import x` names the module `pkg.x` when there is one, else `pkg` itself.
     """
     tree = ast.parse(path.read_text())
-    typing_only = {id(n) for node in ast.walk(tree)
-                   if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
-                   for n in ast.walk(node)}
     package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
     found: dict[str, int] = {}
     for node in ast.walk(tree):
-        if id(node) in typing_only:
-            continue
         if isinstance(node, ast.Import):
             targets = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -101,9 +96,9 @@ def _internal_imports(name: str, path: Path, modules: dict[str, Path]) -> dict[s
     return found
 
 
-def _import_cycles(member: str) -> list[list[str]]:
-    """Strongly connected groups of more than one module in the member's import graph."""
-    modules = _module_names(member)
+def _import_cycles(package: Path) -> list[list[str]]:
+    """Strongly connected groups of more than one module in the import graph of a package folder."""
+    modules = _module_names(package)
     graph = {m: _internal_imports(m, p, modules) for m, p in modules.items()}
     index: dict[str, int] = {}
     low: dict[str, int] = {}
@@ -136,8 +131,75 @@ def _import_cycles(member: str) -> list[list[str]]:
 @pytest.mark.parametrize("member", sorted(MEMBERS))
 def test_no_import_cycles_inside_a_member(member: str) -> None:
     """Modules of a member import each other one way: what one module needs from another that
-    imports it back moves to a third module both import (as `response_mask` moved to batch.py)."""
-    assert _import_cycles(member) == []
+    imports it back moves to a third module both import (as `response_mask` moved to batch.py, the
+    mask spec to `dllm_models.mask`, `Prepared` beside `RLBatch`, the passes' scorer to a protocol).
+    Imports inside functions and under `if TYPE_CHECKING:` count."""
+    assert _import_cycles(MEMBERS[member]) == []
+
+
+@pytest.mark.parametrize("hidden", [
+    "def late():\n    from pkg import a\n",  # a function-level import
+    "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.a import thing\n",  # typing only
+])
+def test_a_hidden_import_that_closes_a_circle_is_found(tmp_path: Path, hidden: str) -> None:
+    """The cycle check sees the imports that dodge a circle at run time: `pkg.a` imports `pkg.b` at
+    the top, `pkg.b` imports `pkg.a` back inside a function or under TYPE_CHECKING."""
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from pkg.b import other\nthing = 1\n")
+    (pkg / "b.py").write_text(hidden + "other = 2\n")
+    cycles = _import_cycles(pkg)
+    assert len(cycles) == 1 and sorted(e.split(" (")[0] for e in cycles[0]) == ["pkg.a -> pkg.b", "pkg.b -> pkg.a"]
+    (pkg / "b.py").write_text("other = 2\n")
+    assert _import_cycles(pkg) == []
+
+
+ENVIRONMENT_READERS = {
+    "dllm-models/src/dllm_models/kernels/logsumexp.py":
+        "TRITON_INTERPRET, Triton's own switch: the kernels run on the CPU in its interpreter (tests)",
+    "dllm-train/src/dllm_train/distributed/fsdp.py":
+        "distributed launch variables (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE) that torch.distributed reads",
+    "dllm-train/src/dllm_train/metrics.py":
+        "wandb's own credentials and mode (WANDB_API_KEY, WANDB_MODE): offline logging without them",
+    "dllm-eval/src/dllm_eval/opencompass/driver.py":
+        "OpenCompass paths: where its separate uv project lives, and the child process's environment",
+    "dllm-eval/src/dllm_eval/opencompass/run.py":
+        "inside the OpenCompass process: offline switches for libraries that read them late",
+    "dllm-eval/src/dllm_eval/sandbox.py":
+        "the sandbox policy DLLM_SANDBOX_ISOLATION (a security policy of the host, not a setting of the run; "
+        "SandboxLimits.isolation overrides it)",
+}
+"""The library files allowed to touch `os.environ` / `os.getenv`, each with its reason. Settings of a run
+are typed config fields (`KernelConfig`, `SamplingConfig.speed`, ...), never environment variables."""
+
+
+def _environment_lines(path: Path) -> list[int]:
+    """Lines of `path` that read or write the process environment (`os.environ`, `os.getenv`, `environ[...]`)."""
+    tree = ast.parse(path.read_text())
+    return sorted({node.lineno for node in ast.walk(tree)
+                   if (isinstance(node, ast.Attribute) and node.attr in ("environ", "getenv", "putenv", "environb"))
+                   or (isinstance(node, ast.Name) and node.id in ("environ", "getenv"))})
+
+
+def test_libraries_read_no_environment_variables_outside_the_allowlist() -> None:
+    """No library reads a setting from the environment: every file of packages/*/src that touches it is in
+    `ENVIRONMENT_READERS` with its reason, and every entry there still needs to be (no stale allowance)."""
+    readers = {str(p.relative_to(ROOT / "packages")): _environment_lines(p)
+               for p in sorted((ROOT / "packages").glob("*/src/**/*.py"))}
+    readers = {k: v for k, v in readers.items() if v}
+    assert {k: v for k, v in readers.items() if k not in ENVIRONMENT_READERS} == {}
+    assert sorted(set(ENVIRONMENT_READERS) - set(readers)) == []
+
+
+def test_the_environment_check_sees_every_spelling(tmp_path: Path) -> None:
+    src = tmp_path / "m.py"
+    for code in ("import os\nx = os.environ.get('DLLM_X')\n", "import os\nx = os.getenv('DLLM_X')\n",
+                 "from os import environ\nx = environ['DLLM_X']\n", "from os import getenv\nx = getenv('A')\n"):
+        src.write_text(code)
+        assert _environment_lines(src) != [], code
+    src.write_text("x = 'environment'\n")
+    assert _environment_lines(src) == []
 
 
 @pytest.mark.parametrize("member", ["dllm_models", "dllm_rollout", "dllm_train"])

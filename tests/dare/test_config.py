@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -88,7 +89,7 @@ def test_a_run_has_only_the_sections_of_its_kind(tmp_path: Path) -> None:
                        ("llada-vrpo", {"checkpoint", "data", "preference", "preference_optim"})]:
         save_config(get_recipe(name), tmp_path / f"{name}.json")
         saved = json.loads((tmp_path / f"{name}.json").read_text())
-        assert set(saved) == {"recipe", "algorithm_name", "algorithm", "rollout", "trainer", *keys}, name
+        assert set(saved) == {"recipe", "algorithm_name", "algorithm", "rollout", "kernels", "trainer", *keys}, name
     with pytest.raises(ValueError, match="config key 'preference.pairs_per_step': recipe 'llada-d1' is an RL "
                                          "recipe, which has no 'preference' section"):
         apply_overrides(get_recipe("llada-d1"), ["preference.pairs_per_step=8"])
@@ -158,9 +159,17 @@ def test_show_and_train_help_list_every_field_with_its_value_and_doc(capsys: pyt
     assert "learning rate" in lines["rl_optim.lr"] and "5e-07" in lines["rl_optim.lr"]
     assert "number of optimizer steps" in lines["trainer.max_steps"]
     cfg = to_dict(apply_overrides(get_recipe("llada-bgpo"), ["algorithm.mc_num=4"]))
-    flat = {f"{s}.{k}" for s, v in cfg.items() if isinstance(v, dict) for k in v} | {k for k, v in cfg.items()
-                                                                                     if not isinstance(v, dict)}
-    assert set(lines) == flat  # every field, nothing else (no quick-start task or model)
+
+    def leaves(tree: dict[str, Any], prefix: str = "") -> set[str]:
+        return {k for key, v in tree.items()
+                for k in (leaves(v, f"{prefix}{key}.") if isinstance(v, dict) else {f"{prefix}{key}"})}
+
+    assert set(lines) == leaves(cfg)  # every field, nothing else (no quick-start task or model)
+    # the speed switches are fields with their defaults and docs: the decoder's and the model's
+    assert "true" in lines["rollout.speed.cuda_graphs"] and "CUDA graphs" in lines["rollout.speed.cuda_graphs"]
+    assert lines["rollout.speed.retire_rows"].split("=")[1].split()[0] == "16"
+    assert "true" in lines["kernels.decode_span"] and "visible column range" in lines["kernels.decode_span"]
+    assert "fused Triton kernels" in lines["kernels.fused"]
     assert main(["train", "llada-vrpo", "--help"]) == 0
     out = capsys.readouterr().out
     assert "--output-dir" in out and "preference.pairs_per_step = 64" in out and "algorithm.beta = 0.2" in out
@@ -182,3 +191,30 @@ def test_more_denoising_steps_than_tokens_is_refused() -> None:
     assert cfg.rollout.steps == 16
     with pytest.raises(ValueError, match=r"^rollout.steps=5 exceeds rollout.block_length=4"):  # per block
         apply_overrides(get_recipe("sdar-bgpo"), ["rollout.steps=5"])
+
+
+def test_the_speed_switches_are_config_that_reaches_every_rank(tmp_path: Path) -> None:
+    """`kernels.*` and `rollout.speed.*` are dotted overrides, written to config.json and read back, and a
+    Ray rank (which receives the pickled config and builds its own model) runs with them."""
+    import pickle
+
+    from dare.quickstart import build_tiny_model, rank_setup
+    from dare.tasks.addition import build_tokenizer
+    from dllm_models import KernelConfig
+    from dllm_rollout import SpeedConfig
+
+    cfg = apply_overrides(quickstart(), ["kernels.decode_span=false", "kernels.decode_splits=2",
+                                         "kernels.flex_kernel_options=[[\"BLOCK_M\", 64], [\"BLOCK_N\", 64]]",
+                                         "rollout.speed.cuda_graphs=false", "rollout.speed.retire_rows=0"])
+    assert cfg.kernels == KernelConfig(decode_span=False, decode_splits=2,
+                                       flex_kernel_options=(("BLOCK_M", 64), ("BLOCK_N", 64)))
+    assert cfg.rollout.speed == SpeedConfig(cuda_graphs=False, retire_rows=0)
+    save_config(cfg, tmp_path / "config.json")
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["kernels"]["decode_splits"] == 2 and saved["rollout"]["speed"]["retire_rows"] == 0
+    assert load_config(tmp_path / "config.json") == cfg
+    shipped = pickle.loads(pickle.dumps(cfg))  # what Ray hands a rank
+    setup = rank_setup(shipped, build_tiny_model(cfg, build_tokenizer()).state_dict())
+    assert setup.model.kernels == cfg.kernels and setup.sampling.speed == cfg.rollout.speed
+    with pytest.raises(ValueError, match=r"kernels\.decode_block_n must be a power of two"):
+        apply_overrides(quickstart(), ["kernels.decode_block_n=100"])

@@ -26,22 +26,28 @@ def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def _eval(ckpt: Path, out: Path, batch_size: int) -> subprocess.CompletedProcess[str]:
+def _eval(ckpt: Path, out: Path, batch_size: int, *extra: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, str(ROOT / "apps" / "dare"), "eval", str(ckpt), "--benchmarks", "gsm8k,countdown",
          "--limit", "4", "--batch-size", str(batch_size), "--max-new-tokens", "8", "--steps", "8",
-         "--block-length", "8", "--output-dir", str(out)],
+         "--block-length", "8", "--output-dir", str(out), *extra],
         capture_output=True, text=True, cwd=ROOT, timeout=600)
 
 
 def test_eval_writes_table_manifest_and_is_batch_invariant(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    """Batch size and the speed switches change no response; the manifest records the switches."""
     a = _eval(tiny_checkpoint, tmp_path / "a", batch_size=4)
     assert a.returncode == 0, a.stderr
     assert "gsm8k" in a.stdout and "countdown" in a.stdout
     manifest = json.loads((tmp_path / "a" / "gsm8k" / "manifest.json").read_text())
     assert manifest["decoding"]["steps"] == 8
-    b = _eval(tiny_checkpoint, tmp_path / "b", batch_size=1)
+    assert manifest["decoding"]["speed"]["cuda_graphs"] is True and manifest["kernels"]["decode_attention"] is True
+    b = _eval(tiny_checkpoint, tmp_path / "b", 1, "--speed", "cuda_graphs=false", "--speed", "fused_sampling=false",
+              "--kernels", "decode_attention=false")
     assert b.returncode == 0, b.stderr
+    manifest = json.loads((tmp_path / "b" / "gsm8k" / "manifest.json").read_text())
+    assert manifest["decoding"]["speed"]["cuda_graphs"] is False and manifest["decoding"]["speed"]["fused_sampling"] is False
+    assert manifest["kernels"]["decode_attention"] is False
     for bench in ("gsm8k", "countdown"):
         rows_a = [json.loads(x) for x in (tmp_path / "a" / bench / "samples.jsonl").read_text().splitlines()]
         rows_b = [json.loads(x) for x in (tmp_path / "b" / bench / "samples.jsonl").read_text().splitlines()]
@@ -118,3 +124,18 @@ def test_default_eval_folders_started_in_the_same_second_differ(tmp_path: Path,
     assert [p.name for p in (first, second, third)] == ["eval-20260101-000000", "eval-20260101-000000-1",
                                                         "eval-20260101-000000-2"]
     assert all(p.is_dir() for p in (first, second, third))
+
+
+def test_eval_speed_flags_are_checked_before_loading() -> None:
+    import argparse
+
+    from dare.evaluate import speed_settings
+    from dllm_models import KernelConfig
+    from dllm_rollout import SpeedConfig
+
+    ok = argparse.Namespace(speed=["retire_rows=0"], kernels=["decode_splits=2"])
+    assert speed_settings(ok) == (SpeedConfig(retire_rows=0), KernelConfig(decode_splits=2))
+    with pytest.raises(ValueError, match=r"--speed: .*retire_rows must be >= 0"):
+        speed_settings(argparse.Namespace(speed=["retire_rows=-1"], kernels=[]))
+    with pytest.raises(ValueError, match=r"--kernels: unknown config key 'kernels.decode_spam'.*decode_span"):
+        speed_settings(argparse.Namespace(speed=[], kernels=["decode_spam=false"]))

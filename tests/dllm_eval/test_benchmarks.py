@@ -157,3 +157,17 @@ def test_a_block_model_decodes_a_preset_on_its_own_block_grid() -> None:
     with pytest.raises(ValueError, match="block_length=32 but the model decodes blocks of 4"):
         on_model_grid(d1_like, 4)  # an evaluation preset must be converted explicitly
     assert not on_model_grid(dataclasses.replace(native, max_new_tokens=8, steps=2), None).block_diffusion
+
+
+def test_opencompass_model_names_and_configs_carry_the_speed_section() -> None:
+    """The speed switches never change a sample, so they do not rename an OpenCompass model; the decoding
+    dict written into its config (with `speed`) reads back to the same SamplingConfig."""
+    import dataclasses
+
+    from dllm_eval.opencompass.configs import model_abbr
+    from dllm_rollout import SamplingConfig, SpeedConfig, configure
+
+    base = SamplingConfig(max_new_tokens=8, steps=8, block_length=8)
+    slow = dataclasses.replace(base, speed=SpeedConfig(cuda_graphs=False, retire_rows=0))
+    assert model_abbr("/ckpt/m", slow) == model_abbr("/ckpt/m", base) == "m_L8_S8_B8_T0"
+    assert configure(None, **dataclasses.asdict(slow)) == slow

@@ -4,6 +4,7 @@ the same whatever the tensors' order or device, and it is exact integer arithmet
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 import torch
@@ -88,6 +89,29 @@ def test_manifest_takes_a_given_fingerprint_without_computing_one() -> None:
                        chat_template=None, model=Exploding(), seed=0, batch_size=1, limit=None,
                        fingerprint="mix32-v1:abc")
     assert m["weights_fingerprint"] == "mix32-v1:abc"
+
+
+def test_manifest_records_how_the_model_and_the_decoder_ran() -> None:
+    """The model's `KernelConfig` and the decoding's `speed` section are in the manifest (a run folder
+    describes the run that made it); a module without kernels records None."""
+    import dataclasses
+
+    from dllm_models import KernelConfig, set_kernels
+    from dllm_rollout import SamplingConfig, SpeedConfig
+    from tests.dllm_models.tiny_configs import build_tiny
+
+    model = set_kernels(build_tiny("sdar"), KernelConfig(decode_span=False, decode_splits=2))
+    decoding = SamplingConfig(max_new_tokens=4, steps=4, block_length=4, speed=SpeedConfig(retire_rows=0))
+    m = build_manifest(benchmark="gsm8k", preset="d1", decoding=dataclasses.asdict(decoding), eos_handling="",
+                       prompts=[[1]], chat_template=None, model=model, seed=0, batch_size=1, limit=None,
+                       fingerprint="mix32-v1:abc")
+    assert m["kernels"] == dataclasses.asdict(KernelConfig(decode_span=False, decode_splits=2))
+    assert m["kernels"]["decode_span"] is False and m["decoding"]["speed"]["retire_rows"] == 0
+    assert json.loads(json.dumps(m))["kernels"] == m["kernels"]
+    plain = build_manifest(benchmark="gsm8k", preset="d1", decoding={}, eos_handling="", prompts=[[1]],
+                           chat_template=None, model=torch.nn.Linear(2, 2), seed=0, batch_size=1, limit=None,
+                           fingerprint="x")
+    assert plain["kernels"] is None
 
 
 @pytest.mark.gpu

@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 _CODE = r"""
 import torch
 import dllm_models.attention as A
+from dllm_models.layers import KernelConfig
 from dllm_models.kernels.decode_attention import decode_attention, decode_attention_fits, visible_span
 
 def reference(q, k, v, pad):
@@ -78,33 +79,29 @@ for b, h, lq, rep, n, d in [(2, 2, 8, 4, 300, 32), (3, 1, 4, 2, 70, 64)]:
             err = (out.double() - ref).abs().max().item()
             assert err < 1e-5, ("limit", b, h, lq, n, d, splits, walk is None, err)
     mask = A.AttentionMask(key_padding=pad, key_limit=limit)
-    A.DECODE_KERNEL = True
-    on = A._sdpa_grouped(q, k, v, mask)
-    A.DECODE_SPAN = True  # the span computed once into the mask's memo, read by every later layer
-    on_span = A._sdpa_grouped(q, k, v, mask)
+    on = A._sdpa_grouped(q, k, v, mask, KernelConfig(decode_span=False))
+    assert ("visible_span", n) not in mask.cache
+    # the span computed once into the mask's memo, read by every later layer
+    on_span = A._sdpa_grouped(q, k, v, mask, KernelConfig(decode_span=True))
     assert torch.equal(mask.cache[("visible_span", n)], visible_span(pad))
-    A.DECODE_SPAN = False
-    A.DECODE_KERNEL = False
-    off = A._sdpa_grouped(q, k, v, mask)
+    off = A._sdpa_grouped(q, k, v, mask, KernelConfig(decode_attention=False))
     assert (on - off.nan_to_num(0.0)).abs().max().item() < 1e-5
     assert (on_span - off.nan_to_num(0.0)).abs().max().item() < 1e-5
 
 # 128 query rows per program (a block of 32 with 4 query heads per KV head), when allowed
-import dllm_models.kernels.decode_attention as DA
 q = torch.randn(2, 32, 8, 32, generator=g).transpose(1, 2)          # [B, Hq=8, Lq=32, D], Hkv = 2
 k, v = (torch.randn(2, 2, 150, 32, generator=g) for _ in range(2))
 pad = torch.rand(2, 150, generator=g) < 0.9
 limit = torch.tensor([118] * 16 + [150] * 16)
 assert not decode_attention_fits(q, k)                                # 128 rows: off by default
-DA.MAX_ROWS = 128
-assert decode_attention_fits(q, k)
+assert not decode_attention_fits(q, k, max_rows=KernelConfig().decode_max_rows)
+assert decode_attention_fits(q, k, max_rows=128)
 allowed = pad[:, None, :] & (torch.arange(150)[None, :] < limit[:, None])[None]
 ref = torch.nn.functional.scaled_dot_product_attention(
     q.double(), k.double().repeat_interleave(4, 1), v.double().repeat_interleave(4, 1), attn_mask=allowed[:, None])
 for splits in (1, 2):
     err = (decode_attention(q, k, v, pad, limit, splits=splits).double() - ref).abs().max().item()
     assert err < 1e-5, ("128 rows", splits, err)
-DA.MAX_ROWS = 64
 
 # the kernel computes the grouped path's function (every query of a row sees the same keys)
 q = torch.randn(2, 8, 4, 32, generator=g)
@@ -112,10 +109,8 @@ k = torch.randn(2, 2, 40, 32, generator=g)
 v = torch.randn(2, 2, 40, 32, generator=g)
 pad = torch.rand(2, 40, generator=g) < 0.7
 mask = A.AttentionMask(key_padding=pad)
-A.DECODE_KERNEL = True
-on = A._sdpa_grouped(q, k, v, mask)
-A.DECODE_KERNEL = False
-off = A._sdpa_grouped(q, k, v, mask)
+on = A._sdpa_grouped(q, k, v, mask, KernelConfig())
+off = A._sdpa_grouped(q, k, v, mask, KernelConfig(decode_attention=False))
 assert (on - off).abs().max().item() < 1e-5
 
 # a whole cached tiny SDAR decode (folded store passes: two-block forwards with key limits):
@@ -126,7 +121,7 @@ model = build_tiny("sdar")
 prompts = [[5, 6, 7, 8, 9], [10, 11, 12]]
 tokens = {}
 for flag, span in ((True, False), (True, True), (False, False)):
-    A.DECODE_KERNEL, A.DECODE_SPAN = flag, span
+    model.kernels = KernelConfig(decode_attention=flag, decode_span=span)
     out = generate(model, prompts, max_new_tokens=12, steps=4, block_length=model.traits.block_length,
                    temperature=0.0, cache="prefix", seed=0)
     tokens[flag, span] = out.response_ids.tolist()
@@ -208,20 +203,19 @@ def test_decode_attention_key_limit_on_gpu() -> None:
 
 
 @pytest.mark.gpu
-def test_decode_attention_128_rows_on_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_decode_attention_128_rows_on_gpu() -> None:
     """Blocks of 32 with 4 query heads per KV head (LLaDA2's decode step): 128 rows per program, 8 warps."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     import dllm_models.kernels.decode_attention as DA
 
-    monkeypatch.setattr(DA, "MAX_ROWS", 128)
     g = torch.Generator(device="cuda").manual_seed(2)
     b, h, lq, rep, n, d = 64, 4, 32, 4, 900, 128
     q = torch.randn(b, lq, h * rep, d, generator=g, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
     k, v = (torch.randn(b, h, n, d, generator=g, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     pad = torch.zeros(b, n, dtype=torch.bool, device="cuda")
     pad[:, 32:600] = True
-    assert DA.decode_attention_fits(q, k)
+    assert DA.decode_attention_fits(q, k, max_rows=128)
     ref = torch.nn.functional.scaled_dot_product_attention(
         q.double(), k.double().repeat_interleave(rep, 1), v.double().repeat_interleave(rep, 1),
         attn_mask=pad[:, None, None, :])

@@ -8,6 +8,7 @@ GPU: the kernels in float32 and bfloat16, and whole tiny models with kernels on 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -381,3 +382,33 @@ def test_fused_forward_replays_in_a_cuda_graph_on_gpu(family: str) -> None:
             out = model(ids).logits
         graph.replay()
     torch.testing.assert_close(out, want, rtol=0, atol=0)
+
+
+def test_kernel_config_defaults_and_bad_values() -> None:
+    """Every kernel on by default (today's behaviour), validated values, flex tiles as the dict flex takes."""
+    from dllm_models.layers import KernelConfig
+
+    k = KernelConfig()
+    assert (k.fused, k.decode_attention, k.decode_span, k.decode_splits, k.decode_max_rows, k.decode_block_n,
+            k.decode_stages, k.flex_options) == (True, True, True, 1, 64, 128, 2, None)
+    tiles = KernelConfig(flex_kernel_options=(("BLOCK_M", 64), ("BLOCK_N", 32)))
+    assert tiles.flex_options == {"BLOCK_M": 64, "BLOCK_N": 32} and hash(tiles) == hash(dataclasses.replace(tiles))
+    for bad, match in (({"decode_splits": 0}, r"kernels\.decode_splits must be >= 1, got 0"),
+                       ({"decode_max_rows": 256}, r"kernels\.decode_max_rows must be <= 128"),
+                       ({"decode_block_n": 96}, r"kernels\.decode_block_n must be a power of two"),
+                       ({"flex_kernel_options": (("BLOCK_M",),)}, r"kernels\.flex_kernel_options must be")):
+        with pytest.raises(ValueError, match=match):
+            KernelConfig(**bad)  # type: ignore[arg-type]
+
+
+def test_set_kernels_takes_a_family_and_a_kernel_config() -> None:
+    from dllm_models import KernelConfig, set_kernels
+    from tests.dllm_models.tiny_configs import build_tiny
+
+    model = build_tiny("llada")
+    assert set_kernels(model, KernelConfig(decode_splits=2)) is model
+    assert model.kernels == KernelConfig(decode_splits=2)
+    with pytest.raises(TypeError, match="is not a dllm_models family"):
+        set_kernels(torch.nn.Linear(2, 2), KernelConfig())
+    with pytest.raises(TypeError, match="kernels must be a dllm_models.KernelConfig"):
+        set_kernels(model, {"fused": False})  # type: ignore[arg-type]

@@ -42,16 +42,12 @@ def test_packed_forward_equals_padded(family_model: tuple[str, nn.Module], backe
     ids, mask = _padded_batch()
     p = pack(ids, mask)
     attention = AttentionMask(cu_seqlens=p.cu_seqlens, max_seqlen=p.max_seqlen)
-    model.attention_backend = "sdpa"  # type: ignore[assignment]
     with torch.no_grad():
         padded = model(ids, attention_mask=mask).logits
-        model.attention_backend = backend  # type: ignore[assignment]
-        try:
-            packed = model(p.input_ids, position_ids=p.position_ids, attention=attention).logits
-            # default positions of a packed row restart at every sequence
-            default = model(p.input_ids, attention=attention).logits
-        finally:
-            model.attention_backend = "sdpa"  # type: ignore[assignment]
+        packed = model(p.input_ids, position_ids=p.position_ids, attention=attention, attention_backend=backend).logits
+        # default positions of a packed row restart at every sequence
+        default = model(p.input_ids, attention=attention, attention_backend=backend).logits
+    assert model.attention_backend == "sdpa"  # a backend for one call leaves the model's own
     assert packed.shape == (1, p.num_tokens, padded.shape[-1])
     torch.testing.assert_close(unpack(packed, p)[mask], padded[mask], **TOL)
     torch.testing.assert_close(default, packed, rtol=0, atol=0)
@@ -164,13 +160,9 @@ def test_bd3lm_forward_equals_concatenation_reference(block_model: nn.Module, ba
     block); the clean half == a plain forward of x_0."""
     x0, xt, ids, pos = _bd3lm_batch()
     mask = bd3lm_mask(LENGTHS, BLOCK)
-    block_model.attention_backend = backend  # type: ignore[assignment]
-    try:
-        with torch.no_grad():
-            out = block_model(ids, position_ids=pos, attention=mask).logits
-            default = block_model(ids, attention=mask).logits  # positions restart per copy
-    finally:
-        block_model.attention_backend = "sdpa"  # type: ignore[assignment]
+    with torch.no_grad():
+        out = block_model(ids, position_ids=pos, attention=mask, attention_backend=backend).logits
+        default = block_model(ids, attention=mask, attention_backend=backend).logits  # positions restart per copy
     torch.testing.assert_close(default, out, rtol=0, atol=0)
     with torch.no_grad():
         for (t0, c0), n, a, c in zip(_segments(), LENGTHS, xt, x0):
@@ -237,3 +229,33 @@ def test_explicit_attention_errors() -> None:
         model(ids, attention=AttentionMask(cu_seqlens=torch.tensor([0, 6], dtype=torch.int32)))
     with pytest.raises(ValueError, match="cover 5 positions"):
         model(ids[:1], attention=AttentionMask(cu_seqlens=torch.tensor([0, 5], dtype=torch.int32)))
+
+
+def test_the_backend_the_kernels_and_the_logit_columns_are_forward_arguments(
+        family_model: tuple[str, nn.Module], monkeypatch: pytest.MonkeyPatch) -> None:
+    """`attention_backend=` picks the backend of one call (the model's own stays), every layer's
+    attention call receives the model's `KernelConfig`, and `logit_columns=` gives the full forward's
+    logits at those columns."""
+    from dllm_models.attention import BACKENDS
+    from dllm_models.layers import KernelConfig
+
+    _, model = family_model
+    seen: list[KernelConfig] = []
+
+    def spy(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask,
+            kernels: KernelConfig = KernelConfig()) -> torch.Tensor:
+        seen.append(kernels)
+        return BACKENDS["sdpa"](q, k, v, mask, kernels)
+
+    monkeypatch.setitem(BACKENDS, "spy", spy)
+    monkeypatch.setattr(model, "kernels", KernelConfig(fused=False, decode_splits=3, decode_span=False))
+    ids, mask = _padded_batch()
+    cols = torch.tensor([7, 0, 10])
+    with torch.no_grad():
+        full = model(ids, attention_mask=mask).logits
+        assert seen == []  # the model's own backend, sdpa
+        picked = model(ids, attention_mask=mask, attention_backend="spy", logit_columns=cols).logits
+    assert len(seen) == len([m for m in model.modules() if type(m).__name__.endswith(("DecoderLayer", "Block"))]) >= 2
+    assert set(seen) == {model.kernels}
+    assert model.attention_backend == "sdpa"
+    torch.testing.assert_close(picked, full[:, cols], rtol=0, atol=0)

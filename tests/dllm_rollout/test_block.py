@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any
 
 import pytest
 import torch
 
-from dllm_rollout import consistency_gap, generate
+from dllm_rollout import SpeedConfig, consistency_gap, generate
 from dllm_rollout.block import grid_canvas, grid_layout
 
 # lengths 5, 10, 3 with block 4: prompt tails of 1, 2 and 3 tokens share the first decode block
@@ -109,17 +109,14 @@ def _forwards(model: torch.nn.Module) -> tuple[list[str], object]:
     return kinds, model.register_forward_pre_hook(hook, with_kwargs=True)
 
 
-def _decode_each(monkeypatch: pytest.MonkeyPatch, model: torch.nn.Module, prompts: list[list[int]],
-                 args: dict[str, object], flag: str) -> tuple[dict[bool, object], dict[bool, list[str]]]:
-    """`generate` with `dllm_rollout.block.<flag>` off and on: the batches and the forwards' kinds."""
-    import dllm_rollout.block as block
-
+def _decode_each(model: torch.nn.Module, prompts: list[list[int]], args: dict[str, object],
+                 flag: str) -> tuple[dict[bool, object], dict[bool, list[str]]]:
+    """`generate` with the speed switch `SpeedConfig.<flag>` off and on: the batches and the forwards' kinds."""
     out: dict[bool, object] = {}
     kinds: dict[bool, list[str]] = {}
     for on in (False, True):
-        monkeypatch.setattr(block, flag, on)
         seen, handle = _forwards(model)
-        out[on] = generate(model, prompts, **args)  # type: ignore[arg-type]
+        out[on] = generate(model, prompts, speed=SpeedConfig(**{flag: on}), **args)  # type: ignore[arg-type]
         handle.remove()  # type: ignore[attr-defined]
         kinds[on] = seen
     return out, kinds
@@ -134,19 +131,16 @@ def _decode_each(monkeypatch: pytest.MonkeyPatch, model: torch.nn.Module, prompt
 ])
 def test_folded_store_pass_equals_separate_store_passes(
     tiny_block_model: torch.nn.Module, prompts: list[list[int]], kwargs: dict[str, object],
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The store pass folded into the next block's first step: same tokens, same step log-probs (float64),
     one forward fewer per finished block, of two blocks' width."""
-    import dllm_rollout.block as block
-
     if "editing_threshold" in kwargs and tiny_block_model.traits.family != "llada2":
         pytest.skip("editing is LLaDA2.1's decoding")
     model = tiny_block_model.double()
     args: dict[str, object] = {"max_new_tokens": 10, "steps": 4, "block_length": 4, "seed": 3,
                                "stop_at_eos": False, "record_trajectory": True, "cache": "prefix"}
     args.update(kwargs)
-    batches, widths = _decode_each(monkeypatch, model, prompts, args, "FOLD_STORE")
+    batches, widths = _decode_each(model, prompts, args, "fold_store")
     out: dict[bool, Any] = batches
     assert torch.equal(out[False].response_ids, out[True].response_ids)
     assert out[False].step_logp is not None and out[True].step_logp is not None
@@ -188,11 +182,9 @@ def test_folded_store_pass_is_block_causal(tiny_block_model: torch.nn.Module) ->
         assert torch.equal(a, b)
 
 
-def test_a_pending_store_survives_a_block_without_steps(tiny_block_model: torch.nn.Module,
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_pending_store_survives_a_block_without_steps(tiny_block_model: torch.nn.Module) -> None:
     """`finish` twice without a step between: the first block's store pass runs on its own, so its cached
     keys are those of a separate store pass."""
-    import dllm_rollout.block as block
     from dllm_rollout.block import _CachedBlocks
 
     model = tiny_block_model.double()
@@ -200,10 +192,9 @@ def test_a_pending_store_survives_a_block_without_steps(tiny_block_model: torch.
     canvas = torch.arange(5, 5 + w)[None].clone()
     attn = torch.ones(b, w, dtype=torch.bool)
     pos = torch.arange(w)[None]
-    want = _CachedBlocks(model, canvas.clone(), attn, pos, 4, bl)
-    got = _CachedBlocks(model, canvas.clone(), attn, pos, 4, bl)
-    for cb, fold in ((want, False), (got, True)):
-        monkeypatch.setattr(block, "FOLD_STORE", fold)
+    want = _CachedBlocks(model, canvas.clone(), attn, pos, 4, bl, SpeedConfig(fold_store=False))
+    got = _CachedBlocks(model, canvas.clone(), attn, pos, 4, bl, SpeedConfig(fold_store=True))
+    for cb in (want, got):
         cb.logits(4, 8)
         cb.canvas[0, 4:8] = torch.tensor([40, 41, 42, 43])  # the step's commits: the store must see them
         cb.finish(4, 8)
@@ -262,13 +253,10 @@ def _batch_sizes(model: torch.nn.Module) -> tuple[list[int], object]:
 def test_finished_rows_retire_with_the_same_samples(
     tiny_block_model: torch.nn.Module, kwargs: dict[str, object], fold: bool, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Rows that finished leave the batch (`RETIRE_ROWS`): later forwards run on fewer rows, and every
+    """Rows that finished leave the batch (`speed.retire_rows`): later forwards run on fewer rows, and every
     row's tokens, mask, step log-probs and unmask steps are those of a batch that keeps them (float64)."""
-    import dllm_rollout.block as block
-
     if "editing_threshold" in kwargs and tiny_block_model.traits.family != "llada2":  # type: ignore[union-attr]
         pytest.skip("editing is LLaDA2.1's decoding")
-    monkeypatch.setattr(block, "FOLD_STORE", fold)
     model = tiny_block_model.double()
     prompts = [PROMPTS[i % 3] for i in range(10)]
     args: dict[str, object] = {"max_new_tokens": 24, "steps": 4, "block_length": 4, "seed": list(range(10)),
@@ -276,9 +264,9 @@ def test_finished_rows_retire_with_the_same_samples(
     _stop_rows_apart(monkeypatch, model, prompts, args)
     out, rows = {}, {}
     for retire in (0, 1):
-        monkeypatch.setattr(block, "RETIRE_ROWS", retire)
         seen, handle = _batch_sizes(model)
-        out[retire] = generate(model, prompts, **args)  # type: ignore[arg-type]
+        speed = SpeedConfig(fold_store=fold, retire_rows=retire)
+        out[retire] = generate(model, prompts, speed=speed, **args)  # type: ignore[arg-type]
         handle.remove()  # type: ignore[attr-defined]
         rows[retire] = seen
     keep, gone = out[0], out[1]
@@ -298,126 +286,17 @@ def test_rows_do_not_retire_with_per_step_records(tiny_block_model: torch.nn.Mod
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """`record_steps` keeps every row in the batch (its per-step records are per batch) and still stops
     finished rows: the same samples as without retirement."""
-    import dllm_rollout.block as block
-
     model = tiny_block_model.double()
     prompts = [PROMPTS[i % 3] for i in range(10)]
     args: dict[str, object] = {"max_new_tokens": 24, "steps": 4, "block_length": 4, "seed": list(range(10)),
                                "temperature": 1.0, "cache": "prefix", "record_steps": True}
     _stop_rows_apart(monkeypatch, model, prompts, args)
-    monkeypatch.setattr(block, "RETIRE_ROWS", 1)
     seen, handle = _batch_sizes(model)
-    out = generate(model, prompts, **args)  # type: ignore[arg-type]
+    out = generate(model, prompts, speed=SpeedConfig(retire_rows=1), **args)  # type: ignore[arg-type]
     handle.remove()  # type: ignore[attr-defined]
     assert set(seen) == {10}
-    monkeypatch.setattr(block, "RETIRE_ROWS", 0)
-    ref = generate(model, prompts, **args)  # type: ignore[arg-type]
+    ref = generate(model, prompts, speed=SpeedConfig(retire_rows=0), **args)  # type: ignore[arg-type]
     assert torch.equal(out.response_ids, ref.response_ids)
-
-
-def test_steps_to_fill_counts_the_quota() -> None:
-    from dllm_rollout.block import steps_to_fill
-    from dllm_rollout.masked import transfer_quota
-
-    assert steps_to_fill(transfer_quota(4, 4), 4) == 4
-    assert steps_to_fill(transfer_quota(4, 2), 4) == 2
-    assert steps_to_fill(transfer_quota(4, 8), 4) == 4  # steps beyond the block's masks commit nothing
-    assert steps_to_fill(transfer_quota(32, 5), 32) == 5
-    assert steps_to_fill([1], 4) == 2  # past the quota a step may commit the whole block
-
-
-@pytest.mark.parametrize("kwargs", [
-    {"temperature": 0.0},
-    {"temperature": 1.0, "top_k": 8},
-    {"temperature": 1.0, "steps": 2},
-    {"temperature": 1.0, "stop_at_eos": False, "steps": 8},
-])
-@pytest.mark.parametrize("fold", [True, False])
-def test_chained_steps_equal_the_step_loop(tiny_block_model: torch.nn.Module, kwargs: dict[str, object], fold: bool,
-                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    """Whole-step chains (`CHAIN_STEPS`) give the step loop's tokens, records and forwards (float64),
-    with the folded store pass or without, and with rows that stop and retire; within a block they
-    read nothing back to the host."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    import dllm_rollout.block as block
-
-    monkeypatch.setattr(block, "FOLD_STORE", fold)
-    monkeypatch.setattr(block, "RETIRE_ROWS", 2)
-    model = tiny_block_model.double()
-    prompts = [PROMPTS[i % 3] for i in range(10)]
-    args: dict[str, object] = {"max_new_tokens": 24, "steps": 4, "block_length": 4, "seed": list(range(10)),
-                               "cache": "prefix", "record_trajectory": True, "eos_handling": "truncate", **kwargs}
-    if args.get("stop_at_eos", True):
-        _stop_rows_apart(monkeypatch, model, prompts, args)
-    syncs: list[str] = []
-
-    class Reads(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-            if func.__name__.split(".")[0] in ("_local_scalar_dense", "nonzero", "masked_select", "is_nonzero"):
-                syncs.append(func.__name__)
-            return func(*args, **(kwargs or {}))
-
-    advance = block._ChainedSteps._advance
-    chained_steps: list[int] = []
-
-    def spied(self: object, logits: torch.Tensor, k: torch.Tensor) -> None:
-        chained_steps.append(1)
-        with Reads():
-            advance(self, logits, k)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(block._ChainedSteps, "_advance", spied)
-    batches, forwards = _decode_each(monkeypatch, model, prompts, args, "CHAIN_STEPS")
-    loop, chained = cast(Any, batches[False]), cast(Any, batches[True])
-    assert len(chained_steps) > 0 and syncs == []
-    assert forwards[False] == forwards[True]
-    assert torch.equal(loop.response_ids, chained.response_ids)
-    assert torch.equal(loop.response_mask, chained.response_mask)
-    assert loop.step_logp is not None and chained.step_logp is not None
-    torch.testing.assert_close(loop.step_logp, chained.step_logp, rtol=0, atol=1e-10)
-    assert loop.unmask_step is not None and chained.unmask_step is not None
-    assert torch.equal(loop.unmask_step, chained.unmask_step)
-
-
-def test_chained_steps_stop_on_no_progress(tiny_block_model: torch.nn.Module, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A block the chained steps leave with masks (a selection that commits nothing) raises the step
-    loop's error after the block's steps, not a silent half-decoded canvas."""
-    import dllm_rollout.block as block
-
-    select = block.select
-    calls = {"n": 0}
-
-    def stalls(conf: torch.Tensor, candidates: torch.Tensor, k: torch.Tensor, threshold: float | None = None) -> torch.Tensor:
-        calls["n"] += 1  # the first block (the step loop) takes at most 4 steps; then nothing is committed
-        return select(conf, candidates, k, threshold) & (calls["n"] <= 4)
-
-    monkeypatch.setattr(block, "select", stalls)
-    monkeypatch.setattr(block, "CHAIN_STEPS", True)
-    advance = block._ChainedSteps.block
-    chained: list[int] = []
-    monkeypatch.setattr(block._ChainedSteps, "block", lambda self, *a: (chained.append(1), advance(self, *a)))
-    with pytest.raises(RuntimeError, match=r"still has masked positions after 4 steps"):
-        generate(tiny_block_model.double(), PROMPTS, max_new_tokens=16, steps=4, block_length=4, cache="prefix",
-                 stop_at_eos=False)
-    assert chained == [1]  # raised by the first chained block
-
-
-def test_a_capture_warm_up_leaves_the_state_as_it_was() -> None:
-    """`graphs.warm_up` runs a stateful step once and puts its in-place state back."""
-    from dllm_rollout.graphs import warm_up
-
-    state = torch.tensor([1.0, 2.0])
-    seen = []
-
-    def step(x: torch.Tensor) -> None:
-        seen.append(x.clone())
-        state.add_(x)
-
-    warm_up(step, [torch.tensor([10.0, 10.0])], lambda: [state])
-    assert len(seen) == 1 and state.tolist() == [1.0, 2.0]
-    with pytest.raises(ZeroDivisionError):
-        warm_up(lambda x: (state.mul_(0), 1 / 0), [state], lambda: [state])
-    assert state.tolist() == [1.0, 2.0]  # restored even when the step fails
 
 
 def test_every_stop_id_ends_a_row(tiny_block_model: torch.nn.Module) -> None:

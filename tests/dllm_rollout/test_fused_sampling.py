@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import torch
 
-from dllm_rollout import fused_sampling, generate, sampling
+from dllm_rollout import SpeedConfig, fused_sampling, generate
 from dllm_rollout.noise import RowNoise
 from dllm_rollout.sampling import filter_logits, fuses, propose_scored
 
@@ -56,12 +56,14 @@ def test_only_cuda_logits_and_kernel_confidences_take_the_fused_path() -> None:
         assert fuses(gpu, "low_confidence_dynamic", None) and not fuses(gpu, "low_confidence_dynamic", 0.95)
         assert not fuses(gpu, "entropy", None) and not fuses(gpu, "topk_margin", None)
         assert not fuses(gpu, "maskgit_plus", 0.9)
+        assert not fuses(gpu, "maskgit_plus", None, fused=False)  # speed.fused_sampling=False
 
 
 def check_against_unfused(device: str, dtype: torch.dtype) -> None:
     """`propose_scored` fused == unfused: the same tokens, confidences and log-probs, and the same
     noise consumed, for every temperature, top-k and confidence the kernel serves."""
     assert fuses(torch.zeros(1, device=device), "maskgit_plus", None)
+    assert not fuses(torch.zeros(1, device=device), "maskgit_plus", None, fused=False)
     b, n = 8, 6
     logits = _logits(b * n, dtype, device).view(b, n, V)
     active = torch.tensor([True, True, False, True, True, True, False, True], device=device)
@@ -70,13 +72,9 @@ def check_against_unfused(device: str, dtype: torch.dtype) -> None:
             for remasking in ("maskgit_plus", "low_confidence", "random"):
                 out = []
                 for fused in (True, False):
-                    sampling.FUSED_SAMPLING = fused
                     noise = RowNoise(torch.arange(b) + 3, device)
-                    try:
-                        got = propose_scored(logits, remasking=remasking, temperature=temperature, top_k=top_k,
-                                             top_p=None, noise=noise, active=active, mask_id=MASK)
-                    finally:
-                        sampling.FUSED_SAMPLING = True
+                    got = propose_scored(logits, remasking=remasking, temperature=temperature, top_k=top_k,
+                                         top_p=None, noise=noise, active=active, mask_id=MASK, fused=fused)
                     out.append((*got, noise.drawn.clone()))
                 where = (temperature, top_k, remasking)
                 (x0, conf, logp, drawn), (x0_ref, conf_ref, logp_ref, drawn_ref) = out
@@ -102,21 +100,21 @@ GPU_DECODES: list[tuple[str, dict[str, Any]]] = [
 ]
 
 
-def check_decodes(device: str) -> None:
-    """Whole tiny decodes with the kernel on and off: the same tokens and step log-probs."""
+def check_decodes(device: str, model_kernels: Any = None) -> None:
+    """Whole tiny decodes with the kernel on and off: the same tokens and step log-probs (the models
+    run with `model_kernels`, a `KernelConfig`; None: their default)."""
     from tests.dllm_models.tiny_configs import build_tiny
 
     for family, kwargs in DECODES + (GPU_DECODES if device == "cuda" else []):
         model = build_tiny(family).to(device)
+        if model_kernels is not None:
+            model.kernels = model_kernels
         bl = int(getattr(model, "traits").block_length or 8)
         out = []
         for fused in (True, False):
-            sampling.FUSED_SAMPLING = fused
-            try:
-                out.append(generate(model, PROMPTS, seed=4, record_trajectory=True, max_new_tokens=16,
-                                    block_length=bl, steps=16 if bl == 8 else bl, **kwargs))
-            finally:
-                sampling.FUSED_SAMPLING = True
+            out.append(generate(model, PROMPTS, seed=4, record_trajectory=True, max_new_tokens=16,
+                                block_length=bl, steps=16 if bl == 8 else bl, speed=SpeedConfig(fused_sampling=fused),
+                                **kwargs))
         assert torch.equal(out[0].response_ids, out[1].response_ids), (family, kwargs)
         torch.testing.assert_close(out[0].step_logp, out[1].step_logp, rtol=0, atol=1e-4)
 
@@ -124,9 +122,10 @@ def check_decodes(device: str) -> None:
 # float32 only on CPU: the interpreter rounds float32 -> bfloat16 by truncation, the GPU to nearest even
 _INTERPRETED = """
 import torch
+from dllm_models.layers import KernelConfig
 from tests.dllm_rollout import test_fused_sampling as t
 t.check_against_unfused('cpu', torch.float32)
-t.check_decodes('cpu')
+t.check_decodes('cpu', KernelConfig(fused=False))
 print('ok')
 """
 
@@ -135,7 +134,7 @@ print('ok')
 def test_fused_draw_in_interpreter_mode() -> None:
     """The kernel itself (Triton interpreter on CPU; the models' own kernels off) == the unfused path."""
     pytest.importorskip("triton")
-    env = dict(os.environ, TRITON_INTERPRET="1", DLLM_FUSED_KERNELS="0", PYTHONPATH=str(ROOT))
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
     done = subprocess.run([sys.executable, "-c", _INTERPRETED], env=env, cwd=ROOT, timeout=900,
                           capture_output=True, text=True)
     assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-3000:]

@@ -55,3 +55,22 @@ def test_an_unknown_setting_is_named_with_the_fix() -> None:
         configure(None, max_new_tokens=4, steps=4, block_length=4, zzz=1)
     with pytest.raises(ValueError, match="block_length"):  # the config's own validation, with its message
         configure(None, max_new_tokens=6, steps=4, block_length=4)
+
+
+def test_speed_settings_are_a_typed_section_that_round_trips() -> None:
+    """`SamplingConfig.speed` holds the decoder's switches with today's defaults; its JSON form (as in a
+    run's config.json or an OpenCompass config) reads back to the same config; a bad value names its field."""
+    import dataclasses
+
+    from dllm_rollout import SamplingConfig, SpeedConfig, configure
+
+    cfg = SamplingConfig(max_new_tokens=8, steps=8, block_length=4)
+    assert cfg.speed == SpeedConfig(cuda_graphs=True, fold_store=True, retire_rows=16, fused_sampling=True)
+    slow = dataclasses.replace(cfg, speed=SpeedConfig(cuda_graphs=False, retire_rows=0))
+    data = dataclasses.asdict(slow)
+    assert data["speed"] == {"cuda_graphs": False, "fold_store": True, "retire_rows": 0, "fused_sampling": True}
+    assert configure(None, **data) == slow
+    with pytest.raises(ValueError, match=r"rollout\.speed\.retire_rows must be >= 0.*got -1"):
+        SpeedConfig(retire_rows=-1)
+    with pytest.raises(TypeError, match="rollout.speed must be a SpeedConfig"):
+        SamplingConfig(max_new_tokens=8, steps=8, block_length=4, speed=True)  # type: ignore[arg-type]

@@ -33,6 +33,37 @@ def test_graphed_step_runs_eagerly_off_cuda() -> None:
     assert torch.equal(step(torch.ones(3)), torch.full((3,), 2.0)) and step.graph is None and len(calls) == 1
 
 
+class _CudaLooking(torch.Tensor):
+    """A CPU tensor that claims to live on CUDA, so `GraphedStep` tries a capture off the GPU."""
+
+    @property
+    def is_cuda(self) -> bool:  # type: ignore[override]
+        return True
+
+
+def test_a_failed_capture_warns_once_and_is_counted(monkeypatch: pytest.MonkeyPatch,
+                                                   caplog: pytest.LogCaptureFixture) -> None:
+    """A capture that raises runs the step eagerly, logs one warning per process (not one per step) and
+    adds one to `capture_failures` per failed step; a step with graphs off never tries."""
+    from dllm_rollout import graphs
+
+    def broken(self: GraphedStep, inputs: tuple[torch.Tensor, ...]) -> None:
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(GraphedStep, "_capture", broken)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setitem(graphs._failures, "count", 0)
+    x = torch.ones(3).as_subclass(_CudaLooking)
+    with caplog.at_level("WARNING", logger="dllm_rollout.graphs"):
+        outs = [GraphedStep(lambda t: t * 2)(x) for _ in range(3)]
+        off = GraphedStep(lambda t: t * 3, enabled=False)
+        assert torch.equal(off(x), torch.full((3,), 3.0))
+    assert all(torch.equal(o, torch.full((3,), 2.0)) for o in outs)
+    assert graphs.capture_failures() == 3
+    warnings = [r for r in caplog.records if r.name == "dllm_rollout.graphs"]
+    assert len(warnings) == 1 and "operation not permitted" in warnings[0].getMessage()
+
+
 @pytest.mark.parametrize(("family", "cache"), [("llada", None), ("llada", "prefix"), ("llada", "dual"),
                                                ("sdar", "prefix")])
 def test_decoding_leaves_no_reference_cycles(family: str, cache: str | None) -> None:

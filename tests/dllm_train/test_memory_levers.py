@@ -147,3 +147,16 @@ def test_a_rollout_in_row_chunks_equals_the_whole_batch(family: str) -> None:
             assert torch.equal(torch.nan_to_num(a, nan=-7.0) if a.is_floating_point() else a,
                                torch.nan_to_num(b, nan=-7.0) if b.is_floating_point() else b), f.name
     assert TOK.mask_token_id is not None
+
+
+def test_the_rollout_metrics_count_failed_graph_captures(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A decode whose CUDA-graph captures failed (and ran eagerly) says so in the rollout metrics
+    (`graph_capture_failures`: this decode's failures, from `dllm_rollout.graphs.capture_failures`)."""
+    from dllm_rollout import graphs
+
+    counts = iter([5, 7])
+    monkeypatch.setattr(graphs, "capture_failures", lambda: next(counts))
+    prompts, _, _ = addition_prompts(1, 2)(0).expanded()
+    worker = RolloutWorker(tiny_model("llada"), SamplingConfig(max_new_tokens=4, steps=4, block_length=4))
+    worker.generate(prompts, sample_seeds(0, len(prompts), "rollout", 0))
+    assert worker.last_metrics == {"graph_capture_failures": 2.0}

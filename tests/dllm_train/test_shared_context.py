@@ -14,7 +14,7 @@ from dllm_models import final_hidden
 from dllm_models.packing import pack
 from dllm_objectives import iid_masks
 from dllm_train import Scorer, TrainerConfig, plan_token_logp
-from dllm_train.packed_scoring import _backend, bd3lm_layout, shares_clean_context
+from dllm_train.packed_scoring import bd3lm_layout, shares_clean_context
 from dllm_train.passes import forward_outputs, split, trace
 from tests.tiny_rl import tiny_model
 
@@ -81,8 +81,8 @@ def test_every_noisy_copy_has_the_doubled_layouts_hidden_states_and_gradients(fa
                           ("doubled", torch.zeros(noisy.shape[0], dtype=torch.bool))):
         layout = bd3lm_layout(packed, clean, follows, block)
         model.zero_grad(set_to_none=True)
-        with _backend(model, "sdpa"):
-            hidden = final_hidden(model, layout.input_ids, attention=layout.attention)[0, layout.noisy_at]
+        hidden = final_hidden(model, layout.input_ids, attention=layout.attention,
+                              attention_backend="sdpa")[0, layout.noisy_at]
         (hidden * weights).sum().backward()
         out[name] = (layout.input_ids.shape[1], hidden.detach(), _grads(model))
     assert out["shared"][0] == sum((COPIES + 1) * n for n in LENGTHS)

@@ -31,7 +31,7 @@ from dare.config_sections import (
 from dare.config_tree import apply_tree, coerce, did_you_mean, from_dict, parse_overrides, section_type
 from dare.config_tree import to_dict as _tree_to_dict
 from dare.tasks.addition import AdditionConfig
-from dllm_models import family_kind
+from dllm_models import KernelConfig, family_kind
 from dllm_rollout import SamplingConfig
 from dllm_train import OptimConfig, RLConfig, SFTConfig, TrainerConfig
 
@@ -41,7 +41,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     "sft": ("checkpoint", "data", "sft", "sft_optim"),
     "preference": ("checkpoint", "data", "preference", "preference_optim"),
 }
-"""Run kind -> the sections its class requires (`algorithm`, `rollout` and `trainer` belong to every run)."""
+"""Run kind -> the sections its class requires (`algorithm`, `rollout`, `kernels` and `trainer` belong to every run)."""
 
 KIND_NAMES = {"quickstart": "the quick start", "rl": "an RL recipe", "sft": "an SFT recipe",
               "preference": "a preference recipe"}
@@ -99,7 +99,7 @@ def set_by_run(entry: Any) -> dict[str, str]:
 
 
 FIELD_ORDER = ("recipe", "algorithm_name", "algorithm", "checkpoint", "data", "task", "model", "sft", "sft_optim",
-               "rl", "rl_optim", "preference", "preference_optim", "rollout", "eval", "trainer")
+               "rl", "rl_optim", "preference", "preference_optim", "rollout", "kernels", "eval", "trainer")
 """Every field a run config of some kind has, in the order of config errors and `dare show`."""
 
 
@@ -117,7 +117,11 @@ class RunConfig:
             constants, Monte-Carlo budget, iterations, ...); SFT's loss settings are `sft.*`
             (the SFT entry holds the run's `sft` section itself). Flags of the algorithm's math
             (`row_local`, `needs_old`, ...) are class constants, never keys.
-        rollout: decoding of RL rollouts and of validation (lengths).
+        rollout: decoding of RL rollouts and of validation (lengths); `rollout.speed` says how the
+            decoder runs (CUDA graphs, folded store passes, row retirement, fused sampling).
+        kernels: how the model's forward runs (`dllm_models.KernelConfig`: fused elementwise
+            kernels, the decode-attention kernel and its tuning, flex tiles), set on every model
+            the run builds, on every rank. Never what is computed.
         trainer: the outer loop: steps, seed, periods, backend, memory levers, metric sinks.
     """
 
@@ -128,6 +132,7 @@ class RunConfig:
     rollout: SamplingConfig = field(
         default_factory=lambda: SamplingConfig(max_new_tokens=4, steps=4, block_length=4, temperature=1.0)
     )
+    kernels: KernelConfig = field(default_factory=KernelConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
 
     @property

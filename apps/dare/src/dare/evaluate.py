@@ -6,6 +6,7 @@ import argparse
 import logging
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -70,6 +71,27 @@ def check_eval_args(args: argparse.Namespace) -> None:
     if args.max_new_tokens is not None and args.block_length is not None and args.max_new_tokens % args.block_length:
         raise ValueError(f"--max-new-tokens {args.max_new_tokens} must be a multiple of --block-length "
                          f"{args.block_length}")
+    speed_settings(args)  # a bad FIELD=VALUE raises here, before a model loads
+    if args.harness != "native" and (getattr(args, "speed", None) or getattr(args, "kernels", None)):
+        raise ValueError("--speed and --kernels set how the native decoder and model run; drop them with "
+                         "--harness opencompass")
+
+
+def speed_settings(args: argparse.Namespace) -> tuple[Any, Any]:
+    """(SpeedConfig, KernelConfig) of `--speed FIELD=VALUE` and `--kernels FIELD=VALUE` (the defaults
+    where none is given), validated: a field or value error names the flag."""
+    from dare.config_tree import apply_tree, parse_overrides
+    from dllm_models import KernelConfig
+    from dllm_rollout import SpeedConfig
+
+    out: list[Any] = []
+    for flag, base in (("speed", SpeedConfig()), ("kernels", KernelConfig())):
+        items = getattr(args, flag, None) or []
+        try:
+            out.append(apply_tree(base, parse_overrides(items), f"{flag}.") if items else base)
+        except ValueError as err:
+            raise ValueError(f"--{flag}: {err}") from None
+    return out[0], out[1]
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, int]:
@@ -104,6 +126,12 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", default=None, help="float32, bfloat16 (default: the checkpoint's)")
     p.add_argument("--output-dir", default=None, help="default runs/eval-<time>")
+    p.add_argument("--speed", action="append", default=[], metavar="FIELD=VALUE",
+                   help="how the native decoder runs (dllm_rollout.SpeedConfig, e.g. cuda_graphs=false, "
+                        "retire_rows=0); repeatable; recorded in each manifest's decoding.speed")
+    p.add_argument("--kernels", action="append", default=[], metavar="FIELD=VALUE",
+                   help="how the model's forward runs (dllm_models.KernelConfig, e.g. decode_span=false); "
+                        "repeatable; recorded in each manifest's kernels")
     p.set_defaults(func=run_eval)
 
 
@@ -155,14 +183,15 @@ def _evaluate(args: argparse.Namespace, out: Path) -> int:
                                seed=args.seed, decoding=_overrides(args))
     from dllm_eval import (get_benchmark, get_preset, infer_family, render_table, rescore, resolve_decoding,
                            run_benchmark, weights_fingerprint, write_result)
-    from dllm_models import load_model, load_tokenizer
+    from dllm_models import load_model, load_tokenizer, set_kernels
 
     if args.adapter is not None:
         from dllm_models.lora import check_peft_adapter
 
         check_peft_adapter(args.adapter)
+    speed, kernels = speed_settings(args)
     t_load = time.perf_counter()
-    model = load_model(args.checkpoint, dtype=args.dtype, device=args.device)
+    model = set_kernels(load_model(args.checkpoint, dtype=args.dtype, device=args.device), kernels)
     if args.adapter is not None:
         from dllm_models.lora import load_peft_adapter
 
@@ -184,7 +213,7 @@ def _evaluate(args: argparse.Namespace, out: Path) -> int:
         preset = get_preset(preset_name)
         bench = get_benchmark(name)
         decoding = resolve_decoding(bench, preset, family=family, block_length=block,
-                                    overrides=_overrides(args))
+                                    overrides={**_overrides(args), "speed": speed})
         from dare.inputs import eval_prompt_warnings
 
         for warning in eval_prompt_warnings(model, tokenizer, bench, preset, decoding.max_new_tokens, limit=args.limit):

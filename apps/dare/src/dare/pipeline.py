@@ -32,7 +32,7 @@ from dare.rl_backend import rl_backend
 from dare.run_folder import start_run, writing_run_folder
 from dare.sinks import curve_keys, curves_title, open_wandb_run
 from dllm_eval import DATASETS, Row, score
-from dllm_models import load_model, load_tokenizer, save_model
+from dllm_models import load_model, load_tokenizer, save_model, set_kernels
 from dllm_train import (
     PhaseSpec,
     PromptBatch,
@@ -70,10 +70,11 @@ def set_num_threads(cfg: RunConfig) -> None:
 
 
 def load_policy(cfg: CheckpointRun, device: str | None = None) -> Any:
-    """The checkpoint's model on `device` (default: the GPU when there is one)."""
+    """The checkpoint's model on `device` (default: the GPU when there is one), running the run's
+    `kernels` (on every rank: the ranks load it here too)."""
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     ckpt = cfg.checkpoint
-    return load_model(ckpt.checkpoint, dtype=ckpt.dtype, device=device)
+    return set_kernels(load_model(ckpt.checkpoint, dtype=ckpt.dtype, device=device), cfg.kernels)
 
 
 def validator(cfg: CheckpointRun, model: Any, tokenizer: Any) -> Callable[[], dict[str, float]] | None:

@@ -17,7 +17,7 @@ from dare.run_folder import start_run, writing_run_folder
 from dare.sinks import curves_title, drop_zero_panels, open_wandb_run
 from dare.tasks.addition import AdditionTask, build_tokenizer, exact_match_reward
 from dllm_algorithms import SFT
-from dllm_models import build_model, save_model
+from dllm_models import build_model, save_model, set_kernels
 from dllm_rollout import SamplingConfig, decode, left_pad
 from dllm_train import (
     PhaseSpec,
@@ -44,7 +44,7 @@ def rank_setup(cfg: QuickstartConfig, weights: dict[str, torch.Tensor]) -> Any:
 
 
 def build_tiny_model(cfg: QuickstartConfig, tokenizer: Any) -> Any:
-    """A LLaDA-architecture model sized by `cfg.model`, with the tokenizer's special ids."""
+    """A LLaDA-architecture model sized by `cfg.model`, with the tokenizer's special ids and the run's `kernels`."""
     m = cfg.model
     raw = {
         "model_type": "llada", "architectures": ["LLaDAModelLM"], "d_model": m.d_model,
@@ -57,7 +57,7 @@ def build_tiny_model(cfg: QuickstartConfig, tokenizer: Any) -> Any:
     }
     model = build_model(raw)
     model.reset_parameters(generator=generator(cfg.trainer.seed, "init"), std=m.init_std)  # type: ignore[operator]
-    return model
+    return set_kernels(model, cfg.kernels)  # on the driver and on every rank (both build it here)
 
 
 def evaluate_accuracy(model: Any, task: AdditionTask, cfg: QuickstartConfig) -> float:

@@ -168,6 +168,14 @@ def _model_config(model: Any) -> Any:
     return repr(config)
 
 
+def _kernels(model: Any) -> Any:
+    """The model's `KernelConfig` (how its forward ran: kernels and their tuning) as a dict, or None."""
+    kernels = getattr(model, "kernels", None)
+    if dataclasses.is_dataclass(kernels) and not isinstance(kernels, type):
+        return dataclasses.asdict(kernels)
+    return None
+
+
 def build_manifest(
     *,
     benchmark: str,
@@ -184,6 +192,9 @@ def build_manifest(
     fingerprint: str | None = None,
 ) -> dict[str, Any]:
     """The ``manifest.json`` content for one benchmark run (JSON-serialisable).
+
+    ``decoding`` holds the sampling settings with their ``speed`` section (how the decoder ran);
+    ``kernels`` is the model's ``KernelConfig`` (how its forward ran), so the folder describes the run.
 
     ``weights_fingerprint`` is ``fingerprint`` when given (taken once per model by the caller),
     else :func:`weights_fingerprint` of ``model`` when ``hash_weights``, else None.
@@ -202,6 +213,7 @@ def build_manifest(
         "eos_handling": eos_handling,
         "model_class": type(model).__qualname__,
         "model_config": _model_config(model),
+        "kernels": _kernels(model),
         "weights_fingerprint": fingerprint,
         "packages": package_versions(),
         "hardware": hardware_info(),

@@ -13,6 +13,7 @@ from dllm_models.checkpoint import (
     with_stop_ids,
 )
 from dllm_models.families.llada import LLaDAConfig, LLaDAModel
+from dllm_models.layers import KernelConfig, set_kernels
 from dllm_models.protocol import DiffusionTraits, KVCache, ModelOutput
 from dllm_models.registry import (
     FAMILIES,
@@ -30,6 +31,8 @@ from dllm_models.char_tokenizer import char_tokenizer
 from dllm_models.tokenizer import has_tokenizer, load_tokenizer
 
 __all__ = [
+    "KernelConfig",
+    "set_kernels",
     "BACKENDS",
     "FAMILIES",
     "FAMILY_NAMES",

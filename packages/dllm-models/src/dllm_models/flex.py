@@ -11,19 +11,16 @@ every pair may attend are "full" (no mask_mod call), the rest evaluate the exact
 from __future__ import annotations
 
 import functools
-import json
 import math
-import os
 import sys
 import warnings
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
-if TYPE_CHECKING:  # attention.py imports this module when the flex backend is chosen
-    from dllm_models.attention import AttentionMask
+from dllm_models.mask import AttentionMask
 
 TILE = 128
 _I32_MAX = torch.iinfo(torch.int32).max
@@ -199,22 +196,21 @@ def build_block_mask(
     )
 
 
-# Triton tile options handed to the compiled kernel (`flex_attention(kernel_options=...)`), e.g.
-# {"BLOCK_M": 64, "BLOCK_N": 64}; None lets Inductor choose. Set from the environment as JSON:
-# DLLM_FLEX_KERNEL_OPTIONS='{"BLOCK_M": 64, "BLOCK_N": 64}'.
-KERNEL_OPTIONS: dict[str, Any] | None = (
-    json.loads(os.environ["DLLM_FLEX_KERNEL_OPTIONS"]) if os.environ.get("DLLM_FLEX_KERNEL_OPTIONS") else None
-)
-
-
 @functools.cache
 def _compiled_flex() -> Callable[..., Any]:
     return torch.compile(flex_attention, dynamic=None)
 
 
-def flex_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask) -> torch.Tensor:
+def flex_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask, *,
+                options: dict[str, Any] | None = None) -> torch.Tensor:
     """FlexAttention of q [B, Hq, Lq, D] over k, v [B, Hkv, Lk, D]; the BlockMask is memoised on
-    `mask` (built once, reused by every layer and by checkpoint recomputation)."""
+    `mask` (built once, reused by every layer and by checkpoint recomputation).
+
+    Args:
+        options: Triton tile options of the compiled kernel (`flex_attention(kernel_options=...)`),
+            e.g. {"BLOCK_M": 64, "BLOCK_N": 64} (`KernelConfig.flex_kernel_options`); None lets
+            Inductor choose.
+    """
     b, hq, lq, _ = q.shape
     lk = k.shape[2]
     key = ("flex", b, lq, lk, str(q.device))
@@ -223,7 +219,7 @@ def flex_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Attenti
     block_mask = mask.cache[key]
     gqa = k.shape[1] != hq
     if q.device.type == "cuda":
-        out = _cuda_flex(q, k, v, block_mask, gqa)
+        out = _cuda_flex(q, k, v, block_mask, gqa, options)
     else:
         out = _eager_flex(q, k, v, block_mask, gqa)
     assert isinstance(out, torch.Tensor)
@@ -238,11 +234,11 @@ _needs_fallback: set[tuple[Any, ...]] = set()
 
 
 def _cuda_flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_mask: BlockMask | None,
-               gqa: bool) -> torch.Tensor:
-    """Compiled flex; a shape whose compilation finds no kernel is compiled again with fallback tiles."""
+               gqa: bool, options: dict[str, Any] | None) -> torch.Tensor:
+    """Compiled flex with the caller's tile `options`; with none, a shape whose compilation finds no
+    kernel is compiled again with fallback tiles."""
     key = (q.shape[1:], k.shape[1:], q.dtype, torch.is_grad_enabled() and q.requires_grad)
-    options = KERNEL_OPTIONS
-    if KERNEL_OPTIONS is None and key in _needs_fallback:
+    if options is None and key in _needs_fallback:
         options = FALLBACK_KERNEL_OPTIONS
     try:
         out: torch.Tensor = _compiled_flex()(q, k, v, block_mask=block_mask, enable_gqa=gqa, kernel_options=options)

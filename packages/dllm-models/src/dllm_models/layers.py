@@ -1,12 +1,12 @@
 """Building blocks shared by the families: RMSNorm, rotary embeddings, SwiGLU.
 
 Each elementwise op has a plain PyTorch path and a fused Triton path (`dllm_models.kernels`)
-with the same numerics; `KernelConfig` picks between them per call (fused on CUDA by default).
+with the same numerics; `KernelConfig` picks between them per call (fused on CUDA by default) and
+holds the attention kernels' switches too (`dllm_models.attention`).
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
@@ -17,29 +17,91 @@ from dllm_models import kernels as _kernels
 from dllm_models.kernels import runs_on
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class KernelConfig:
-    """Which implementation the decoder layers' elementwise ops use (RMSNorm with the residual
-    add, per-head q/k norm + RoPE, SwiGLU).
+    """How a model's forward runs on the GPU: which kernels, tuned how (never what it computes).
+
+    Every switch gives the same function (tests compare both settings), up to floating-point rounding.
+
+    A model holds one (`model.kernels`, set from the run config) and passes it down its forward to
+    every layer and attention call; nothing is read from the environment.
 
     Attributes:
-        fused: run the fused Triton kernels of `dllm_models.kernels` on CUDA tensors (and on CPU
-            under TRITON_INTERPRET=1, for tests); the plain PyTorch path otherwise. Both give the
-            same float32-accumulated numerics and output dtypes.
+        fused: the decoder layers' elementwise ops (RMSNorm with the residual add, per-head q/k
+            norm + RoPE, SwiGLU) run the fused Triton kernels of `dllm_models.kernels` on CUDA
+            tensors (and on CPU under TRITON_INTERPRET=1, for tests); the plain PyTorch path
+            otherwise. Both give the same float32-accumulated numerics and output dtypes.
+        decode_attention: a cached decoding step (a few queries per row over a wide, partly
+            visible KV cache) runs the Triton kernel `kernels.decode_attention`, which reads only
+            the visible keys, where it fits; False: dense-mask sdpa.
+        decode_span: the decode kernel walks each row's visible column range only (5 % faster
+            decoding of SDAR-8B on the H200); False: every tile, skipping those with no visible column.
+        decode_splits: programs per (row, KV head) of the decode kernel, over contiguous column
+            ranges merged by a second kernel (flash-decoding); 1: one program.
+        decode_max_rows: the most query rows per decode-kernel program (n_rep x block length;
+            at most 128); larger steps take sdpa. 64 measured on the H200.
+        decode_block_n: key columns per decode-kernel tile (a power of two, 16-256).
+        decode_stages: software-pipeline stages of the decode kernel's tile loop.
+        flex_kernel_options: Triton tile options of the compiled FlexAttention kernel as
+            (name, value) pairs, e.g. (("BLOCK_M", 64), ("BLOCK_N", 64)); None lets Inductor choose
+            (with a fallback for shapes it finds no kernel for, `flex.FALLBACK_KERNEL_OPTIONS`).
     """
 
     fused: bool = True
+    decode_attention: bool = True
+    decode_span: bool = True
+    decode_splits: int = 1
+    decode_max_rows: int = 64
+    decode_block_n: int = 128
+    decode_stages: int = 2
+    flex_kernel_options: tuple[tuple[str, int], ...] | None = None
+
+    def __post_init__(self) -> None:
+        for name, low in (("decode_splits", 1), ("decode_max_rows", 1), ("decode_stages", 1)):
+            if getattr(self, name) < low:
+                raise ValueError(f"kernels.{name} must be >= {low}, got {getattr(self, name)}")
+        if self.decode_max_rows > 128:
+            raise ValueError(f"kernels.decode_max_rows must be <= 128 (the kernel's largest tile), "
+                             f"got {self.decode_max_rows}")
+        n = self.decode_block_n
+        if n < 16 or n > 256 or n & (n - 1):
+            raise ValueError(f"kernels.decode_block_n must be a power of two in [16, 256], got {n}")
+        if self.flex_kernel_options is not None:
+            pairs = self.flex_kernel_options
+            if not all(isinstance(p, tuple) and len(p) == 2 and isinstance(p[0], str) for p in pairs):
+                raise ValueError(f"kernels.flex_kernel_options must be (name, value) pairs such as "
+                                 f"(('BLOCK_M', 64), ('BLOCK_N', 64)), or None; got {pairs!r}")
+
+    @property
+    def flex_options(self) -> dict[str, int] | None:
+        """`flex_kernel_options` as the dict `flex_attention(kernel_options=...)` takes (None: Inductor's choice)."""
+        return None if self.flex_kernel_options is None else dict(self.flex_kernel_options)
 
     def use_fused(self, x: torch.Tensor) -> bool:
         """Whether an op on `x` takes the fused path."""
         return self.fused and runs_on(x)
 
 
-PLAIN = KernelConfig(fused=False)
-"""The plain PyTorch path (the default of every layer called on its own)."""
+def set_kernels(model: nn.Module, kernels: KernelConfig) -> nn.Module:
+    """Make `model` (a dllm_models family) run with `kernels` from now on; returns it.
 
-DEFAULT_KERNELS = KernelConfig(fused=os.environ.get("DLLM_FUSED_KERNELS", "1") != "0")
-"""A model's default: fused on CUDA unless the environment sets DLLM_FUSED_KERNELS=0."""
+    Raises:
+        TypeError: `model` is not a family (it has no `kernels` to set) or `kernels` is no KernelConfig.
+    """
+    if not isinstance(kernels, KernelConfig):
+        raise TypeError(f"kernels must be a dllm_models.KernelConfig, got {type(kernels).__name__}")
+    if not isinstance(getattr(model, "kernels", None), KernelConfig):
+        raise TypeError(f"{type(model).__name__} is not a dllm_models family (it has no `kernels`); "
+                        "build it with dllm_models.load_model or build_model")
+    setattr(model, "kernels", kernels)
+    return model
+
+
+PLAIN = KernelConfig(fused=False)
+"""The plain PyTorch path for the elementwise ops (the default of every layer called on its own)."""
+
+DEFAULT_KERNELS = KernelConfig()
+"""A model's default: every kernel on (fused elementwise ops on CUDA, the decode kernel with its span walk)."""
 
 
 class RMSNorm(nn.Module):

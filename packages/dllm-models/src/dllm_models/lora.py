@@ -278,8 +278,8 @@ class BaseWeightsView:
     Serves where a frozen initial policy is read as a model (reference log-probs scored during a
     rollout): with LoRA the base weights never train, so they are the initial policy while the
     adapters start at zero (peft's default). `traits` and the output head are the wrapped model's,
-    so decoders that restrict the head to some columns (`dllm_rollout.head.head_columns`) work
-    on the view. It owns no parameters and no module state (`eval()`/`train()` stay the model's).
+    and every keyword (`logit_columns=`, `attention_backend=`) reaches the wrapped forward, so
+    decoders that restrict the head to some columns work on the view. It owns no parameters and no module state (`eval()`/`train()` stay the model's).
     """
 
     def __init__(self, model: nn.Module) -> None:

@@ -1,7 +1,7 @@
 """dllm_rollout: diffusion LM samplers, KV-cached decoding and engine adapters."""
 
 from dllm_rollout.batch import RolloutBatch, response_mask
-from dllm_rollout.config import SamplingConfig, configure, on_model_grid
+from dllm_rollout.config import SamplingConfig, SpeedConfig, configure, on_model_grid
 from dllm_rollout.consistency import consistency_gap
 from dllm_rollout.generate import decode, generate
 from dllm_rollout.masked import transfer_quota
@@ -14,6 +14,7 @@ __all__ = [
     "NonFiniteLogits",
     "RolloutBatch",
     "SamplingConfig",
+    "SpeedConfig",
     "TreeRollout",
     "configure",
     "on_model_grid",

@@ -19,37 +19,29 @@ the next block's first step: one forward over [finished block ; next block], blo
 query, writes the finished block's final K/V and gives the next block's logits (the head runs on
 the next block only). The finished block's queries see exactly what a store pass sees, so the
 function is the same; it saves one forward per block, its weight and cache reads and its head.
-`DLLM_ROLLOUT_FOLD_STORE=0` (or `dllm_rollout.block.FOLD_STORE = False`) runs separate store passes.
+`SamplingConfig.speed.fold_store=False` runs separate store passes.
 
 Rows that have finished (`stop_at_eos`: a finished block of theirs holds a stop id) take no more steps,
-and once `RETIRE_ROWS` of them have gathered they leave the batch: the canvas, the noise streams,
+and once `speed.retire_rows` of them have gathered they leave the batch: the canvas, the noise streams,
 the records and the KV cache keep the live rows only (the cache packed in place), and the cached
 steps are captured anew at the smaller batch, so later forwards, their weights' work and their
 head run on the rows still denoising (as an engine with continuous batching drops finished
 sequences). Every row's draws and records depend on that row alone (`RowNoise`, `Recorder`), so
 a row decodes the same in the smaller batch, up to the rounding of a GEMM at another batch size.
-Per-step records (`record_steps`) keep every row. `DLLM_ROLLOUT_RETIRE_ROWS=0` (or
-`dllm_rollout.block.RETIRE_ROWS = 0`) keeps finished rows in the batch.
-
-With `DLLM_ROLLOUT_CHAIN_STEPS=1` (`CHAIN_STEPS`), a block that starts fully masked under a static
-quota (no threshold, editing, reference model or per-step records: the recipes' setting) runs its
-known number of steps as whole-step graphs: the forward, the proposals, the selection, the commit
-and the records of a step are one graph, and nothing is read back to the host until the block
-ends. The same operations in the same order as the step loop, so the same samples (tested).
+Per-step records (`record_steps`) keep every row. `speed.retire_rows=0` keeps finished rows in the batch.
 """
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
 
 from dllm_rollout.batch import RolloutBatch, decoded_batch, stop_positions
-from dllm_rollout.config import SamplingConfig
+from dllm_rollout.config import SamplingConfig, SpeedConfig
 from dllm_rollout.editing import EDITS, rows_to_step, step_edits, still_open
 from dllm_rollout.graphs import GraphedStep, graph_pool
-from dllm_rollout.head import block_forward, head_columns
+from dllm_rollout.head import block_forward
 from dllm_rollout.static_cache import StaticBlockCache
 from dllm_rollout.masked import transfer_quota
 from dllm_rollout.noise import RowNoise
@@ -57,13 +49,6 @@ from dllm_rollout.progress import check_progress
 from dllm_rollout.record import Recorder
 from dllm_rollout.sampling import propose_scored, select, select_above
 
-FOLD_STORE = os.environ.get("DLLM_ROLLOUT_FOLD_STORE", "1") != "0"
-# finished rows leave the batch once this many have gathered (0: never); each retirement captures
-# the cached steps anew, so a few rows are not worth one
-RETIRE_ROWS = int(os.environ.get("DLLM_ROLLOUT_RETIRE_ROWS", "16"))
-# whole denoising steps (forward, proposal, selection, commit, records) as one graph, with no
-# read-back between the steps of a block (`_ChainedSteps`); off until measured on the GPU
-CHAIN_STEPS = os.environ.get("DLLM_ROLLOUT_CHAIN_STEPS", "0") == "1"
 
 
 def grid_layout(prompt_lengths: torch.Tensor, block_length: int, max_new_tokens: int) -> tuple[int, int, torch.Tensor]:
@@ -157,29 +142,20 @@ def decode_blocks(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
     live = torch.ones(b, dtype=torch.bool, device=device)
     num_edits = torch.zeros(b, dtype=torch.long, device=device)
     # the batch's rows still in the working tensors below (all, until finished rows retire)
-    full = (_FullRows(canvas, rec, offsets, num_edits) if cfg.stop_at_eos and RETIRE_ROWS > 0 and not cfg.record_steps
+    # finished rows leave the batch once `speed.retire_rows` have gathered (0: never); each retirement
+    # captures the cached steps anew, so a few rows are not worth one
+    retire = cfg.speed.retire_rows
+    full = (_FullRows(canvas, rec, offsets, num_edits) if cfg.stop_at_eos and retire > 0 and not cfg.record_steps
             else None)
     post_budget = cfg.max_post_steps if cfg.editing_threshold is not None else 0
     own = _own_span(offsets, r, bl)
-    cached = _CachedBlocks(model, canvas, attn, pos, r0, bl) if cfg.cache == "prefix" else None
-    chained = (CHAIN_STEPS and cached is not None and cfg.threshold is None and cfg.editing_threshold is None
-               and ref_model is None and not cfg.record_steps)
-    # the quotas of a block that starts fully masked, one per step
-    fill = [quota_at(quota, s, bl) for s in range(steps_to_fill(quota, bl))]
-    chain: _ChainedSteps | None = None
+    cached = _CachedBlocks(model, canvas, attn, pos, r0, bl, cfg.speed) if cfg.cache == "prefix" else None
     try:
         for start in range(r0, width, bl):
             end = start + bl
             step, post, open_rows = 0, torch.zeros_like(num_edits), live.clone()
             logits: torch.Tensor | None = None
-            # every block after the first (which holds the prompt tails) starts fully masked
-            stepped = chained and start > r0 and cached is not None and cached.static is not None
-            if stepped:
-                assert cached is not None
-                if chain is None:
-                    chain = _ChainedSteps(cached, cfg, noise, rec, mask_id)
-                chain.block(start, end, start - r0, open_rows, fill)
-            while not stepped:
+            while True:
                 still = (canvas[:, start:end] == mask_id) & open_rows[:, None]
                 active, post = rows_to_step(open_rows, still.any(-1), post, post_budget)
                 if not bool(active.any()):
@@ -193,7 +169,7 @@ def decode_blocks(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
                     logits = _recompute_logits(model, canvas, attn, pos, start, end)
                 x0, conf, logp = propose_scored(logits, remasking=_confidence_of(cfg), temperature=cfg.temperature,
                                                 top_k=cfg.top_k, top_p=cfg.top_p, noise=noise, active=active,
-                                                mask_id=mask_id)
+                                                mask_id=mask_id, fused=cfg.speed.fused_sampling)
                 k = torch.full((canvas.shape[0],), quota_at(quota, step, bl), dtype=torch.long, device=device)
                 commit = _commit(cfg, conf, still, k) & active[:, None]
                 edits = step_edits(x0, conf, canvas[:, start:end], active, mask_id=mask_id, lo=start - r0,
@@ -217,10 +193,7 @@ def decode_blocks(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
                 alive = int(live.sum())
                 if alive == 0:
                     break
-                if full is not None and end < width and live.numel() - alive >= RETIRE_ROWS:
-                    if chain is not None:  # its graphs and buffers are those of the old batch
-                        chain.release()
-                        chain = None
+                if full is not None and end < width and live.numel() - alive >= retire:
                     keep = live.nonzero().flatten()
                     full.put(canvas, rec, num_edits)
                     full.rows = full.rows[keep]
@@ -230,10 +203,8 @@ def decode_blocks(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
                     if cached is not None:
                         cached.keep_rows(keep, canvas, attn, pos)
     finally:
-        # on an exception too: the graphs hold bound methods of these objects, a cycle that would keep the
+        # on an exception too: the graphs hold bound methods of this object, a cycle that would keep the
         # canvas-wide KV cache alive until the next garbage collection (a retry would meet it on the GPU)
-        if chain is not None:
-            chain.release()
         if cached is not None:
             cached.release()
     if full is not None and full.rows.numel() < full.canvas.shape[0]:
@@ -264,15 +235,6 @@ def _commit(cfg: SamplingConfig, conf: torch.Tensor, still: torch.Tensor, k: tor
 def quota_at(quota: list[int], step: int, block: int) -> int:
     """Masks a row may commit at `step` of a block: the per-step quota, then the whole block."""
     return quota[step] if step < len(quota) else block
-
-
-def steps_to_fill(quota: list[int], block: int) -> int:
-    """Steps of the per-step `quota` (then a whole block per step) that commit `block` masks."""
-    done, steps = 0, 0
-    while done < block:
-        done += quota_at(quota, steps, block)
-        steps += 1
-    return steps
 
 
 def _own_span(offsets: torch.Tensor, max_new_tokens: int, block: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -312,19 +274,20 @@ class _CachedBlocks:
     keys/values in place, so every step has the same shapes and runs as one CUDA graph
     (`GraphedStep`). Decode-region columns are always real tokens (rows are padded by whole blocks
     before the region), so a step passes no attention mask of its own; padding lives in the
-    cache's key padding. With `FOLD_STORE` a finished block's store pass is the first half of the
+    cache's key padding. With `speed.fold_store` a finished block's store pass is the first half of the
     next block's first step (module doc), a second graph of 2 x block columns.
     """
 
     def __init__(self, model: Any, canvas: torch.Tensor, attn: torch.Tensor, pos: torch.Tensor, r0: int,
-                 block: int) -> None:
+                 block: int, speed: SpeedConfig) -> None:
         self.model, self.canvas, self.attn, self.pos, self.block = model, canvas, attn, pos, block
+        self.speed = speed
         self.static: StaticBlockCache | None = None
         self.shown = -1  # start column of the block the cache currently writes
         self.pending = -1  # start column of a finished block whose store pass is still to run
-        self.pool = graph_pool(canvas.device)  # one memory pool: the graphs run one after another
-        self.step: GraphedStep | None = GraphedStep(self._forward, pool=self.pool)
-        self.pair_step: GraphedStep | None = GraphedStep(self._pair_forward, pool=self.pool)
+        self.step: GraphedStep | None = None
+        self.pair_step: GraphedStep | None = None
+        self._capture_steps()
         self.head = torch.arange(block, 2 * block, device=canvas.device)  # the next block's columns
         if r0 > 0:
             # prompt blocks: keys/values only, the head runs on no column
@@ -346,8 +309,8 @@ class _CachedBlocks:
     def _pair_forward(self, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """[finished block ; next block]: writes both blocks' keys/values, logits of the next one."""
         assert self.static is not None
-        with head_columns(self.model, self.head):
-            logits: torch.Tensor = self.model(ids, position_ids=pos, past_key_values=self.static.pair).logits
+        logits: torch.Tensor = self.model(ids, position_ids=pos, past_key_values=self.static.pair,
+                                          logit_columns=self.head).logits
         return logits
 
     def setup(self, start: int, end: int) -> int:
@@ -391,113 +354,29 @@ class _CachedBlocks:
         if self.static is not None:
             self.static.keep_rows(rows)
         self.step = self.pair_step = None  # the old graphs and their memory go before new ones are captured
-        self.pool = graph_pool(canvas.device)
-        self.step = GraphedStep(self._forward, pool=self.pool)
-        self.pair_step = GraphedStep(self._pair_forward, pool=self.pool)
+        self._capture_steps()
+
+    def _capture_steps(self) -> None:
+        """New block and two-block steps (captured at their first call), sharing one memory pool: the
+        graphs run one after another."""
+        graphs = self.speed.cuda_graphs
+        self.pool = graph_pool(self.canvas.device, graphs)
+        self.step = GraphedStep(self._forward, pool=self.pool, enabled=graphs)
+        self.pair_step = GraphedStep(self._pair_forward, pool=self.pool, enabled=graphs)
 
     def finish(self, start: int, end: int) -> None:
         """Block [start, end) is finished: cache its final keys/values (SDAR's "store" pass), now or,
-        with `FOLD_STORE`, as part of the next block's first step."""
+        with `speed.fold_store`, as part of the next block's first step."""
         if self.pending >= 0:  # the block after a pending store took no step: store that one alone
             prev, self.pending = self.pending, -1
             self._run(prev, prev + self.block)
-        if FOLD_STORE and self.static is not None:
+        if self.speed.fold_store and self.static is not None:
             self.pending = start
             return
         _, kv = self._run(start, end, keep=True)
         if self.static is None:
             self.static = StaticBlockCache(kv, self.canvas.shape[0], self.canvas.shape[1], self.block)
             self.static.store(start, kv, self.attn[:, start:end])
-
-
-class _ChainedSteps:
-    """Whole denoising steps of a block as graphs of fixed shapes (`CHAIN_STEPS`, module doc).
-
-    A step forwards the block against the cache (alone, or after the finished block whose store
-    pass it folds in), proposes and scores tokens, selects the quota of each row's most confident
-    masks, commits them and records their step and log-prob: `decode_blocks`' step without
-    threshold, editing, reference model or per-step records, in the same order. The block's
-    tokens, its records and the rows still open live in buffers of this object during the block;
-    the rows' noise counters and step counters are updated in place. Nothing is read back between
-    steps, so a block's steps are queued back to back.
-    """
-
-    def __init__(self, cached: _CachedBlocks, cfg: SamplingConfig, noise: RowNoise, rec: Recorder,
-                 mask_id: int) -> None:
-        b, bl, dev = cached.canvas.shape[0], cached.block, cached.canvas.device
-        self.cached: _CachedBlocks | None = cached
-        self.cfg, self.noise, self.rec, self.mask_id = cfg, noise, rec, mask_id
-        self.blk = torch.empty((b, bl), dtype=torch.long, device=dev)
-        self.open = torch.empty(b, dtype=torch.bool, device=dev)
-        self.unmask = torch.empty((b, bl), dtype=torch.long, device=dev)
-        self.logp = torch.empty((b, bl), dtype=torch.float32, device=dev)
-        self.quotas: dict[int, torch.Tensor] = {}
-        self.single: GraphedStep | None = GraphedStep(self._single, pool=cached.pool, state=self._state)
-        self.pair: GraphedStep | None = GraphedStep(self._pair, pool=cached.pool, state=self._state)
-
-    def release(self) -> None:
-        """Drop the graphs (they hold bound methods of this object: a reference cycle)."""
-        self.single = self.pair = self.cached = None
-
-    def _state(self) -> list[torch.Tensor]:
-        """What a step updates in place (restored after a capture's warm-up run)."""
-        return [self.blk, self.open, self.unmask, self.logp, self.rec.row_step, self.noise.drawn]
-
-    def _advance(self, logits: torch.Tensor, k: torch.Tensor) -> None:
-        cfg, blk = self.cfg, self.blk
-        still = (blk == self.mask_id) & self.open[:, None]
-        active = still.any(-1)
-        x0, conf, logp = propose_scored(logits, remasking="maskgit_plus", temperature=cfg.temperature,
-                                        top_k=cfg.top_k, top_p=cfg.top_p, noise=self.noise, active=active,
-                                        mask_id=self.mask_id)
-        commit = select(conf, still, k) & active[:, None]
-        blk.copy_(torch.where(commit, x0, blk))
-        self.unmask.copy_(torch.where(commit, self.rec.row_step[:, None].expand_as(commit), self.unmask))
-        self.logp.copy_(torch.where(commit, logp.float(), self.logp))
-        self.rec.row_step.add_(active.long())
-        self.open.copy_(active)
-
-    def _single(self, pos: torch.Tensor, k: torch.Tensor) -> None:
-        assert self.cached is not None and self.cached.static is not None
-        logits = self.cached.model(self.blk, position_ids=pos, past_key_values=self.cached.static.cache).logits
-        self._advance(logits, k)
-
-    def _pair(self, prev: torch.Tensor, pos: torch.Tensor, k: torch.Tensor) -> None:
-        cached = self.cached
-        assert cached is not None and cached.static is not None
-        with head_columns(cached.model, cached.head):
-            ids = torch.cat([prev, self.blk], dim=1)
-            logits = cached.model(ids, position_ids=pos, past_key_values=cached.static.pair).logits
-        self._advance(logits, k)
-
-    def _quota(self, k: int) -> torch.Tensor:
-        if k not in self.quotas:
-            self.quotas[k] = torch.full((self.blk.shape[0],), k, dtype=torch.long, device=self.blk.device)
-        return self.quotas[k]
-
-    def block(self, start: int, end: int, lo: int, open_rows: torch.Tensor, quotas: list[int]) -> None:
-        """Decode block [start, end) (region columns from `lo`) of the rows `open_rows` in one step per
-        quota, then write its tokens and records back; raise if a mask is left (no progress)."""
-        cached = self.cached
-        assert cached is not None and self.single is not None and self.pair is not None, "released"
-        canvas, pos, hi = cached.canvas, cached.pos, lo + end - start
-        self.blk.copy_(canvas[:, start:end])
-        self.open.copy_(open_rows)
-        self.unmask.copy_(self.rec.unmask_step[:, lo:hi])
-        self.logp.copy_(self.rec.step_logp[:, lo:hi])
-        prev = cached.setup(start, end)
-        for i, q in enumerate(quotas):
-            if i == 0 and prev >= 0:
-                self.pair(canvas[:, prev:start], pos[:, prev:end], self._quota(q))
-            else:
-                self.single(pos[:, start:end], self._quota(q))
-        canvas[:, start:end] = self.blk
-        self.rec.unmask_step[:, lo:hi] = self.unmask
-        self.rec.step_logp[:, lo:hi] = self.logp
-        if bool(((self.blk == self.mask_id) & open_rows[:, None]).any()):  # one read-back per block
-            assert cached.static is not None
-            logits = cached.model(self.blk, position_ids=pos[:, start:end], past_key_values=cached.static.cache).logits
-            check_progress(len(quotas), len(quotas), start, end, logits)
 
 
 def _tail_extras(region: torch.Tensor, offsets: torch.Tensor, cfg: SamplingConfig, rec: Recorder,

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from collections.abc import Mapping
 from typing import Any
 
 LLADA_REMASKING = ("low_confidence", "random")
@@ -17,6 +18,36 @@ DREAM_RANKED = ("maskgit_plus", "topk_margin", "entropy")
 CACHES = (None, "prefix", "dual")
 EOS_HANDLING = ("keep", "truncate")
 ENGINES = ("native", "lmdeploy")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SpeedConfig:
+    """How the native decoder runs (never what it samples).
+
+    Every switch leaves the samples unchanged, up to the rounding of a GEMM at another batch size
+    (tests compare both settings).
+
+    Attributes:
+        cuda_graphs: cached decoding steps replay as CUDA graphs (`graphs.GraphedStep`; CUDA only).
+            A step whose capture fails runs eagerly, with one logged warning per process, and
+            is counted (`graphs.capture_failures`, the rollout metric `graph_capture_failures`).
+        fold_store: block diffusion with `cache="prefix"`: a finished block's store forward is the
+            first half of the next block's first step (`block.py`); False runs separate store passes.
+        retire_rows: block diffusion with `stop_at_eos`: rows that stopped leave the batch once this
+            many have gathered (0: never); 1.80x the tokens/s of keeping them (docs/benchmarks.md).
+        fused_sampling: proposals, confidences and log-probs in one Triton kernel where it runs
+            (`sampling.propose_scored`: CUDA, or CPU under TRITON_INTERPRET=1).
+    """
+
+    cuda_graphs: bool = True
+    fold_store: bool = True
+    retire_rows: int = 16
+    fused_sampling: bool = True
+
+    def __post_init__(self) -> None:
+        if self.retire_rows < 0:
+            raise ValueError(f"rollout.speed.retire_rows must be >= 0 (0: finished rows stay in the batch), "
+                             f"got {self.retire_rows}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -91,6 +122,8 @@ class SamplingConfig:
         engine: who decodes the trainer's rollouts: "native" (`generate`) or "lmdeploy" (its
             PyTorch engine, colocated, for block-diffusion models; `dllm_train.EngineRolloutWorker`).
         engine_kv_fraction: the share of free GPU memory the engine may take for its KV cache.
+        speed: how the native decoder runs (`SpeedConfig`: CUDA graphs, folded store passes, row
+            retirement, fused sampling); never what it samples.
     """
 
     max_new_tokens: int
@@ -115,8 +148,12 @@ class SamplingConfig:
     max_rows: int = 0
     engine: str = "native"
     engine_kv_fraction: float = 0.3
+    speed: SpeedConfig = field(default_factory=SpeedConfig)
 
     def __post_init__(self) -> None:
+        if not isinstance(self.speed, SpeedConfig):
+            raise TypeError(f"rollout.speed must be a SpeedConfig, got {type(self.speed).__name__}; "
+                            "build it with dllm_rollout.SpeedConfig(...)")
         if self.engine not in ENGINES:
             raise ValueError(f"rollout.engine={self.engine!r} unknown; choose one of {ENGINES}")
         if not 0.0 < self.engine_kv_fraction < 1.0:
@@ -258,7 +295,7 @@ def configure(base: SamplingConfig | None = None, /, **settings: Any) -> Samplin
     Args:
         base: the settings to start from (None: only `settings`, which must then hold
             max_new_tokens, steps and block_length).
-        settings: SamplingConfig fields by name.
+        settings: SamplingConfig fields by name (`speed` as a SpeedConfig or its dict form).
 
     Raises:
         TypeError: for a name that is not a SamplingConfig field (the error names it, its value and
@@ -270,6 +307,9 @@ def configure(base: SamplingConfig | None = None, /, **settings: Any) -> Samplin
             close = difflib.get_close_matches(key, names, n=1, cutoff=0.6)
             hint = f"did you mean {close[0]!r}?" if close else f"the settings are {names}"
             raise TypeError(f"{key}={value!r} is not a decoding setting (a SamplingConfig field); {hint}")
+    speed = settings.get("speed")
+    if isinstance(speed, Mapping):  # the JSON form (`dataclasses.asdict` of a SamplingConfig)
+        settings["speed"] = SpeedConfig(**speed)
     if base is None:
         return SamplingConfig(**settings)
     return dataclasses.replace(base, **settings) if settings else base

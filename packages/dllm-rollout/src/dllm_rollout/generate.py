@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from contextlib import nullcontext
 from typing import Any
 
-import dllm_models.fusion as fusion
 import torch
 
 from dllm_rollout.batch import RolloutBatch
@@ -27,12 +25,10 @@ def decode(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, seed
         cfg: the sampling configuration.
         ref_model: optional reference model scored on the same canvases (`ref_step_logp`).
     """
-    # q/k/v and gate/up as one GEMM each while decoding (`DLLM_MODELS_FUSED_PROJECTIONS=1`)
-    with fusion.fused_projections(model) if fusion.FUSED_PROJECTIONS else nullcontext():
-        if cfg.block_diffusion:
-            out = decode_blocks(model, prompt_ids, prompt_mask, seeds, cfg, ref_model)
-            return align_to_block_grid(out) if cfg.block_aligned_budget else out
-        return decode_masked(model, prompt_ids, prompt_mask, seeds, cfg, ref_model)
+    if cfg.block_diffusion:
+        out = decode_blocks(model, prompt_ids, prompt_mask, seeds, cfg, ref_model)
+        return align_to_block_grid(out) if cfg.block_aligned_budget else out
+    return decode_masked(model, prompt_ids, prompt_mask, seeds, cfg, ref_model)
 
 
 def generate(

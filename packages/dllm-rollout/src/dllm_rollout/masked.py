@@ -21,7 +21,7 @@ from dllm_models.protocol import KVCache
 from dllm_rollout.batch import RolloutBatch, decoded_batch
 from dllm_rollout.config import LLADA_REMASKING, SamplingConfig
 from dllm_rollout.graphs import GraphedStep, graph_pool
-from dllm_rollout.head import block_forward, head_columns, raw_columns
+from dllm_rollout.head import block_forward, raw_columns
 from dllm_rollout.noise import RowNoise
 from dllm_rollout.prediction import full_prediction, record_noise, response_logits
 from dllm_rollout.progress import check_progress
@@ -85,7 +85,7 @@ class _BlockLogits:
         self.full: KVCache | None = None  # the canvas-wide cache, as the full forward writes it
         self.past: KVCache | None = None  # the same tensors, as the current block's cached steps write them
         self.lo = -1
-        self.pool = graph_pool(canvas.device)  # one memory pool for the cached steps' graphs
+        self.pool = graph_pool(canvas.device, cfg.speed.cuda_graphs)  # one memory pool for the cached steps' graphs
         self.steps: dict[int, GraphedStep] = {}  # window width -> its cached step
         self.write: dict[int, torch.Tensor] = {}  # window width -> its write columns
 
@@ -96,8 +96,7 @@ class _BlockLogits:
         self.write.clear()
 
     def _cached_forward(self, window: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        with head_columns(self.model, self.window_columns):
-            out = self.model(window, position_ids=pos, past_key_values=self.past)
+        out = self.model(window, position_ids=pos, past_key_values=self.past, logit_columns=self.window_columns)
         logits: torch.Tensor = out.logits
         return logits
 
@@ -107,21 +106,19 @@ class _BlockLogits:
         if self.cfg.cache is None or step == 0 or self.past is None:  # a full forward: head on the block
             self.columns.copy_(raw_columns(start, end, self.shift, c.device))
         if self.cfg.cache is None:
-            with head_columns(m, self.columns):
-                no_cache: torch.Tensor = m(c, attention_mask=self.mask, position_ids=self.pos).logits
+            no_cache: torch.Tensor = m(c, attention_mask=self.mask, position_ids=self.pos,
+                                       logit_columns=self.columns).logits
             return no_cache
         hi = c.shape[1] if self.cfg.cache == "prefix" else end
         if step == 0 or self.past is None:
             if self.full is None:  # the first block allocates the canvas-wide cache
-                with head_columns(m, self.columns):
-                    out = m(c, attention_mask=self.mask, position_ids=self.pos, use_cache=True)
+                out = m(c, attention_mask=self.mask, position_ids=self.pos, use_cache=True, logit_columns=self.columns)
                 cache = out.past_key_values
                 self.full = KVCache(cache.keys, cache.values, self.padding,
                                     write_columns=torch.arange(c.shape[1], device=c.device))
                 logits: torch.Tensor = out.logits
             else:  # later blocks rewrite it in place: the same full forward, no new cache
-                with head_columns(m, self.columns):
-                    logits = m(c, position_ids=self.pos, past_key_values=self.full).logits
+                logits = m(c, position_ids=self.pos, past_key_values=self.full, logit_columns=self.columns).logits
             if self.lo != lo:
                 write = self.write.setdefault(hi - lo, torch.empty(hi - lo, dtype=torch.long, device=c.device))
                 torch.arange(lo, hi, out=write)
@@ -129,7 +126,7 @@ class _BlockLogits:
                 self.lo = lo
             return logits
         if hi - lo not in self.steps:
-            self.steps[hi - lo] = GraphedStep(self._cached_forward, pool=self.pool)
+            self.steps[hi - lo] = GraphedStep(self._cached_forward, pool=self.pool, enabled=self.cfg.speed.cuda_graphs)
         window: torch.Tensor = self.steps[hi - lo](c[:, lo:hi], self.pos[:, lo:hi])
         return window
 
@@ -209,7 +206,7 @@ def decode_masked(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
                 # LLaDA's confidences read the raw logits; Dream's read softmax(filtered)
                 x0, conf, logp = propose_scored(logits, remasking=cfg.remasking, temperature=cfg.temperature,
                                                 top_k=cfg.top_k, top_p=cfg.top_p, noise=noise, active=active,
-                                                mask_id=mask_id)
+                                                mask_id=mask_id, fused=cfg.speed.fused_sampling)
                 k = _quota(cfg, still, step, spb, quota)
                 if cfg.commit_block_start and step == 0:  # Dream's cached block decoder: the block's first position
                     commit = still & (torch.arange(bl, device=device) == 0)

@@ -7,8 +7,6 @@ back to the host, so a step's sampling can run inside a CUDA graph.
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from dllm_models.kernels import runs_on
@@ -16,9 +14,6 @@ from dllm_rollout import fused_sampling
 from dllm_rollout.noise import RowNoise
 
 NEG_INF = float("-inf")
-# `propose_scored` runs `fused_sampling.draw` on CUDA (and on CPU under TRITON_INTERPRET=1, for
-# tests); DLLM_ROLLOUT_FUSED_SAMPLING=0 (or setting this to False) keeps the unfused path
-FUSED_SAMPLING = os.environ.get("DLLM_ROLLOUT_FUSED_SAMPLING", "1") != "0"
 
 
 def filter_logits(logits: torch.Tensor, top_k: int | None, top_p: float | None) -> torch.Tensor:
@@ -115,10 +110,11 @@ RAW_CONFIDENCES = ("low_confidence", "random", TEMPERED)  # confidences that nev
 FUSED_CONFIDENCES = ("maskgit_plus", "origin", *RAW_CONFIDENCES)  # confidences `fused_sampling` returns
 
 
-def fuses(logits: torch.Tensor, remasking: str, top_p: float | None) -> bool:
-    """Whether `propose_scored` takes the fused kernel for these logits and settings: on CUDA with
-    Triton, a confidence the kernel returns, and no nucleus filter (it needs a sort)."""
-    return (FUSED_SAMPLING and runs_on(logits) and remasking in FUSED_CONFIDENCES
+def fuses(logits: torch.Tensor, remasking: str, top_p: float | None, *, fused: bool = True) -> bool:
+    """Whether `propose_scored` takes the fused kernel for these logits and settings: `fused` on (the
+    config's `speed.fused_sampling`), on CUDA with Triton (or CPU under TRITON_INTERPRET=1), a
+    confidence the kernel returns, and no nucleus filter (it needs a sort)."""
+    return (fused and runs_on(logits) and remasking in FUSED_CONFIDENCES
             and (top_p is None or top_p >= 1.0))
 
 
@@ -132,6 +128,7 @@ def propose_scored(
     noise: RowNoise,
     active: torch.Tensor,
     mask_id: int | None = None,
+    fused: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """`propose` then `confidence(remasking, ...)`: proposals x0 [B, N], their confidences [B, N] and
     log-probs [B, N], drawing the same noise in the same order. "low_confidence_dynamic"'s
@@ -140,9 +137,10 @@ def propose_scored(
 
     Where `fuses` holds, one Triton kernel (`fused_sampling.draw`) reads the logits twice instead
     of the dozen [B, N, V] float32 passes of the unfused path; it equals that path up to float32
-    rounding (tested), and the unfused path runs everywhere else.
+    rounding (tested), and the unfused path runs everywhere else (and with `fused=False`, the
+    config's `speed.fused_sampling`).
     """
-    if not fuses(logits, remasking, top_p):
+    if not fuses(logits, remasking, top_p, fused=fused):
         x0, probs, logp = propose(logits, temperature=temperature, top_k=top_k, top_p=top_p, noise=noise,
                                   active=active, mask_id=mask_id, keep_probs=remasking not in RAW_CONFIDENCES)
         if remasking == TEMPERED:

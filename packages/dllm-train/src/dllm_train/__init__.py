@@ -25,9 +25,9 @@ from dllm_train.seeding import derive_seed, generator, sample_seeds
 from dllm_train.objective import Objective, OfflineInputs, OfflineObjective
 from dllm_train.offline import OfflineWorker
 from dllm_train.step import LocalRanks, PolicyRank, RankRollout, Ranks, check_settings, rl_step
+from dllm_train.algorithm import Prepared
 from dllm_train.workers import (
     ActorWorker,
-    Prepared,
     ReferenceWorker,
     RewardWorker,
     RolloutWorker,

@@ -73,6 +73,27 @@ class RLBatch:
 
 
 @dataclass(frozen=True)
+class Prepared(Generic[D]):
+    """A batch ready for the update: the algorithm's data, old and reference values.
+
+    Attributes:
+        batch: the rollout and rewards.
+        data: what `RLAlgorithm.prepare` derived.
+        old: per update iteration, the values under the rollout policy (None: not needed, or
+            taken from the training pass on-policy).
+        old_outputs: the raw scorer outputs of iteration 0's old pass, reused by the update of
+            a non-row-local loss as its value pass (the weights have not moved since).
+        ref: per update iteration, the values under the reference model.
+    """
+
+    batch: RLBatch
+    data: D
+    old: list[torch.Tensor] | None = None
+    old_outputs: list[torch.Tensor] | None = None
+    ref: list[torch.Tensor] | None = None
+
+
+@dataclass(frozen=True)
 class LossInputs(Generic[D]):
     """Everything `RLAlgorithm.loss` reads besides the current values.
 
@@ -219,4 +240,4 @@ def mini_batch_slices(algorithm: RLAlgorithm[D], batch: RLBatch, data: D) -> lis
     return [slice(a, min(a + size, total)) for a in range(0, total, size)]
 
 
-__all__ = ["LossInputs", "Metrics", "MiniBatchRows", "RLAlgorithm", "mini_batch_slices", "RLBatch", "SpecialTokens", "with_fields"]
+__all__ = ["LossInputs", "Metrics", "MiniBatchRows", "Prepared", "RLAlgorithm", "mini_batch_slices", "RLBatch", "SpecialTokens", "with_fields"]

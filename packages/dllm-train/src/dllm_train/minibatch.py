@@ -9,12 +9,9 @@ first step, so every mini-batch after the first is off-policy.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
-from dllm_train.algorithm import RLAlgorithm, mini_batch_slices
-
-if TYPE_CHECKING:
-    from dllm_train.workers import Prepared
+from dllm_train.algorithm import Prepared, RLAlgorithm, mini_batch_slices
 
 D = TypeVar("D")
 

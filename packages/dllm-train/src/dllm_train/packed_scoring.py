@@ -22,23 +22,11 @@ clean half (the doubled layout, for comparison).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any, NamedTuple
 
 import torch
 
 PACKED_BACKENDS = ("sdpa", "eager", "flex", "varlen", "flash_attn", "bd3lm_kernel")
-
-
-@contextmanager
-def _backend(model: Any, name: str) -> Iterator[None]:
-    old = getattr(model, "attention_backend", "sdpa")
-    model.attention_backend = name
-    try:
-        yield
-    finally:
-        model.attention_backend = old
 
 
 def shares_clean_context(attention_mask: torch.Tensor, clean_ids: torch.Tensor) -> torch.Tensor:
@@ -88,15 +76,14 @@ def packed_token_logp(
     attn = attention_mask.bool()
     packed = pack(noisy_ids, attn)
     tgt = pack_like(targets, packed)  # [1, T]
-    with _backend(model, backend):
-        if block_length is None:
-            lp = model_token_logprobs(
-                model, packed.input_ids, tgt, temperature=temperature,
-                attention=packed.attention_mask(), position_ids=packed.position_ids,
-            )
-            return unpack(lp, packed)
-        follows = shares_clean_context(attn, clean_ids) if shared else torch.zeros_like(attn[:, 0])
-        return _bd3lm(model, packed, clean_ids, follows, tgt, temperature, block_length, noised_only)
+    if block_length is None:
+        lp = model_token_logprobs(
+            model, packed.input_ids, tgt, temperature=temperature,
+            attention=packed.attention_mask(), position_ids=packed.position_ids, attention_backend=backend,
+        )
+        return unpack(lp, packed)
+    follows = shares_clean_context(attn, clean_ids) if shared else torch.zeros_like(attn[:, 0])
+    return _bd3lm(model, packed, clean_ids, follows, tgt, temperature, block_length, noised_only, backend)
 
 
 class BD3LMLayout(NamedTuple):
@@ -152,7 +139,7 @@ def bd3lm_layout(packed: Any, clean_ids: torch.Tensor, follows: torch.Tensor, bl
 
 
 def _bd3lm(model: Any, packed: Any, clean_ids: torch.Tensor, follows: torch.Tensor, tgt: torch.Tensor,
-           temperature: float, block_length: int, noised_only: bool) -> torch.Tensor:
+           temperature: float, block_length: int, noised_only: bool, backend: str) -> torch.Tensor:
     """Log-probs of the rows' targets on their noisy copies in the BD3LM layout (`bd3lm_layout`).
 
     The head runs only where a target is set (`model_token_logprobs` skips -100): never on the
@@ -169,7 +156,7 @@ def _bd3lm(model: Any, packed: Any, clean_ids: torch.Tensor, follows: torch.Tens
         scored = torch.where(packed.input_ids[0] != pack_like(clean_ids, packed)[0], scored, -100)
     targets[noisy_at] = scored
     lp2 = model_token_logprobs(model, layout.input_ids, targets[None], temperature=temperature,
-                               attention=layout.attention)
+                               attention=layout.attention, attention_backend=backend)
     lp = lp2[0, noisy_at]
     # the blocks of a sequence that hold none of its noised tokens score 0, as on the padded path
     noisy, clean = packed.input_ids[0], pack_like(clean_ids, packed)[0]

@@ -28,15 +28,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import torch
 import torch.distributed as dist
 
 from dllm_train.lockstep import group_max
-
-if TYPE_CHECKING:  # likelihood.py imports this module for `ValuesScorer`
-    from dllm_train.likelihood import Scorer
 
 
 class ValuesScorer(Protocol):
@@ -69,6 +66,32 @@ class ValuesScorer(Protocol):
         ...
 
 
+class PassScorer(ValuesScorer, Protocol):
+    """What the passes use of a scorer: a `dllm_train.Scorer` (`likelihood.py`, which imports this
+    module), or another with the same costs and idle pass (a `SequenceParallelScorer`).
+
+    Attributes:
+        value_dtype: dtype of the values a call returns.
+    """
+
+    @property
+    def value_dtype(self) -> torch.dtype: ...
+
+    def row_cost(self, noisy_ids: torch.Tensor, attention_mask: torch.Tensor,
+                 clean_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """[M] tokens one forward runs for each row (`dllm_train.Scorer.row_cost`)."""
+        ...
+
+    def shared_tokens(self, noisy_ids: torch.Tensor, attention_mask: torch.Tensor,
+                      clean_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """[M] tokens of row i's cost that row i - 1 already runs (`dllm_train.Scorer.shared_tokens`)."""
+        ...
+
+    def idle_pass(self) -> torch.Tensor:
+        """One tiny forward kept in the graph, run in place of a pass a rank does not need."""
+        ...
+
+
 Metrics = dict[str, torch.Tensor]
 ValuesFn = Callable[[ValuesScorer], torch.Tensor]
 """scorer -> values, pure given its inputs (see the module doc)."""
@@ -90,7 +113,7 @@ class ScoreCall:
         return ScoreCall(self.noisy[index], self.attention[index], self.targets[index],
                          None if self.clean is None else self.clean[index], self.temperature)
 
-    def run(self, scorer: Scorer) -> torch.Tensor:
+    def run(self, scorer: PassScorer) -> torch.Tensor:
         return scorer(self.noisy, self.attention, self.targets, clean_ids=self.clean, temperature=self.temperature)
 
 
@@ -106,7 +129,7 @@ class _Proxy:
     """A stand-in scorer: a `ValuesScorer` (mypy checks it where a values function receives it)
     answering its calls with `_answer`, with the special ids, block length and group of `scorer`."""
 
-    def __init__(self, scorer: Scorer) -> None:
+    def __init__(self, scorer: PassScorer) -> None:
         self.scorer = scorer
         self.mask_id, self.eos_id, self.pad_id = scorer.mask_id, scorer.eos_id, scorer.pad_id
         self.block_length = scorer.block_length
@@ -127,7 +150,7 @@ class _Proxy:
 class _Tracer(_Proxy):
     """Records the calls and answers zeros of the right shape (no model runs)."""
 
-    def __init__(self, scorer: Scorer) -> None:
+    def __init__(self, scorer: PassScorer) -> None:
         super().__init__(scorer)
         self.calls: list[ScoreCall] = []
 
@@ -139,7 +162,7 @@ class _Tracer(_Proxy):
 class _Replay(_Proxy):
     """Answers call i with outputs[i] (the calls must be those of the trace)."""
 
-    def __init__(self, scorer: Scorer, outputs: list[torch.Tensor]) -> None:
+    def __init__(self, scorer: PassScorer, outputs: list[torch.Tensor]) -> None:
         super().__init__(scorer)
         self.outputs = outputs
 
@@ -156,7 +179,7 @@ def token_budget(max_tokens_per_pass: int) -> int:
     return max_tokens_per_pass
 
 
-def trace(values: ValuesFn, scorer: Scorer) -> list[ScoreCall]:
+def trace(values: ValuesFn, scorer: PassScorer) -> list[ScoreCall]:
     """The scorer calls `values` makes (no forward runs)."""
     tracer = _Tracer(scorer)
     with torch.no_grad():
@@ -164,7 +187,7 @@ def trace(values: ValuesFn, scorer: Scorer) -> list[ScoreCall]:
     return tracer.calls
 
 
-def split(calls: list[ScoreCall], scorer: Scorer, max_tokens: int) -> list[Pass]:
+def split(calls: list[ScoreCall], scorer: PassScorer, max_tokens: int) -> list[Pass]:
     """Consecutive rows of each call in passes of at most `max_tokens` tokens (0: one pass per call).
 
     A pass of rows [a, b) costs what its forward runs: sum(row_cost[a:b]) less the clean halves
@@ -219,12 +242,12 @@ def _defer(cost: list[int], shared: list[int], r: int, used: int, max_tokens: in
     return n_now < (rest if rest else n_fresh)
 
 
-def _lockstep(scorer: Scorer, passes: list[Pass]) -> int:
+def _lockstep(scorer: PassScorer, passes: list[Pass]) -> int:
     """Passes of padding this rank runs so that every rank of the scorer's group runs as many."""
     return group_max(len(passes), scorer.lockstep_group) - len(passes)
 
 
-def forward_outputs(calls: list[ScoreCall], scorer: Scorer, max_tokens: int) -> list[torch.Tensor]:
+def forward_outputs(calls: list[ScoreCall], scorer: PassScorer, max_tokens: int) -> list[torch.Tensor]:
     """Every call's scorer output, without grad, in passes of at most `max_tokens` tokens."""
     outs = [torch.zeros(c.targets.shape, dtype=scorer.value_dtype, device=c.noisy.device) for c in calls]
     passes = split(calls, scorer, max_tokens)
@@ -237,7 +260,7 @@ def forward_outputs(calls: list[ScoreCall], scorer: Scorer, max_tokens: int) -> 
     return outs
 
 
-def evaluate(values: ValuesFn, scorer: Scorer, max_tokens: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
+def evaluate(values: ValuesFn, scorer: PassScorer, max_tokens: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """(values, raw scorer outputs) without grad, every call micro-batched."""
     outs = forward_outputs(trace(values, scorer), scorer, max_tokens)
     with torch.no_grad():
@@ -255,7 +278,7 @@ class Update:
     forwards: int
 
 
-def accumulate(values: ValuesFn, loss: LossFn, scorer: Scorer, *, max_tokens: int, row_local: bool,
+def accumulate(values: ValuesFn, loss: LossFn, scorer: PassScorer, *, max_tokens: int, row_local: bool,
                outputs: list[torch.Tensor] | None = None) -> Update:
     """Backpropagate `loss(values(scorer))` pass by pass; the gradients equal the single-batch ones.
 

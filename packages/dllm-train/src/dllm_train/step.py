@@ -22,10 +22,10 @@ import torch
 
 from dllm_rollout import RolloutBatch, SamplingConfig
 from dllm_train.metrics import device_peak, is_peak
-from dllm_train.algorithm import RLAlgorithm, RLBatch
+from dllm_train.algorithm import Prepared, RLAlgorithm, RLBatch
 from dllm_train.dataflow import PromptBatch
 from dllm_train.seeding import sample_seeds
-from dllm_train.workers import ActorWorker, Prepared, ReferenceWorker, RewardWorker, Rollout, special_tokens
+from dllm_train.workers import ActorWorker, ReferenceWorker, RewardWorker, Rollout, special_tokens
 
 logger = logging.getLogger(__name__)
 D = TypeVar("D")

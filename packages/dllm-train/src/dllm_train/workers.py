@@ -21,7 +21,7 @@ import torch
 
 from dllm_models import BaseWeightsView, merged_adapters
 from dllm_rollout import RolloutBatch, SamplingConfig, left_pad, on_model_grid
-from dllm_train.algorithm import LossInputs, RLAlgorithm, RLBatch, SpecialTokens
+from dllm_train.algorithm import LossInputs, Prepared, RLAlgorithm, RLBatch, SpecialTokens
 from dllm_train.config import OptimConfig
 from dllm_train.likelihood import Scorer
 from dllm_train.minibatch import mean_metrics, mini_batches
@@ -79,7 +79,9 @@ class RolloutWorker:
     def generate(self, prompts: Sequence[Sequence[int]], seeds: torch.Tensor) -> RolloutBatch:
         """Decode `prompts` with one seed per sample (the seeds make every sample replayable)."""
         from dllm_rollout.batch import concat_batches
+        from dllm_rollout.graphs import capture_failures
 
+        failures = capture_failures()
         was_training = self.model.training
         self.model.eval()
         device = next(self.model.parameters()).device
@@ -102,6 +104,8 @@ class RolloutWorker:
 
                     parts.append(decode(self.model, ids, mask, s, self.sampling, self.ref_model))
         self.model.train(was_training)
+        # a CUDA-graph capture that failed ran its step eagerly (slower, same samples): counted, not silent
+        self.last_metrics = {"graph_capture_failures": float(capture_failures() - failures)}
         if len(parts) == 1:
             return parts[0]
         return concat_batches(parts, pad_id=int(traits.pad_token_id), mask_id=int(traits.mask_token_id))
@@ -192,27 +196,6 @@ def value_passes(algorithm: RLAlgorithm[Any]) -> int:
     """Old or reference passes per rollout batch: one per iteration, or one for all of them when
     the algorithm's values ignore the iteration (`RLAlgorithm.values_vary_by_iteration`)."""
     return algorithm.num_iterations if algorithm.values_vary_by_iteration else 1
-
-
-@dataclass(frozen=True)
-class Prepared(Generic[D]):
-    """A batch ready for the update: the algorithm's data, old and reference values.
-
-    Attributes:
-        batch: the rollout and rewards.
-        data: what `RLAlgorithm.prepare` derived.
-        old: per update iteration, the values under the rollout policy (None: not needed, or
-            taken from the training pass on-policy).
-        old_outputs: the raw scorer outputs of iteration 0's old pass, reused by the update of
-            a non-row-local loss as its value pass (the weights have not moved since).
-        ref: per update iteration, the values under the reference model.
-    """
-
-    batch: RLBatch
-    data: D
-    old: list[torch.Tensor] | None = None
-    old_outputs: list[torch.Tensor] | None = None
-    ref: list[torch.Tensor] | None = None
 
 
 class ReferenceWorker:

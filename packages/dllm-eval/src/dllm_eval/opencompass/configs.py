@@ -91,7 +91,8 @@ def model_abbr(checkpoint: str | Path, decoding: SamplingConfig) -> str:
     named = {"max_new_tokens", "steps", "block_length", "temperature", "remasking", "cache", "threshold"}
     for f in dataclasses.fields(decoding):  # any other setting that differs from its default
         value = getattr(decoding, f.name)
-        if f.name not in named and value != f.default:
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        if f.name not in named and f.name != "speed" and value != default:  # speed: never what is sampled
             abbr += f"_{f.name}{value}"
     return abbr
 

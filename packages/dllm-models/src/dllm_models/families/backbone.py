@@ -186,20 +186,22 @@ def run_layers(
     past_key_values: KVCache | None,
     use_cache: bool,
     attention_mask: torch.Tensor | None,
+    *,
+    backend: str | None = None,
 ) -> tuple[torch.Tensor, KVCache | None]:
     """Run the decoder stack, with gradient checkpointing when the model asks for it.
 
     With `model.activation_planner` (`dllm_models.activation_memory`) a checkpointed training
     forward recomputes only as many layers as its memory budget needs; without it, every layer.
 
-    Every layer is called as `layer(x, cos, sin, mask, backend, past, kernels)`, with the
-    model's `attention_backend` and `kernels` (a `KernelConfig`).
+    Every layer is called as `layer(x, cos, sin, mask, backend, past, kernels)`, with `backend`
+    (None: the model's `attention_backend`) and the model's `kernels` (a `KernelConfig`).
 
     Returns:
         hidden states [B, L, H] and, with use_cache, the KVCache of this call's positions
         (post-RoPE keys; not including `past_key_values`).
     """
-    backend: str = getattr(model, "attention_backend", "sdpa")
+    backend = backend or str(getattr(model, "attention_backend", "sdpa"))
     ckpt = bool(getattr(model, "gradient_checkpointing", False)) and model.training
     kernels: KernelConfig = getattr(model, "kernels", DEFAULT_KERNELS)
     keys: list[torch.Tensor] = []
@@ -251,9 +253,10 @@ class HeadedDiffusionLM(nn.Module):
 
     Attributes:
         logits_fp32: upcast logits to float32 (LLaDA2's release does).
-        kernels: fused Triton kernels or the plain path for the layers' elementwise ops
-            (`KernelConfig`; fused on CUDA by default, `model.kernels = KernelConfig(fused=False)`
-            or DLLM_FUSED_KERNELS=0 switches them off).
+        kernels: how the forward runs (`KernelConfig`: fused elementwise kernels, the decode
+            attention kernel and its tuning, flex tiles; every kernel on by default). Set it from
+            the run's config (`model.kernels = KernelConfig(...)`, the app's `kernels` section); it
+            is passed down every forward to the layers and the attention calls.
     """
 
     logits_fp32: bool = False
@@ -268,6 +271,7 @@ class HeadedDiffusionLM(nn.Module):
         past_key_values: KVCache | None = None,
         use_cache: bool = False,
         attention: AttentionMask | None = None,
+        attention_backend: str | None = None,
     ) -> tuple[torch.Tensor, KVCache | None]:
         raise NotImplementedError
 
@@ -286,10 +290,12 @@ class HeadedDiffusionLM(nn.Module):
         *,
         attention: AttentionMask | None = None,
         past_key_values: KVCache | None = None,
+        attention_backend: str | None = None,
     ) -> torch.Tensor:
         """Hidden states [B, L, H] after the final norm, before the LM head (see `forward`)."""
         hidden, _ = self.hidden_states(
-            input_ids, attention_mask, position_ids, past_key_values=past_key_values, attention=attention
+            input_ids, attention_mask, position_ids, past_key_values=past_key_values, attention=attention,
+            attention_backend=attention_backend,
         )
         return hidden
 
@@ -302,6 +308,8 @@ class HeadedDiffusionLM(nn.Module):
         past_key_values: KVCache | None = None,
         use_cache: bool = False,
         attention: AttentionMask | None = None,
+        attention_backend: str | None = None,
+        logit_columns: torch.Tensor | None = None,
     ) -> ModelOutput:
         """Forward over a padded or packed batch, optionally attending to a KV cache.
 
@@ -316,14 +324,23 @@ class HeadedDiffusionLM(nn.Module):
             attention: explicit mask replacing the one built from `attention_mask`, e.g. packed
                 rows `AttentionMask(cu_seqlens=..., max_seqlen=...)` on a [1, T] input, or the
                 BD3LM [x_t ; x_0] layout of block families.
+            attention_backend: a key of `dllm_models.attention.BACKENDS` for this call (None: the
+                model's `attention_backend`), e.g. a packed backend for training scores.
+            logit_columns: long [n] sequence columns the head runs on (None: all): the logits
+                are then [B, n, V], column i the raw logits of position `logit_columns[i]`; the
+                hidden states are those of the whole forward, so they are the same function.
 
         Returns:
-            ModelOutput with raw logits [B, L, V] (before any family-specific shift) and, with
-            use_cache, the KVCache of this call's positions (not including `past_key_values`).
+            ModelOutput with raw logits [B, L, V] (before any family-specific shift; [B, n, V]
+            with `logit_columns`) and, with use_cache, the KVCache of this call's positions (not
+            including `past_key_values`).
         """
         hidden, cache = self.hidden_states(
             input_ids, attention_mask, position_ids,
             past_key_values=past_key_values, use_cache=use_cache, attention=attention,
+            attention_backend=attention_backend,
         )
+        if logit_columns is not None:
+            hidden = hidden.index_select(1, logit_columns)
         logits = self.get_output_embeddings()(hidden)
         return ModelOutput(logits=logits.float() if self.logits_fp32 else logits, past_key_values=cache)

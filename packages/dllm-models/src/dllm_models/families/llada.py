@@ -117,7 +117,7 @@ class LLaDABlock(nn.Module):
         new_kv = (k, v)
         if past is not None:
             k, v = past.join(k, v)
-        att = attend(q, k, v, mask, backend=backend).transpose(1, 2).reshape(b, n, -1)
+        att = attend(q, k, v, mask, backend=backend, kernels=kernels).transpose(1, 2).reshape(b, n, -1)
         h, x = self.ff_norm.add_forward(x, self.attn_out(att), kernels)
         out: torch.Tensor = x + self.ff_out(swiglu(self.ff_proj(h), self.up_proj(h), kernels))
         return out, new_kv
@@ -167,6 +167,7 @@ class LLaDAModel(HeadedDiffusionLM):
         past_key_values: KVCache | None = None,
         use_cache: bool = False,
         attention: AttentionMask | None = None,
+        attention_backend: str | None = None,
     ) -> tuple[torch.Tensor, KVCache | None]:
         """(final hidden states [B, L, H] after `ln_f`, KVCache of this call or None)."""
         t = self.model.transformer
@@ -176,7 +177,8 @@ class LLaDAModel(HeadedDiffusionLM):
         cos, sin = rope_cos_sin(position_ids, self.config.head_dim, self.config.rope_theta)
         x = t.wte(input_ids)
         x, cache = run_layers(
-            self, t.blocks, x, cos, sin, mask, past_key_values, use_cache, attention_mask
+            self, t.blocks, x, cos, sin, mask, past_key_values, use_cache, attention_mask,
+            backend=attention_backend,
         )
         hidden: torch.Tensor = t.ln_f(x, self.kernels)
         return hidden, cache

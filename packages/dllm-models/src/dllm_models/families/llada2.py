@@ -139,7 +139,7 @@ class LLaDA2Attention(nn.Module):
         new_kv = (k, v)
         if past is not None:
             k, v = past.join(k, v)
-        att = attend(q, k, v, mask, backend=backend).transpose(1, 2).reshape(b, n, -1)
+        att = attend(q, k, v, mask, backend=backend, kernels=kernels).transpose(1, 2).reshape(b, n, -1)
         out: torch.Tensor = self.dense(att)
         return out, new_kv
 
@@ -232,6 +232,7 @@ class LLaDA2Model(HeadedDiffusionLM):
         past_key_values: KVCache | None = None,
         use_cache: bool = False,
         attention: AttentionMask | None = None,
+        attention_backend: str | None = None,
     ) -> tuple[torch.Tensor, KVCache | None]:
         """(final hidden states [B, L, H] after the final norm, KVCache of this call or None)."""
         cfg = self.config
@@ -241,7 +242,8 @@ class LLaDA2Model(HeadedDiffusionLM):
         cos, sin = rope_cos_sin(position_ids, cfg.rope_dim, cfg.rope_theta)
         x = self.model.word_embeddings(input_ids)
         x, cache = run_layers(
-            self, self.model.layers, x, cos, sin, mask, past_key_values, use_cache, attention_mask
+            self, self.model.layers, x, cos, sin, mask, past_key_values, use_cache, attention_mask,
+            backend=attention_backend,
         )
         hidden: torch.Tensor = self.model.norm(x, self.kernels)
         return hidden, cache

@@ -21,14 +21,9 @@ class MLP(nn.Module):
         self.gate_proj = FastLinear(hidden, intermediate, bias=False)
         self.up_proj = FastLinear(hidden, intermediate, bias=False)
         self.down_proj = FastLinear(intermediate, hidden, bias=False)
-        # concatenated gate/up weights while decoding (`dllm_models.fusion.fused_projections`)
-        self.gate_up: torch.Tensor | None = None
 
     def forward(self, x: torch.Tensor, kernels: KernelConfig = PLAIN) -> torch.Tensor:
-        if self.gate_up is not None:  # one GEMM for both halves
-            gate, up = F.linear(x, self.gate_up).chunk(2, dim=-1)
-        else:
-            gate, up = self.gate_proj(x), self.up_proj(x)
+        gate, up = self.gate_proj(x), self.up_proj(x)
         out: torch.Tensor = self.down_proj(swiglu(gate, up, kernels))
         return out
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from dllm_models.attention import AttentionMask, attend
@@ -47,9 +46,6 @@ class QwenAttention(nn.Module):
         self.o_proj = nn.Linear(n_heads * head_dim, hidden, bias=False)
         self.q_norm: RMSNorm | None = None
         self.k_norm: RMSNorm | None = None
-        # concatenated q/k/v weights while decoding (`dllm_models.fusion.fused_projections`)
-        self.qkv: torch.Tensor | None = None
-        self.qkv_bias: torch.Tensor | None = None
         if qk_norm_eps is not None:
             self.q_norm = RMSNorm(head_dim, qk_norm_eps, scale_in_fp32=scale_in_fp32)
             self.k_norm = RMSNorm(head_dim, qk_norm_eps, scale_in_fp32=scale_in_fp32)
@@ -66,22 +62,15 @@ class QwenAttention(nn.Module):
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         b, n, _ = x.shape
         hd = self.head_dim
-        if self.qkv is not None:  # one GEMM; q, k, v are head slices of its output
-            heads = self.qkv.shape[0] // hd
-            kv = self.k_proj.out_features // hd
-            qkv = F.linear(x, self.qkv, self.qkv_bias).view(b, n, heads, hd)
-            q, k, v = torch.split(qkv, [heads - 2 * kv, kv, kv], dim=2)
-            v = v.transpose(1, 2)
-        else:
-            q = self.q_proj(x).view(b, n, -1, hd)
-            k = self.k_proj(x).view(b, n, -1, hd)
-            v = self.v_proj(x).view(b, n, -1, hd).transpose(1, 2)
+        q = self.q_proj(x).view(b, n, -1, hd)
+        k = self.k_proj(x).view(b, n, -1, hd)
+        v = self.v_proj(x).view(b, n, -1, hd).transpose(1, 2)
         q = rotate_heads(q, cos, sin, norm=self.q_norm, full_precision=False, kernels=kernels)
         k = rotate_heads(k, cos, sin, norm=self.k_norm, full_precision=False, kernels=kernels)
         new_kv = (k, v)
         if past is not None:
             k, v = past.join(k, v)
-        att = attend(q, k, v, mask, backend=backend).transpose(1, 2).reshape(b, n, -1)
+        att = attend(q, k, v, mask, backend=backend, kernels=kernels).transpose(1, 2).reshape(b, n, -1)
         out: torch.Tensor = self.o_proj(att)
         return out, new_kv
 
@@ -171,6 +160,7 @@ class QwenStyleLM(HeadedDiffusionLM):
         past_key_values: KVCache | None = None,
         use_cache: bool = False,
         attention: AttentionMask | None = None,
+        attention_backend: str | None = None,
     ) -> tuple[torch.Tensor, KVCache | None]:
         """(final hidden states [B, L, H] after the final norm, KVCache of this call or None)."""
         mask, position_ids = attention_inputs(
@@ -179,7 +169,8 @@ class QwenStyleLM(HeadedDiffusionLM):
         cos, sin = rope_cos_sin(position_ids, self.rotary_dim, self.rope_theta)
         x = self.model.embed_tokens(input_ids)
         x, cache = run_layers(
-            self, self.model.layers, x, cos, sin, mask, past_key_values, use_cache, attention_mask
+            self, self.model.layers, x, cos, sin, mask, past_key_values, use_cache, attention_mask,
+            backend=attention_backend,
         )
         hidden: torch.Tensor = self.model.norm(x, self.kernels)
         return hidden, cache

@@ -12,31 +12,21 @@ it uses. A call may also give each query a key limit (`key_limit`: query i sees 
 which keeps a call over two blocks (a finished block and the next one) block-causal. With `splits` > 1
 each (row, KV head) is served by several programs over contiguous column ranges, whose partial
 softmax states a second kernel merges (flash-decoding): more parallelism for few rows or long
-caches (`DLLM_MODELS_DECODE_SPLITS`, default 1). With `span` (each row's first and last visible
+caches (`splits`; `KernelConfig.decode_splits`, default 1). With `span` (each row's first and last visible
 column, `visible_span`) a program walks only the tiles of that range, with masked loads and no
 branch per tile, so the compiler can pipeline the tiles' loads (the default of
-`dllm_models.attention`: 5 % faster decoding of SDAR-8B on the H200; `DLLM_MODELS_DECODE_SPAN=0`
-restores the skip branch). Set TRITON_INTERPRET=1 before importing to run it on CPU (tests).
+`dllm_models.attention`: 5 % faster decoding of SDAR-8B on the H200; `KernelConfig.decode_span=False`
+restores the skip branch). The tuning knobs are arguments (`KernelConfig.decode_*` in a model). Set TRITON_INTERPRET=1 before importing to run it on CPU (tests).
 """
 
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 
 from dllm_models.kernels.logsumexp import HAS_TRITON, runs_on
 
-# columns per tile and pipeline stages (tuning knobs; the defaults were measured on the H200)
-BLOCK_N = int(os.environ.get("DLLM_MODELS_DECODE_BLOCK_N", "128"))
-NUM_STAGES = int(os.environ.get("DLLM_MODELS_DECODE_STAGES", "2"))
-# split each row's columns over this many programs (flash-decoding): more programs for few rows or
-# long caches, partial softmax states merged by a second kernel; 1 = one program per (row, KV head)
-SPLITS = int(os.environ.get("DLLM_MODELS_DECODE_SPLITS", "1"))
-# the most query rows per (row, KV head) program (n_rep x block length): 64 measured on the H200;
-# 128 (blocks of 32 with 4 query heads per KV head: LLaDA2, SDAR b32) runs with 8 warps, not yet measured
-MAX_ROWS = int(os.environ.get("DLLM_MODELS_DECODE_MAX_ROWS", "64"))
 
 if HAS_TRITON:
     import triton  # type: ignore[import-untyped,unused-ignore]
@@ -155,15 +145,16 @@ if HAS_TRITON:
         _store(o_ptr, acc, l_i, b, h, rows, dims, m_rows, q_len, n_rep, sob, soh, som, sod)
 
 
-def decode_attention_fits(q: torch.Tensor, k: torch.Tensor) -> bool:
+def decode_attention_fits(q: torch.Tensor, k: torch.Tensor, *, max_rows: int = 64) -> bool:
     """Whether `decode_attention` serves queries `q` [B, Hq, Lq, D] against `k` [B, Hkv, N, D].
 
-    A few query rows per KV head (n_rep * Lq <= `MAX_ROWS`, at most 128), a power-of-two head size, enough (row, KV head)
-    programs to fill the GPU, and a device the kernel runs on.
+    A few query rows per KV head (n_rep * Lq <= `max_rows`, at most 128), a power-of-two head size, enough (row, KV head)
+    programs to fill the GPU, and a device the kernel runs on. `max_rows` 64 was measured on the H200;
+    128 (blocks of 32 with 4 query heads per KV head: LLaDA2, SDAR b32) runs with 8 warps, not yet measured.
     """
     b, hq, lq, d = q.shape
     h = k.shape[1]
-    return (runs_on(q) and hq % h == 0 and (hq // h) * lq <= min(MAX_ROWS, 128) and d in (32, 64, 128, 256) and k.shape[2] >= 16
+    return (runs_on(q) and hq % h == 0 and (hq // h) * lq <= min(max_rows, 128) and d in (32, 64, 128, 256) and k.shape[2] >= 16
             and (b * h >= 128 or not q.is_cuda) and q.dtype in (torch.bfloat16, torch.float16, torch.float32))
 
 
@@ -182,7 +173,8 @@ def visible_span(key_padding: torch.Tensor) -> torch.Tensor:
 
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                      key_padding: torch.Tensor | None, key_limit: torch.Tensor | None = None, *,
-                     splits: int | None = None, span: torch.Tensor | None = None) -> torch.Tensor:
+                     splits: int = 1, span: torch.Tensor | None = None, block_n: int = 128,
+                     stages: int = 2) -> torch.Tensor:
     """softmax(q k^T / sqrt(D)) v over the visible keys, grouped query heads.
 
     The n_rep = Hq / Hkv query heads of a KV head and their Lq queries are one program's rows, read
@@ -195,10 +187,12 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         key_limit: long [Lq]: query i sees only keys < key_limit[i], the same for every row and head
             (None: no limit).
         splits: programs per (row, KV head), each over a contiguous share of the columns, merged by
-            a second kernel (None: `SPLITS`).
+            a second kernel (flash-decoding: more programs for few rows or long caches; 1: one program).
         span: int32 [B, 2] `visible_span(key_padding[:, -N:])`: each row walks only the tiles of
             its visible range (every column outside it must be hidden); None: every tile, skipping
             those with no visible column.
+        block_n: key columns per tile (64 at most for head size 256 or more than 64 query rows);
+            stages: pipeline stages of the tile loop (tuning knobs, measured on the H200).
 
     Returns:
         [B, Hq, Lq, D] in q's dtype (a transposed view of a [B, Lq, Hq, D] tensor); a query with no
@@ -226,10 +220,10 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                          f"got {tuple(span.shape)} {span.dtype}")
     block_m = max(16, 1 << (m - 1).bit_length())
     # shared memory: the query tile and two stages of K and V tiles
-    block_n = BLOCK_N if d <= 128 and block_m <= 64 else min(BLOCK_N, 64)
+    block_n = block_n if d <= 128 and block_m <= 64 else min(block_n, 64)
     warps = 8 if block_m > 64 else 4
     tiles = -(-n // block_n)
-    parts = max(1, min(splits if splits is not None else SPLITS, tiles))
+    parts = max(1, min(splits, tiles))
     cols_per_part = -(-tiles // parts) * block_n  # whole tiles
     parts = -(-n // cols_per_part)
     ws = torch.empty((b, h, parts, block_m, d + 2), dtype=torch.float32, device=q.device) if parts > 1 else out
@@ -239,7 +233,7 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         *q.stride(), *k.stride(), *v.stride(), *strides, *out.stride(),
         HAS_PAD=key_padding is not None, HAS_LIM=key_limit is not None, HAS_SPAN=span is not None,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32", BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=d,
-        SPLIT=parts > 1, num_warps=warps, num_stages=NUM_STAGES,
+        SPLIT=parts > 1, num_warps=warps, num_stages=stages,
     )
     if parts > 1:
         _merge_kernel[(b, h)](ws, out, m, lq, n_rep, parts, *out.stride(), BLOCK_M=block_m, BLOCK_D=d, num_warps=warps)

@@ -8,8 +8,8 @@ q, k, v [B, H, L/N, D] into [B, H/N, L, D] (all positions, a slice of the heads)
 over the full sequence with the full mask, and a second all-to-all turns the output back.
 
 Installed from outside the model: `sequence_parallel(model, group)` registers a wrapping backend in
-`dllm_models.attention.BACKENDS` and points `model.attention_backend` at it, so the families need no
-code change. KV heads are repeated to the query head count first when N does not divide them.
+`dllm_models.attention.BACKENDS`, and the sharded forwards name it per call (`attention_backend=`), so
+the families need no code change and the model's own backend is never swapped. KV heads are repeated to the query head count first when N does not divide them.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from dllm_models.attention import BACKENDS, AttentionMask
-from dllm_models.layers import positions_from_mask
+from dllm_models.layers import DEFAULT_KERNELS, KernelConfig, positions_from_mask
 from dllm_train.likelihood import Scorer, logp_of_targets
 
 _counter = itertools.count()
@@ -132,8 +132,10 @@ def _full_mask(mask: AttentionMask, batch: int, local_len: int, device: torch.de
 
 
 def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask, *,
-                      inner: str, group: dist.ProcessGroup | None) -> torch.Tensor:
-    """Attention over the full sequence from sequence-sharded q [B, Hq, L/N, D], k, v [B, Hkv, L/N, D].
+                      inner: str, group: dist.ProcessGroup | None,
+                      kernels: KernelConfig | None = None) -> torch.Tensor:
+    """Attention over the full sequence from sequence-sharded q [B, Hq, L/N, D], k, v [B, Hkv, L/N, D],
+    the full-sequence attention run by backend `inner` with `kernels` (None: its defaults).
 
     Returns:
         [B, Hq, L/N, D], equal to this rank's rows of unsharded attention.
@@ -148,7 +150,7 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: A
         k, v = k.repeat_interleave(hq // hkv, dim=1), v.repeat_interleave(hq // hkv, dim=1)
     full = _full_mask(mask, q.shape[0], q.shape[2], q.device, group)
     qf, kf, vf = (_SeqToHead.apply(t, group) for t in (q, k, v))
-    out = BACKENDS[inner](qf, kf, vf, full)
+    out = BACKENDS[inner](qf, kf, vf, full) if kernels is None else BACKENDS[inner](qf, kf, vf, full, kernels)
     res: torch.Tensor = _HeadToSeq.apply(out, group)
     return res
 
@@ -159,8 +161,9 @@ def register_ulysses_backend(group: dist.ProcessGroup | None, inner: str) -> str
         raise ValueError(f"inner attention backend {inner!r} unknown; choose one of {sorted(BACKENDS)}")
     name = f"ulysses{next(_counter)}:{inner}"
 
-    def fn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask) -> torch.Tensor:
-        return ulysses_attention(q, k, v, mask, inner=inner, group=group)
+    def fn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask,
+           kernels: KernelConfig = DEFAULT_KERNELS) -> torch.Tensor:
+        return ulysses_attention(q, k, v, mask, inner=inner, group=group, kernels=kernels)
 
     BACKENDS[name] = fn
     return name
@@ -169,20 +172,18 @@ def register_ulysses_backend(group: dist.ProcessGroup | None, inner: str) -> str
 @contextmanager
 def sequence_parallel(model: Any, group: dist.ProcessGroup | None = None,
                       inner: str | None = None) -> Iterator[str]:
-    """Run `model`'s attention Ulysses-style over `group` inside the block; yields the backend name.
+    """A Ulysses backend over `group` registered for the block; yields its name, which a forward inside
+    the block takes as `model(..., attention_backend=name)` (the model's own backend is not changed).
 
     Args:
         model: a dllm_models family with an `attention_backend` attribute (LLaDA, SDAR, Dream ...).
         group: the sequence-parallel process group (None: the default group).
-        inner: backend doing the full-sequence attention (default: the model's current backend).
+        inner: backend doing the full-sequence attention (default: the model's own backend).
     """
-    old = model.attention_backend
-    name = register_ulysses_backend(group, inner or old)
-    model.attention_backend = name
+    name = register_ulysses_backend(group, inner or model.attention_backend)
     try:
         yield name
     finally:
-        model.attention_backend = old
         del BACKENDS[name]
 
 
@@ -223,9 +224,9 @@ def sp_forward(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor
     else:
         ids = input_ids
     local_ids, local_mask, local_pos = (shard_sequence(t, group) for t in (ids, mask, position_ids))
-    with sequence_parallel(model, group):
+    with sequence_parallel(model, group) as backend:
         # key_padding must be given whenever any rank pads: pass the bool mask always
-        logits = model(local_ids, attention_mask=local_mask, position_ids=local_pos).logits
+        logits = model(local_ids, attention_mask=local_mask, position_ids=local_pos, attention_backend=backend).logits
     return gather_sequence(logits, group)[:, :length]
 
 
@@ -287,11 +288,8 @@ class SequenceParallelScorer(Scorer):
             ids, attn, tgt = _pad_tail(ids, pad, self.pad_id), _pad_tail(attn, pad, False), _pad_tail(tgt, pad, 0)
             pos = torch.cat([pos, extra], dim=1)
         local = [shard_sequence(t, self.group) for t in (ids, attn, pos, tgt)]
-        old, self.model.attention_backend = self.model.attention_backend, self.backend
-        try:
-            logits = self.model(local[0], attention_mask=local[1], position_ids=local[2]).logits
-        finally:
-            self.model.attention_backend = old
+        logits = self.model(local[0], attention_mask=local[1], position_ids=local[2],
+                            attention_backend=self.backend).logits
         lp = gather_sequence(logp_of_targets(logits, local[3], temperature), self.group,
                              grad_scale=float(self.size))[:, :s]
         if not self.logit_shift:
