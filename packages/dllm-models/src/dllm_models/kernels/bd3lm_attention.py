@@ -22,15 +22,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from dllm_models.kernels.bd3lm_schedule import PositionIds, Schedule, build_schedule, position_ids
 from dllm_models.kernels.logsumexp import HAS_TRITON, runs_on
 
-if TYPE_CHECKING:  # attention.py imports this module when the backend is chosen
-    from dllm_models.attention import AttentionMask
+from dllm_models.mask import AttentionMask
 
 LOG2E = 1.4426950408889634
 
