@@ -50,8 +50,7 @@ def no_model_load(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(*args: object, **kwargs: object) -> None:
         raise AssertionError("the model was loaded before the data were checked")
 
-    monkeypatch.setattr(dare.pipeline, "load_policy", refuse)
-    monkeypatch.setattr(dare.offline_pipeline, "load_policy", refuse)
+    monkeypatch.setattr(dare.pipeline, "load_policy", refuse)  # (policy_with_adapters loads through it)
 
 
 def _write(tmp_path: Path, table: pa.Table, name: str = "d.parquet") -> Path:

@@ -32,7 +32,8 @@ def _rollout(rank: int, family: str, g: torch.Generator) -> Any:
     response_mask = torch.ones(b, r, dtype=torch.bool)
     if rank == 1:
         response_mask[:, 2:] = False  # two counted tokens: fewer replay states and shorter rows
-        unmask = torch.where(response_mask, unmask, -1)
+        if family != "sdar":  # a block decoder finishes the terminal block: CJ-GRPO replays its steps
+            unmask = torch.where(response_mask, unmask, -1)
     return RolloutBatch(
         prompt_ids=DIGITS[torch.randint(0, 12, (b, p), generator=g)],
         prompt_mask=torch.ones(b, p, dtype=torch.bool),

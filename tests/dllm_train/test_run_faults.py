@@ -59,7 +59,9 @@ def test_a_signal_finishes_the_step_writes_a_checkpoint_and_the_rerun_resumes_ex
 
     model = tiny_model("llada")
     toy = _Toy(model, on_step=lambda i: os.kill(os.getpid(), signum) if i == 2 else None)
-    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)  # Ray, if started, has its own
+    outer = signal.getsignal(signal.SIGINT)  # Ray, if started earlier in this process, has its own
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # so the handler restored below raises
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
     with pytest.raises(Interrupted) as err:
         Run(tmp_path / "cut", model, progress=False).run_phase(_phase(toy))
     assert err.value.exit_code == 128 + signum
@@ -74,7 +76,7 @@ def test_a_signal_finishes_the_step_writes_a_checkpoint_and_the_rerun_resumes_ex
             assert signal.getsignal(signal.SIGINT) == before[1]
     finally:
         signal.signal(signal.SIGTERM, before[0])
-        signal.signal(signal.SIGINT, before[1])
+        signal.signal(signal.SIGINT, outer)
 
     again = tiny_model("llada")
     run = Run(tmp_path / "cut", again, progress=False)
