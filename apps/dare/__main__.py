@@ -2,7 +2,7 @@
 
 import sys
 
-from dare.cli import main
+from dare.entry import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -86,6 +86,12 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _recipes(args: argparse.Namespace) -> int:
+    list_recipes()
+    return 0
+
+
+def list_recipes() -> None:
+    """Print the recipes and the algorithms (`dare recipes`; `dare.recipe_index` keeps a copy of the text)."""
     width = max(map(len, RECIPES))  # one column however long a name is
     for name in RECIPES:
         print(f"{name:{width}s}  {RECIPE_DOCS[name]}")
@@ -94,7 +100,6 @@ def _recipes(args: argparse.Namespace) -> int:
     width = max(map(len, algorithms))
     for name, doc in algorithms.items():
         print(f"  {name:{width}s}  {doc}")
-    return 0
 
 
 def _show(args: argparse.Namespace) -> int:
