@@ -67,19 +67,27 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view):]
 
 
-def append_text(path: Path, text: str) -> None:
-    """Append `text` to `path` (created if absent) without following a link; a failed write raises
-    `FolderWriteError` (one message: the file, the free space, the fix)."""
+def _write(path: Path, text: str, flags: int, *, sync: bool) -> None:
+    """Open `path` with `flags` without following a link and write `text` (fsynced with `sync`); a failed
+    write raises `FolderWriteError`."""
     try:
-        fd = open_nofollow(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        fd = open_nofollow(path, flags)
         try:
             _write_all(fd, text.encode())
+            if sync:
+                os.fsync(fd)
         finally:
             os.close(fd)
     except SymlinkRefused:
         raise
     except OSError as err:
         raise _write_error(path, err) from None
+
+
+def append_text(path: Path, text: str) -> None:
+    """Append `text` to `path` (created if absent) without following a link; a failed write raises
+    `FolderWriteError` (one message: the file, the free space, the fix)."""
+    _write(path, text, os.O_WRONLY | os.O_APPEND | os.O_CREAT, sync=False)
 
 
 def write_new(path: Path, text: str) -> None:
@@ -87,16 +95,9 @@ def write_new(path: Path, text: str) -> None:
     fsynced; a failed write raises `FolderWriteError`."""
     try:
         path.unlink(missing_ok=True)
-        fd = open_nofollow(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
-        try:
-            _write_all(fd, text.encode())
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    except SymlinkRefused:
-        raise
     except OSError as err:
         raise _write_error(path, err) from None
+    _write(path, text, os.O_WRONLY | os.O_CREAT | os.O_EXCL, sync=True)
 
 
 def replace_text(path: Path, text: str) -> None:
