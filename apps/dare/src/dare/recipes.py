@@ -160,8 +160,20 @@ def _paper(entry: object) -> str:
     return text
 
 
+_TABLES: dict[tuple[tuple[tuple[str, int], ...], ...], tuple[dict[str, Callable[[], RunConfig]], dict[str, str]]] = {}
+
+
 def _tables() -> tuple[dict[str, Callable[[], RunConfig]], dict[str, str]]:
-    """(recipe name -> builder, recipe name -> its `dare recipes` line), from the registry as it is now."""
+    """(recipe name -> builder, recipe name -> its `dare recipes` line), from the registry as it is now
+    (built once per state of the registry: its names and entries)."""
+    key = tuple(tuple((n, id(e)) for n, e in t.items()) for t in (ALGORITHMS, PREFERENCE_ALGORITHMS, SFT_ALGORITHMS))
+    if key not in _TABLES:
+        _TABLES.clear()
+        _TABLES[key] = _build_tables()
+    return _TABLES[key]
+
+
+def _build_tables() -> tuple[dict[str, Callable[[], RunConfig]], dict[str, str]]:
     recipes: dict[str, Callable[[], RunConfig]] = {"quickstart": quickstart}
     docs: dict[str, str] = {"quickstart": (quickstart.__doc__ or "").strip()}
     tables: tuple[tuple[str, Mapping[str, Any], Callable[[str, str], RunConfig]], ...] = (
