@@ -82,3 +82,14 @@ def test_every_dare_row_quotes_a_line_that_holds_its_value(name: str, default: D
 def test_the_quote_check_can_fail() -> None:
     assert not _held(0.6, "train_temperature=0.2") and _held(5e-7, "lr=5e-7") and _held(256, "x  # 512 / 2 = 256")
     assert not _held((0.9, 0.999), '+actor_rollout_ref.actor.optim.betas="[0.9,0.99]"')
+
+
+def test_a_row_from_another_repository_names_it() -> None:
+    from dare.algorithms.defaults_table import _source
+
+    row = Default(key="rl.group_size", value=16, dare="configs/rl_sdar.yaml:12", quote="num_response_per_task: 16",
+                  repo="Gen-Verse/dLLM-RL@10b4fd1")
+    assert _source(row).startswith("Gen-Verse/dLLM-RL@10b4fd1 `configs/rl_sdar.yaml:12`")
+    assert _source(Default(key="rl.group_size", value=8, dare="a.sh:1", quote="n=8")).startswith("`a.sh:1`")
+    with pytest.raises(ValueError, match="repo='dLLM-RL' must be 'owner/name@commit'"):
+        Default(key="rl.group_size", value=16, dare="a.sh:1", quote="16", repo="dLLM-RL")

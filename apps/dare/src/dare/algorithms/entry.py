@@ -18,6 +18,9 @@ from typing import Any
 
 from dllm_train import RLAlgorithm
 
+DARE_REPO = "yjyddq/DARE@83ae8a3"
+"""The public DARE code every `Default.dare` line points into unless its `repo` names another."""
+
 TaskOverrides = Callable[[str, str], Mapping[str, object]]
 """(family, task) -> the dotted overrides DARE's script sets for that task (empty: nothing changes)."""
 
@@ -29,12 +32,15 @@ class Default:
     Attributes:
         key: a dotted override key of an RL recipe (`rl.group_size`, `rollout.temperature`, `algorithm.mc_num`).
         value: the value (any value `dare train KEY=VALUE` accepts; tuples for list fields).
-        dare: DARE's `path:line` at yjyddq/DARE 83ae8a3 that sets it; empty for a difference.
+        dare: the `path:line` of the original code that sets it (in `repo`; DARE's, yjyddq/DARE at 83ae8a3,
+            unless `repo` names another); empty for a difference.
         quote: that line's text (its relevant part), transcribed; the value must appear in it, or `proof` names
             the test that shows our setting runs what the line does (a rule DARE writes as code, not as a value).
         proof: `tests/...py::test_name`, the float64 test transcribing DARE's code that proves the equality.
         reason: why the value is not DARE's (a deliberate difference, or another source); empty when `dare` is set.
         families: the families this default applies to; empty: every family of the algorithm.
+        repo: the public code `dare` points into, as `owner/name@commit`: DARE's by default; an algorithm that
+            is not in DARE cites its authors' code (`Gen-Verse/dLLM-RL@10b4fd1`).
     """
 
     key: str
@@ -44,6 +50,7 @@ class Default:
     proof: str = ""
     reason: str = ""
     families: tuple[str, ...] = ()
+    repo: str = DARE_REPO
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"[a-z_]+(\.[a-z_0-9]+)+", self.key):
@@ -53,6 +60,9 @@ class Default:
                              f"or reason= (a deliberate difference), got dare={self.dare!r}, reason={self.reason!r}")
         if self.dare and (not re.fullmatch(r"[\w./-]+:\d+(-\d+)?(,\d+(-\d+)?)*", self.dare) or not self.quote):
             raise ValueError(f"Default {self.key}: dare={self.dare!r} must be 'path:line' with the line's quote=")
+        if not re.fullmatch(r"[\w.-]+/[\w.-]+@[0-9a-f]{7,40}", self.repo):
+            raise ValueError(f"Default {self.key}: repo={self.repo!r} must be 'owner/name@commit' "
+                             f"(e.g. {DARE_REPO!r})")
         if self.proof and not re.fullmatch(r"tests/[\w/]+\.py::test_\w+", self.proof):
             raise ValueError(f"Default {self.key}: proof={self.proof!r} must be 'tests/<path>.py::test_<name>'")
 
@@ -98,4 +108,4 @@ class RLEntry:
 
 Overrides = Mapping[str, Any]
 
-__all__ = ["Default", "RLEntry", "TaskOverrides"]
+__all__ = ["DARE_REPO", "Default", "RLEntry", "TaskOverrides"]
