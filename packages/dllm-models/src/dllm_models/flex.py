@@ -4,7 +4,7 @@ The block mask is derived from per-tile summaries (min/max of segment and block 
 clean/noisy and real/padded positions a tile holds), so building it costs O((L / tile)^2) and
 never materialises the dense Lq x Lk mask: tiles that no pair may attend are skipped, tiles where
 every pair may attend are "full" (no mask_mod call), the rest evaluate the exact `mask_mod`
-(the approach of DARE's `block_diffusion_utils.py`, docs/models.md#forward-contracts). Dai et al.,
+(the approach of DARE's `block_diffusion_utils.py`, docs/models.md#forward-contracts). Dong et al.,
 "FlexAttention", arXiv 2412.05496.
 """
 
