@@ -63,13 +63,18 @@ def check_family_name(family: str, actual: str, folder: str) -> None:
 
 def check_block_length(block_length: int, native: int | None, folder: str) -> None:
     """Raise if `rollout.block_length` is not the block size of a block-diffusion checkpoint (`native`;
-    None: masked diffusion, any block length): its attention mask fixes the decoding grid, the rule
-    `dllm_rollout.generate` applies to `dare eval` too. A run would otherwise decode with the model's
+    None: masked diffusion, any block length): `dllm_rollout.on_model_grid`'s rule, the one `generate`
+    and `dare eval` apply, checked before anything loads. A run would otherwise decode with the model's
     block size while config.json records another."""
-    if native is not None and block_length != native:
+    from dllm_rollout import SamplingConfig, on_model_grid
+
+    try:
+        on_model_grid(SamplingConfig(max_new_tokens=block_length, steps=1, block_length=block_length,
+                                     block_diffusion=native is not None), native)
+    except ValueError:
         raise ValueError(f"rollout.block_length={block_length}, but {folder} is a block-diffusion model with "
                          f"block size {native}: it decodes on the grid its attention mask uses (dare eval "
-                         f"refuses another too); set rollout.block_length={native} or drop the override")
+                         f"refuses another too); set rollout.block_length={native} or drop the override") from None
 
 
 def check_rollout_engine(rollout: Any, model: Any, algorithm: Any, folder: str) -> None:
