@@ -191,7 +191,7 @@ def run_rl_recipe(cfg: RLRecipeConfig, output_dir: Path, *, progress: bool = Tru
         step_fn, owner, shutdown = rl_backend(  # before `Run` loads a resumed checkpoint into `model`
             cfg, model, prompts=prompts, algorithm=cfg.algorithm,
             reward_fn=reward, detokenize=detokenizer(tokenizer),
-            rank_setup=functools.partial(rank_setup, cfg, reward))
+            rank_setup=functools.partial(rank_setup, cfg, reward), output_dir=output_dir)
         validate = validator(cfg, model, tokenizer)
         run = start_run(output_dir, model, cfg.trainer, tokenizer=tokenizer, progress=progress,
                                wandb_run=wandb_run)

@@ -123,7 +123,8 @@ def _train(cfg: QuickstartConfig, output_dir: Path, *, t0: float, progress: bool
     weights = {k: v.detach().cpu() for k, v in model.state_dict().items()}  # the RL phase's initial policy
     step_fn, owner, shutdown = rl_backend(cfg, model, prompts=prompts, algorithm=algorithm,
                                           reward_fn=exact_match_reward, detokenize=tokenizer.decode,
-                                          rank_setup=functools.partial(rank_setup, cfg, weights))
+                                          rank_setup=functools.partial(rank_setup, cfg, weights),
+                                          output_dir=output_dir)
     try:
         run.run_phase(PhaseSpec(
             order=1, name="rl", steps=cfg.trainer.max_steps, step_fn=step_fn, owner=owner,
