@@ -7,7 +7,7 @@ The rule (`check_rollout_record`) compares the record fields the algorithm decla
 before any model loads. Stored records live in `<run>/rollouts/step_XXXXXX.rankR.safetensors`
 (`dllm_rollout.save_rollout`'s format), written atomically; `read_rollouts` reads them back. No
 resume reads them: every algorithm's step starts from a fresh rollout, so a checkpoint holds no
-rollout (docs/training.md#rollout-records).
+rollout (docs/generation.md#rollout-storage).
 """
 
 from __future__ import annotations
@@ -65,13 +65,14 @@ def check_rollout_record(algorithm: RLAlgorithm[Any] | None, sampling: SamplingC
     reference = algorithm is not None and algorithm.needs_rollout_reference
     filled = record_fields_filled(sampling, backend=backend_of(sampling), reference=reference)
     who, fix = _backend_words(sampling)
-    if algorithm is not None:
-        for name in sorted(algorithm.record_fields - filled):
-            raise ValueError(f"algorithm {algorithm.label} needs rollout record field {name!r}, which {who} "
-                             f"does not fill; {fix}")
-    for name in sorted(requested_fields(sampling) - filled):
-        switch = "rollout.record_steps" if name in STEPS else "rollout.record_trajectory"
-        raise ValueError(f"{switch}=true asks for rollout record field {name!r}, which {who} does not fill; "
+    needed = sorted(algorithm.record_fields - filled) if algorithm is not None else []
+    if algorithm is not None and needed:
+        raise ValueError(f"algorithm {algorithm.label} needs rollout record field {needed[0]!r}, which {who} "
+                         f"does not fill; {fix}")
+    asked = sorted(requested_fields(sampling) - filled)
+    if asked:
+        switch = "rollout.record_steps" if asked[0] in STEPS else "rollout.record_trajectory"
+        raise ValueError(f"{switch}=true asks for rollout record field {asked[0]!r}, which {who} does not fill; "
                          f"{fix} or set {switch}=false")
 
 

@@ -27,6 +27,7 @@ from dllm_train.likelihood import Scorer
 from dllm_train.minibatch import mean_metrics, mini_batches
 from dllm_train.passes import ValuesFn, ValuesScorer, accumulate, evaluate, token_budget
 from dllm_train.optim import OptimizerStep
+from dllm_train.rollout_record import check_rollout_record
 
 logger = logging.getLogger(__name__)
 D = TypeVar("D")
@@ -74,6 +75,7 @@ class RolloutWorker:
         self.algorithm = algorithm
         self.ref_model = ref_model
         self.last_metrics: dict[str, float] = {}
+        check_rollout_record(algorithm, self.sampling)
         if algorithm is not None and algorithm.needs_rollout_reference and ref_model is None:
             raise ValueError(f"algorithm {algorithm.label} scores rollouts with a reference model; "
                              "pass RolloutWorker(..., ref_model=<frozen copy of the initial policy>)")
