@@ -169,3 +169,21 @@ def test_settings_for_fields_and_fields_of_settings() -> None:
         record_fields_filled(cfg, backend="vllm")
     with pytest.raises(ValueError, match=r"algorithm x: \['step_map'\] are not rollout record fields"):
         check_field_names(["step_map", "unmask_step"], owner="algorithm x")
+
+
+def test_rows_decoded_in_chunks_keep_their_record(tiny_llada: torch.nn.Module) -> None:
+    # the trainer decodes `rollout.max_rows` rows at a time and concatenates them (`concat_batches`)
+    from dllm_rollout.batch import concat_batches
+
+    whole = generate(tiny_llada, PROMPTS, max_new_tokens=8, steps=8, block_length=4, temperature=1.0, seed=[1, 2, 3],
+                     threshold=0.3, record_trajectory=True)
+    parts = [generate(tiny_llada, PROMPTS[:2], max_new_tokens=8, steps=8, block_length=4, temperature=1.0,
+                      seed=[1, 2], threshold=0.3, record_trajectory=True),
+             generate(tiny_llada, PROMPTS[2:], max_new_tokens=8, steps=8, block_length=4, temperature=1.0, seed=[3],
+                      threshold=0.3, record_trajectory=True)]
+    traits = tiny_llada.traits  # type: ignore[union-attr]
+    joined = concat_batches(parts, pad_id=traits.pad_token_id, mask_id=traits.mask_token_id)
+    assert joined.filled_fields() == whole.filled_fields() and joined.version == RECORD_VERSION
+    assert joined.forwards is not None and whole.forwards is not None
+    assert torch.equal(joined.forwards, whole.forwards) and torch.equal(joined.response_ids, whole.response_ids)
+    assert torch.equal(joined.select(torch.tensor([2, 0])).forwards, whole.forwards[[2, 0]])  # type: ignore[arg-type]

@@ -54,7 +54,7 @@ def check_rollout_record(algorithm: RLAlgorithm[Any] | None, sampling: SamplingC
         sampling: the run's effective decoding settings (`dllm_train.sampling_for`).
 
     Raises:
-        ValueError: e.g. "algorithm mdpo needs rollout record field 'step_canvas', which
+        ValueError: e.g. "algorithm X needs rollout record field 'step_canvas', which
             rollout.engine=lmdeploy does not fill; use rollout.engine=native".
     """
     if algorithm is not None and type(algorithm).generate is not RLAlgorithm.generate:
