@@ -54,6 +54,15 @@ def test_the_algorithms_declare_the_fields_they_read() -> None:
     assert StepMapGRPO().sampling(NATIVE).record_trajectory and StepMapGRPO().replays_trajectory
 
 
+def test_the_flag_of_before_declares_the_reference_field() -> None:
+    # an algorithm written before `record_fields` (needs_rollout_reference = True) is refused by the same rule
+    legacy = dataclass(frozen=True)(type("Legacy", (D1,), {"needs_rollout_reference": True}))()
+    assert legacy.record_fields == {"ref_step_logp"} and legacy.needs_rollout_reference
+    assert _refusal(legacy, LMDEPLOY).startswith("algorithm Legacy needs rollout record field 'ref_step_logp'")
+    plain = dataclass(frozen=True)(type("Plain", (DMPO,), {"needs_rollout_reference": False}))()
+    assert plain.record_fields == {"step_logp"} and not plain.needs_rollout_reference
+
+
 def test_an_unknown_record_field_is_refused_when_the_class_is_made() -> None:
     with pytest.raises(ValueError, match=r"Bad.record_fields: \['step_map'\] are not rollout record fields"):
         type("Bad", (D1,), {"record_fields": frozenset({"step_map"})})

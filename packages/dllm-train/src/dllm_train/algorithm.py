@@ -169,7 +169,12 @@ class RLAlgorithm(Objective[RLBatch, D]):
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
-        cls.record_fields = check_field_names(cls.record_fields, owner=f"{cls.__name__}.record_fields")
+        fields = check_field_names(cls.record_fields, owner=f"{cls.__name__}.record_fields")
+        legacy = vars(cls).get("needs_rollout_reference")
+        if isinstance(legacy, bool):  # the flag of before `record_fields`: it declares the reference's field
+            fields = fields | {"ref_step_logp"} if legacy else fields - {"ref_step_logp"}
+            delattr(cls, "needs_rollout_reference")
+        cls.record_fields = fields
 
     @property
     def needs_rollout_reference(self) -> bool:
