@@ -114,8 +114,7 @@ def test_a_rollout_that_lacks_a_declared_field_is_refused_at_the_step() -> None:
 def test_the_trainer_settings_are_checked() -> None:
     with pytest.raises(ValueError, match="trainer.save_rollouts_every must be >= 0"):
         TrainerConfig(save_rollouts_every=-1)
-    with pytest.raises(ValueError, match="trainer.save_rollouts_every=2 stores rollouts on the local backend only"):
-        TrainerConfig(save_rollouts_every=2, backend="ray")
+    assert TrainerConfig(save_rollouts_every=2, backend="ray").save_rollouts_every == 2  # every backend stores them
 
 
 def _local(model: torch.nn.Module, out: Path | None, every: int) -> LocalRL:
@@ -163,3 +162,42 @@ def test_a_saver_writes_only_on_its_period(tmp_path: Path) -> None:
         rollout_path(tmp_path, 3, 1).name, rollout_path(tmp_path, 6, 1).name]
     with pytest.raises(ValueError, match="must be >= 1"):
         RolloutSaver(tmp_path, 0)
+
+
+def _rank_rollouts(run_dir: str, rank: int) -> list[int]:
+    """One rollout step on a Ray-style rank (FSDP2, gloo) that stores its data-parallel group's record."""
+    from dllm_train import sample_seeds
+    from dllm_train.distributed import RankWorker
+    from tests.dllm_train.distributed_helpers import algorithm_rank_setup
+
+    setup = dataclasses.replace(algorithm_rank_setup("llada", CJGRPO(), save_rollouts_every=1), run_dir=run_dir)
+    worker = RankWorker(setup)
+    prompts, answers, groups = addition_prompts(2, 2)(0).expanded()
+    seeds = sample_seeds(0, len(prompts), "rollout", 0)
+    rows = slice(2 * rank, 2 * rank + 2)
+    worker.rollout_step(0, prompts[rows], answers[rows], seeds[rows], groups[rows])
+    return [int(s) for s in seeds[rows]]
+
+
+@pytest.mark.slow
+def test_each_data_parallel_rank_stores_its_own_rows(tmp_path: Path) -> None:
+    import functools
+
+    from tests.dllm_train.distributed_helpers import run_ranks
+
+    seeds = run_ranks(functools.partial(_rank_rollouts, str(tmp_path)))
+    stored = read_rollouts(tmp_path)
+    assert list(stored) == [1] and len(stored[1]) == 2
+    for rank, batch in enumerate(stored[1]):
+        assert batch.seeds.tolist() == seeds[rank] and batch.unmask_step is not None
+
+
+def test_a_rank_without_the_run_folder_refuses_to_store() -> None:
+    from dllm_train.distributed import RankWorker
+    from tests.dllm_train.distributed_helpers import algorithm_rank_setup
+
+    worker = RankWorker.__new__(RankWorker)  # only the store is built: no process group
+    assert worker._rollout_saver(algorithm_rank_setup("llada", D1())) is None
+    with pytest.raises(ValueError, match=r"trainer.save_rollouts_every=1 stores rollouts in the run folder: pass "
+                                         r"RankSetup\(..., run_dir=<run folder>\)"):
+        worker._rollout_saver(algorithm_rank_setup("llada", D1(), save_rollouts_every=1))

@@ -95,7 +95,7 @@ class TrainerConfig:
             agreement with the native decoder on the same weights (`EngineRolloutWorker.consistency`).
         save_rollouts_every: every N RL steps, store the step's rollout record in the run folder
             (`<output>/rollouts/step_XXXXXX.rankR.safetensors`, read back with
-            `dllm_train.read_rollouts`; 0: never). Local backend.
+            `dllm_train.read_rollouts`; R: the data-parallel group whose rows it holds; 0: never).
         tensorboard: also write every metric to TensorBoard under `<output>/tensorboard/<phase>`.
         wandb: also log every metric to Weights & Biases (extra `dllm-train[wandb]`), as
             `<phase>/<metric>` against `<phase>/step`. Without WANDB_API_KEY (and no WANDB_MODE
@@ -225,9 +225,6 @@ class TrainerConfig:
             raise ValueError(f"trainer.consistency_every must be >= 0 (0: never), got {self.consistency_every}")
         if self.save_rollouts_every < 0:
             raise ValueError(f"trainer.save_rollouts_every must be >= 0 (0: never), got {self.save_rollouts_every}")
-        if self.save_rollouts_every and self.backend != "local":
-            raise ValueError(f"trainer.save_rollouts_every={self.save_rollouts_every} stores rollouts on the local "
-                             f"backend only; set trainer.backend=local or trainer.save_rollouts_every=0")
         if self.num_threads < 0:
             raise ValueError(f"trainer.num_threads must be >= 0 (0: torch's default), got {self.num_threads}")
         if self.gpus_per_worker not in (0, 1):

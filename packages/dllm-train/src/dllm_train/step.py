@@ -135,10 +135,10 @@ class PolicyRank(Generic[D]):
         device_peak()  # the peaks below start with the step
         if self.generates:
             rollout = self.rollout.generate(prompts, seeds)
+            metrics["rollout_s"] = clock.lap()
             check_rollout_filled(self.actor.algorithm, rollout)
             if self.save_rollout is not None:
                 self.save_rollout(step, rollout)
-            metrics["rollout_s"] = clock.lap()
             metrics.update(self.rollout.last_metrics)
             batch = self.reward.score(rollout, answers, groups, special_tokens(self.rollout.model))
             every = self.consistency_every
