@@ -298,4 +298,31 @@ def test_an_engine_that_is_not_installed_is_refused_before_work(folders: dict[st
     assert not (tmp_path / "x").exists()
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "lmdeploy" else real(name, *a))
     msg = _fails(_rl_args(folders, tmp_path / "x", "rollout.engine=lmdeploy", "algorithm=cj-grpo"), capsys)
-    assert "set rollout.engine=native" in msg and not (tmp_path / "x").exists()  # what the engine cannot decode
+    assert msg.strip().splitlines()[-1] == (  # what the engine cannot record
+        "dare: error: algorithm CJGRPO needs rollout record field 'unmask_step', which rollout.engine=lmdeploy does "
+        "not fill; use rollout.engine=native")
+    assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize(("recipe", "field"), [("llada-mdpo", "step_canvas"), ("llada-dmpo", "ref_step_logp"),
+                                               ("llada-cj-grpo", "unmask_step")])
+def test_a_record_field_the_engine_does_not_fill_is_refused_before_loading(
+        recipe: str, field: str, folders: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # one rule for every algorithm and engine (dllm_train.check_rollout_record), before the policy's weights load
+    # and whether or not the engine is installed
+    import dare.pipeline
+
+    def no_load(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the policy was loaded")
+
+    monkeypatch.setattr(dare.pipeline, "policy_with_adapters", no_load)
+    args = ["train", recipe, f"checkpoint.checkpoint={folders['llada']}", "checkpoint.dtype=float32",
+            "data.train_files=countdown", "rollout.engine=lmdeploy", "--output-dir", str(tmp_path / "x"),
+            "--no-progress"]
+    msg = _fails(args, capsys).strip().splitlines()
+    name = {"llada-mdpo": "MDPO", "llada-dmpo": "DMPO", "llada-cj-grpo": "CJGRPO"}[recipe]
+    assert not any("Traceback" in line for line in msg)
+    assert msg[-1] == (f"dare: error: algorithm {name} needs rollout record field {field!r}, which "
+                       "rollout.engine=lmdeploy does not fill; use rollout.engine=native")
+    assert not (tmp_path / "x").exists()

@@ -127,6 +127,25 @@ def test_rl_recipe_honours_num_threads(tiny_checkpoint: Path, sums_parquet: Path
     assert threads == [3]
 
 
+def test_an_rl_run_stores_the_rollout_records_it_is_asked_for(tiny_checkpoint: Path, sums_parquet: Path,
+                                                              tmp_path: Path) -> None:
+    from dllm_train import read_rollouts
+
+    out = tmp_path / "run"
+    assert main(["train", "llada-cj-grpo", f"checkpoint.checkpoint={tiny_checkpoint}", "checkpoint.dtype=float32",
+                 f"data.train_files={sums_parquet}", "rollout.max_new_tokens=4", "rollout.steps=4",
+                 "rollout.block_length=4", "rl.prompts_per_step=2", "rl.group_size=2", "trainer.max_steps=2",
+                 "trainer.save_rollouts_every=2", "--output-dir", str(out), "--no-progress"]) == 0
+    stored = read_rollouts(out)
+    assert list(stored) == [2] and len(stored[2]) == 1
+    record = stored[2][0]
+    # CJ-GRPO's declared field (record_fields) and the always-cheap forwards, with the run's sampling settings
+    assert {"unmask_step", "forwards", "config"} <= record.filled_fields() and record.batch_size == 4
+    config = json.loads((out / "config.json").read_text())
+    assert record.config is not None and record.config.max_new_tokens == config["rollout"]["max_new_tokens"] == 4
+    assert record.config.record_trajectory and not config["rollout"]["record_trajectory"]
+
+
 def test_the_ray_driver_keeps_its_policy_copy_on_the_cpu_unless_it_validates() -> None:
     from dare.config import apply_overrides
     from dare.pipeline import driver_device

@@ -59,7 +59,8 @@ def test_sglang_outputs_to_batch() -> None:
         {"text": "", "output_ids": [9, 10, 11, 12, 13, 14, 15], "meta_info": {"finish_reason": {"type": "length"},
                                                                               "dllm_replay_step_maps": [1] * 7}},
     ]
-    batch = batch_from_sglang(outputs, PROMPTS, torch.tensor([1, 2]), CFG, stop_ids=(62,), pad_id=62)
+    traced = dataclasses.replace(CFG, record_trajectory=True)  # step maps are kept when the trajectory is asked
+    batch = batch_from_sglang(outputs, PROMPTS, torch.tensor([1, 2]), traced, stop_ids=(62,), pad_id=62)
     assert batch.response_ids.tolist() == [[7, 8, 62, 62, 62, 62], [9, 10, 11, 12, 13, 14]]
     assert batch.response_mask.tolist() == [[True] * 3 + [False] * 3, [True] * 6]
     assert batch.unmask_step is not None and batch.unmask_step[0].tolist() == [0, 1, 0, -1, -1, -1]
@@ -128,7 +129,10 @@ def test_an_engine_batch_of_the_native_tokens_is_the_native_batch(tiny_block_mod
     assert native.config is not None
     engine = batch_from_token_lists(PROMPTS3, native.response_ids.tolist(), native.seeds, native.config,
                                     stop_ids=traits.stop_ids, pad_id=traits.pad_token_id)
-    assert _fields_equal(engine, native) == {f.name: True for f in dataclasses.fields(RolloutBatch)}
+    # every field but `forwards`, which an engine that reports no steps leaves out (record_fields_filled)
+    same = _fields_equal(engine, native)
+    assert same.pop("forwards") is False and engine.forwards is None and native.forwards is not None
+    assert same == {f.name: True for f in dataclasses.fields(RolloutBatch) if f.name != "forwards"}
 
 
 def test_an_engine_batch_cut_at_eos_counts_what_the_native_batch_counts(tiny_block_model: torch.nn.Module) -> None:
@@ -141,8 +145,8 @@ def test_an_engine_batch_cut_at_eos_counts_what_the_native_batch_counts(tiny_blo
     engine = batch_from_token_lists(PROMPTS3, cut, native.seeds, native.config,
                                     stop_ids=traits.stop_ids, pad_id=traits.pad_token_id)
     same = _fields_equal(engine, native)
-    del same["response_ids"]
-    assert same == {f.name: True for f in dataclasses.fields(RolloutBatch) if f.name != "response_ids"}
+    del same["response_ids"], same["forwards"]  # forwards: the engine reports no steps (record_fields_filled)
+    assert same == {f.name: True for f in dataclasses.fields(RolloutBatch) if f.name not in ("response_ids", "forwards")}
     counted = native.response_mask
     assert torch.equal(engine.response_ids[counted], native.response_ids[counted])
     assert bool((engine.response_ids[~counted] == traits.pad_token_id).all())

@@ -152,7 +152,7 @@ def test_what_an_engine_cannot_do_is_refused(tmp_path: Path) -> None:
         check_engine_support("llada", D1(), eng, folder)
     with pytest.raises(ValueError, match="not one"):
         check_engine_support("sdar", BGPO(), eng, tmp_path / "missing")
-    with pytest.raises(ValueError, match="step records"):
+    with pytest.raises(ValueError, match="rollout.record_trajectory=true asks for rollout record field 'step_logp'"):
         check_engine_support("sdar", BGPO(), dataclasses.replace(eng, record_trajectory=True), folder)
     check_engine_support("sdar", BGPO(), eng, folder)
     # a threshold on the quota rule is no lmdeploy strategy; DARE's threshold rule is

@@ -78,14 +78,18 @@ def check_block_length(block_length: int, native: int | None, folder: str) -> No
 
 
 def check_rollout_engine(rollout: Any, model: Any, algorithm: Any, folder: str) -> None:
-    """Raise, before anything is written, if `rollout.engine` cannot serve this run: the engine's
-    package is not installed, or the model, algorithm or settings are ones it cannot decode
-    (`dllm_train.engine_rollout.check_engine_support`). `model`: the checkpoint on the meta device."""
+    """Raise, before anything is written, if the rollout backend cannot serve this run: it does not
+    fill a rollout record field the algorithm or the settings need (`dllm_train.check_rollout_record`),
+    the engine's package is not installed, or the model, algorithm or settings are ones it cannot
+    decode (`dllm_train.engine_rollout.check_engine_support`). `model`: the checkpoint on the meta
+    device."""
+    from dllm_train import check_rollout_record, sampling_for
+
+    check_rollout_record(algorithm, sampling_for(model, rollout, algorithm))
     if rollout.engine == "native":
         return
     import importlib.util
 
-    from dllm_train import sampling_for
     from dllm_train.engine_rollout import check_engine_support
 
     if importlib.util.find_spec(rollout.engine) is None:

@@ -149,7 +149,7 @@ def driver_device(cfg: CheckpointRun) -> str | None:
     return None
 
 
-def rank_setup(cfg: RLRecipeConfig, reward: RowReward) -> Any:
+def rank_setup(cfg: RLRecipeConfig, reward: RowReward, run_dir: str | None = None) -> Any:
     """One Ray rank of an RL recipe (module-level, so Ray pickles it by reference): the initial
     policy read from the checkpoint folder on the rank (a resumed run's weights come later, from
     `RayRLWorkflow.load_state`), so no weights travel from the driver."""
@@ -158,7 +158,7 @@ def rank_setup(cfg: RLRecipeConfig, reward: RowReward) -> Any:
     return RankSetup(model=policy_with_adapters(cfg, "cpu"), sampling=cfg.rollout, reward_fn=reward,
                      detokenize=detokenizer(load_tokenizer(cfg.checkpoint.checkpoint)),
                      algorithm=cfg.algorithm, optim=cfg.rl_optim, trainer=cfg.trainer,
-                     engine_folder=cfg.checkpoint.checkpoint)
+                     engine_folder=cfg.checkpoint.checkpoint, run_dir=run_dir)
 
 
 def _rl_inputs(cfg: RLRecipeConfig) -> tuple[Any, list[tuple[list[int], Row]]]:
@@ -191,7 +191,7 @@ def run_rl_recipe(cfg: RLRecipeConfig, output_dir: Path, *, progress: bool = Tru
         step_fn, owner, shutdown = rl_backend(  # before `Run` loads a resumed checkpoint into `model`
             cfg, model, prompts=prompts, algorithm=cfg.algorithm,
             reward_fn=reward, detokenize=detokenizer(tokenizer),
-            rank_setup=functools.partial(rank_setup, cfg, reward))
+            rank_setup=functools.partial(rank_setup, cfg, reward, str(output_dir)), output_dir=output_dir)
         validate = validator(cfg, model, tokenizer)
         run = start_run(output_dir, model, cfg.trainer, tokenizer=tokenizer, progress=progress,
                                wandb_run=wandb_run)

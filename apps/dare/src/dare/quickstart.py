@@ -32,7 +32,7 @@ from dllm_train import (
 logger = logging.getLogger(__name__)
 
 
-def rank_setup(cfg: QuickstartConfig, weights: dict[str, torch.Tensor]) -> Any:
+def rank_setup(cfg: QuickstartConfig, weights: dict[str, torch.Tensor], run_dir: str | None = None) -> Any:
     """One Ray rank's workers (module-level, so Ray pickles it by reference)."""
     from dllm_train.distributed import RankSetup
 
@@ -40,7 +40,7 @@ def rank_setup(cfg: QuickstartConfig, weights: dict[str, torch.Tensor]) -> Any:
     model = build_tiny_model(cfg, tok)
     model.load_state_dict(weights)
     return RankSetup(model=model, sampling=cfg.rollout, reward_fn=exact_match_reward, detokenize=tok.decode,
-                     algorithm=cfg.algorithm, optim=cfg.rl_optim, trainer=cfg.trainer)
+                     algorithm=cfg.algorithm, optim=cfg.rl_optim, trainer=cfg.trainer, run_dir=run_dir)
 
 
 def build_tiny_model(cfg: QuickstartConfig, tokenizer: Any) -> Any:
@@ -123,7 +123,8 @@ def _train(cfg: QuickstartConfig, output_dir: Path, *, t0: float, progress: bool
     weights = {k: v.detach().cpu() for k, v in model.state_dict().items()}  # the RL phase's initial policy
     step_fn, owner, shutdown = rl_backend(cfg, model, prompts=prompts, algorithm=algorithm,
                                           reward_fn=exact_match_reward, detokenize=tokenizer.decode,
-                                          rank_setup=functools.partial(rank_setup, cfg, weights))
+                                          rank_setup=functools.partial(rank_setup, cfg, weights, str(output_dir)),
+                                          output_dir=output_dir)
     try:
         run.run_phase(PhaseSpec(
             order=1, name="rl", steps=cfg.trainer.max_steps, step_fn=step_fn, owner=owner,

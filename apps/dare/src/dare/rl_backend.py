@@ -12,6 +12,7 @@ itself, the Ray workflow passes its weights to the ranks first.
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from dare.config import RLRecipeConfig, RLRun
@@ -22,7 +23,7 @@ StepFn = Callable[[int], dict[str, float]]
 
 def rl_backend(cfg: RLRun, model: Any, *, prompts: Any, algorithm: RLAlgorithm[Any],
                reward_fn: Callable[[str, str], float], detokenize: Callable[[list[int]], str],
-               rank_setup: Callable[[], Any]) -> tuple[StepFn, Any, Callable[[], None]]:
+               rank_setup: Callable[[], Any], output_dir: Path | None = None) -> tuple[StepFn, Any, Callable[[], None]]:
     """(step_fn, checkpointed owner, shutdown) of the RL phase on `cfg.trainer.backend`.
 
     Build it while `model` still holds the initial policy (before `Run` loads a resumed
@@ -40,6 +41,7 @@ def rl_backend(cfg: RLRun, model: Any, *, prompts: Any, algorithm: RLAlgorithm[A
             their own in `rank_setup`).
         rank_setup: picklable `() -> dllm_train.distributed.RankSetup` with the initial policy,
             run on every rank.
+        output_dir: the run folder, where `trainer.save_rollouts_every` stores rollout records.
     """
     t, rl, optim = cfg.trainer, cfg.rl, cfg.rl_optim
     if t.backend == "ray":
@@ -52,7 +54,8 @@ def rl_backend(cfg: RLRun, model: Any, *, prompts: Any, algorithm: RLAlgorithm[A
         return ray_wf.step, ray_wf, ray_wf.shutdown
     local = LocalRL(model, prompts=prompts, sampling=cfg.rollout, reward_fn=reward_fn, detokenize=detokenize,
                     algorithm=algorithm, optim=optim, trainer=t,
-                    engine_folder=cfg.checkpoint.checkpoint if isinstance(cfg, RLRecipeConfig) else None)
+                    engine_folder=cfg.checkpoint.checkpoint if isinstance(cfg, RLRecipeConfig) else None,
+                    output_dir=output_dir)
     return local.step, local, lambda: None
 
 

@@ -14,8 +14,7 @@ from typing import ClassVar
 import torch
 
 from dllm_objectives import MaskPlan, dmpo_baseline, dmpo_ess_coeff, dmpo_weights, iid_masks, wdce_loss
-from dllm_rollout import SamplingConfig
-from dllm_train import LossInputs, RLAlgorithm, RLBatch, ValuesScorer, with_fields
+from dllm_train import LossInputs, RLAlgorithm, RLBatch, ValuesScorer
 
 from dllm_algorithms.families import MASKED
 from dllm_algorithms.scoring import Metrics, inputs, plan_logp
@@ -55,9 +54,8 @@ class DMPO(RLAlgorithm[WeightedMasks]):
     num_iterations: int = 8
     families: ClassVar[tuple[str, ...]] = MASKED
     needs_old = False
-    needs_rollout_reference = True
     row_local = True
-    replays_trajectory = True
+    record_fields = frozenset({"step_logp", "ref_step_logp"})
 
     def __post_init__(self) -> None:
         if self.mc_num % 2:
@@ -71,9 +69,6 @@ class DMPO(RLAlgorithm[WeightedMasks]):
         individual and model baselines cancel (`dmpo_baseline`); raw rewards (alpha=-1) survive
         the individual and model baselines, and no baseline keeps every weight."""
         return self.baseline == "group" or (self.alpha != -1 and self.baseline in ("individual", "model"))
-
-    def sampling(self, sampling: SamplingConfig) -> SamplingConfig:
-        return with_fields(sampling, record_trajectory=True)
 
     def prepare(self, batch: RLBatch, generator: torch.Generator) -> WeightedMasks:
         r = batch.rollout

@@ -21,8 +21,8 @@ from dllm_objectives import (
     replay_plan,
     weighted_policy_loss,
 )
-from dllm_rollout import RolloutBatch, SamplingConfig
-from dllm_train import LossInputs, MiniBatchRows, RLAlgorithm, RLBatch, ValuesScorer, plan_token_logp, with_fields
+from dllm_rollout import RolloutBatch
+from dllm_train import LossInputs, MiniBatchRows, RLAlgorithm, RLBatch, ValuesScorer, plan_token_logp
 
 from dllm_algorithms.cj_replay import replay_response
 from dllm_algorithms.clipping import DualClip
@@ -82,10 +82,7 @@ class CJGRPO(DualClip, RLAlgorithm[Trajectory]):
 
     families: ClassVar[tuple[str, ...]] = ALL_FAMILIES
     row_local = True
-    replays_trajectory = True
-
-    def sampling(self, sampling: SamplingConfig) -> SamplingConfig:
-        return with_fields(sampling, record_trajectory=True)
+    record_fields = frozenset({"unmask_step"})
 
     def prepare(self, batch: RLBatch, generator: torch.Generator) -> Trajectory:
         rollout = batch.rollout
@@ -173,7 +170,7 @@ class MDPO(RLAlgorithm[TrainingRows]):
     step_mini_batches: bool = True
     families: ClassVar[tuple[str, ...]] = MASKED
     row_local = True
-    replays_trajectory = True
+    record_fields = frozenset({"step_canvas", "step_x0", "step_confidence"})
 
     def __post_init__(self) -> None:
         if self.top_k_steps < 1:
@@ -188,9 +185,6 @@ class MDPO(RLAlgorithm[TrainingRows]):
 
     def select_rows(self, data: TrainingRows, rows: slice) -> TrainingRows:
         return data.select(rows)
-
-    def sampling(self, sampling: SamplingConfig) -> SamplingConfig:
-        return with_fields(sampling, record_steps=True, record_trajectory=True)
 
     def prepare(self, batch: RLBatch, generator: torch.Generator) -> TrainingRows:
         r = batch.rollout

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 from dataclasses import dataclass, field, fields
 
 import torch
@@ -10,11 +11,16 @@ import torch
 from dllm_rollout.config import SamplingConfig
 from dllm_rollout.prompts import left_pad
 from dllm_rollout.record import Recorder
+from dllm_rollout.record_schema import RECORD_FIELDS, RECORD_VERSION
 
 
 @dataclass
 class RolloutBatch:
-    """Prompts and generated responses, with optional trajectory records.
+    """The rollout record: prompts and generated responses, with optional trajectory records.
+
+    Every decoder and engine adapter returns one; its fields are listed in
+    `dllm_rollout.RECORD_FIELDS`, and `dllm_rollout.record_fields_filled` says which of them each
+    backend fills. `filled_fields()` lists those present; `save_rollout` / `load_rollout` store it.
 
     Attributes:
         prompt_ids: [B, P] left-padded prompt ids.
@@ -37,6 +43,9 @@ class RolloutBatch:
         step_confidence: [B, S, R] float32; masked diffusion: softmax(filter(logits / T)) at each
             position's sampled token; block diffusion: the sampler's confidence inside the block
             being decoded (NaN elsewhere).
+        forwards: [B] long, the policy's denoising forwards spent on each sample (the steps it took;
+            a tree leaf: the steps on its path); native decoders fill it, engines that report no
+            steps leave it None.
         config: the SamplingConfig that produced the batch (None for engine outputs without one).
         extras: further per-sample tensors (block diffusion with trajectories: `tail_ids`,
             `tail_unmask_step` [B, T], the decoded rest of the terminal block after the response,
@@ -44,6 +53,7 @@ class RolloutBatch:
             editing: `num_edits` [B] long, the row's token-to-token edits. An edited token records
             the step of its last write and the log-prob of the token kept, so rows with edits
             cannot be replayed step by step from `unmask_step`).
+        version: `RECORD_VERSION` of the layout the batch follows.
     """
 
     prompt_ids: torch.Tensor
@@ -57,14 +67,24 @@ class RolloutBatch:
     step_canvas: torch.Tensor | None = None
     step_x0: torch.Tensor | None = None
     step_confidence: torch.Tensor | None = None
+    forwards: torch.Tensor | None = None
     config: SamplingConfig | None = None
     extras: dict[str, torch.Tensor] = field(default_factory=dict)
+    version: int = RECORD_VERSION
 
     def __post_init__(self) -> None:
         b = self.prompt_ids.shape[0]
         for name in ("prompt_mask", "response_ids", "response_mask", "seeds"):
             if getattr(self, name).shape[0] != b:
                 raise ValueError(f"RolloutBatch.{name} has batch {getattr(self, name).shape[0]}, expected {b}")
+        if self.forwards is not None and tuple(self.forwards.shape) != (b,):
+            raise ValueError(f"RolloutBatch.forwards has shape {tuple(self.forwards.shape)}, expected ({b},)")
+
+    def filled_fields(self) -> frozenset[str]:
+        """The names of `dllm_rollout.RECORD_FIELDS` this batch holds (a field that is not None, or an
+        `extras` key)."""
+        out = {name for name, f in RECORD_FIELDS.items() if not f.in_extras and getattr(self, name) is not None}
+        return frozenset(out | {name for name in self.extras if name in RECORD_FIELDS})
 
     @property
     def batch_size(self) -> int:
@@ -118,8 +138,8 @@ def response_mask(response: torch.Tensor, stop_ids: Sequence[int], eos_handling:
     return before == 0
 
 
-RECORDS = ("unmask_step", "step_logp", "ref_step_logp", "step_canvas", "step_x0", "step_confidence")
-"""The optional trajectory records of a RolloutBatch, by field name."""
+RECORDS = ("unmask_step", "step_logp", "ref_step_logp", "step_canvas", "step_x0", "step_confidence", "forwards")
+"""The optional records of a RolloutBatch that are dataclass fields, by name."""
 
 
 def rollout_batch(
@@ -143,10 +163,10 @@ def rollout_batch(
         stop_ids: the ids that end a response (`DiffusionTraits.stop_ids`).
         counted: [B, R] bool, the response mask when the caller's rule differs from
             `cfg.eos_handling` (engines); None: `response_mask(response, stop_ids, cfg.eos_handling)`.
-        records: trajectory records by field name (a subset of `RECORDS`), each [B, R] or [B, S, R].
+        records: optional records by field name (a subset of `RECORDS`), each [B], [B, R] or [B, S, R].
         extras: further per-sample tensors (`RolloutBatch.extras`).
     """
-    found = dict(records or {})
+    found: dict[str, Any] = dict(records or {})
     unknown = sorted(set(found) - set(RECORDS))
     if unknown:
         raise ValueError(f"records {unknown} are not RolloutBatch records; valid: {list(RECORDS)}")
@@ -186,14 +206,15 @@ def decoded_batch(
         extras: further per-sample tensors (`RolloutBatch.extras`).
 
     Returns:
-        RolloutBatch with `response_ids` [B, R] (R = `cfg.max_new_tokens`); `unmask_step` and
-        `step_logp` only when `cfg.record_trajectory`.
+        RolloutBatch with `response_ids` [B, R] (R = `cfg.max_new_tokens`) and `forwards` [B];
+        `unmask_step` and `step_logp` only when `cfg.record_trajectory`.
     """
     r = cfg.max_new_tokens
     idx = offsets[:, None] + torch.arange(r, device=region.device)[None]
     recs = rec.take(offsets, r, mask_id)
     if not cfg.record_trajectory:
         recs = {k: v for k, v in recs.items() if k not in ("unmask_step", "step_logp")}
+    recs["forwards"] = rec.forwards.clone()
     return rollout_batch(prompt_ids, prompt_mask, region.gather(1, idx), seeds, cfg, stop_ids=stop_ids,
                          records=recs, extras=extras)
 
@@ -272,7 +293,7 @@ def concat_batches(batches: list[RolloutBatch], *, pad_id: int, mask_id: int) ->
                     parts = [_pad_to(p, 1, width, extra_fill.get(k, 0)) for p in parts]
                 merged[k] = torch.cat(parts)
             out[f.name] = merged
-        elif f.name == "config":
+        elif f.name in ("config", "version"):
             out[f.name] = values[0]
         elif values[0] is None:
             out[f.name] = None

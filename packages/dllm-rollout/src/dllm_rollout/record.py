@@ -13,10 +13,13 @@ class Recorder:
 
     Steps are counted per row: a row's step counter advances only on steps where it still had
     masks in the current block, so a sample's records do not depend on the batch it ran in.
+    `forwards` counts the steps each row took in this decode (`RolloutBatch.forwards`; `row_step`
+    may start later, at a resumed step).
     """
 
     def __init__(self, batch: int, width: int, device: torch.device, *, steps: bool, ref: bool) -> None:
         self.row_step = torch.zeros(batch, dtype=torch.long, device=device)
+        self.forwards = torch.zeros(batch, dtype=torch.long, device=device)
         self.unmask_step = torch.full((batch, width), -1, dtype=torch.long, device=device)
         self.step_logp = torch.zeros((batch, width), dtype=torch.float32, device=device)
         self.ref_step_logp = torch.zeros((batch, width), dtype=torch.float32, device=device) if ref else None
@@ -61,6 +64,7 @@ class Recorder:
             self._conf.append(prediction[1].float())
             self._when.append(torch.where(active, self.row_step, -1))
         self.row_step += active.long()
+        self.forwards += active.long()
 
     def rows(self, keep: torch.Tensor) -> Recorder:
         """A recorder of rows `keep` [n] (long) only, with their records so far (copies).
@@ -72,6 +76,7 @@ class Recorder:
             raise ValueError("Recorder.rows: per-step records (record_steps) cannot be split by rows")
         sub = Recorder.__new__(Recorder)
         sub.row_step, sub.unmask_step = self.row_step[keep], self.unmask_step[keep]
+        sub.forwards = self.forwards[keep]
         sub.step_logp = self.step_logp[keep]
         sub.ref_step_logp = None if self.ref_step_logp is None else self.ref_step_logp[keep]
         sub.keep_steps, sub._canvas, sub._x0, sub._conf, sub._when = False, [], [], [], []
@@ -80,6 +85,7 @@ class Recorder:
     def put(self, rows: torch.Tensor, sub: Recorder) -> None:
         """Write the records of `sub` (made by `rows`, maybe narrowed further) back at rows `rows` [n]."""
         self.row_step[rows] = sub.row_step
+        self.forwards[rows] = sub.forwards
         self.unmask_step[rows] = sub.unmask_step
         self.step_logp[rows] = sub.step_logp
         if self.ref_step_logp is not None and sub.ref_step_logp is not None:

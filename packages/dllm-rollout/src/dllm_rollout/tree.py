@@ -62,7 +62,7 @@ def tree_generate(
         model: a masked-diffusion model (block diffusion is not supported here yet).
         prompts: B lists of token ids.
         cfg: the decoding settings, the same object every decoder takes (`record_trajectory` is
-            turned on: the tree is built from the step records).
+            turned on: the tree is built from the step records; `record_steps` is refused).
         branch_steps: increasing global steps (0 < s < steps) at which every node splits.
         branching: children per split.
         roots: children of the all-mask root (the first level, decoding steps [0, branch_steps[0]);
@@ -71,10 +71,14 @@ def tree_generate(
             depth d > 0, index i, seed mix(seed, d * 2**20 + i).
 
     Returns:
-        TreeRollout with B * roots * branching ** len(branch_steps) leaves.
+        TreeRollout with B * roots * branching ** len(branch_steps) leaves; each leaf's `forwards`
+        counts the steps on its path from the root (its ancestors' included).
     """
     if model.traits.block_length is not None:
         raise ValueError("tree_generate supports masked diffusion only; block diffusion is not implemented")
+    if cfg.record_steps:
+        raise ValueError("tree_generate records no per-step canvases (a leaf's steps span several nodes); "
+                         "set record_steps=False")
     cfg = replace(cfg, record_trajectory=True)
     steps, block_length = cfg.steps, cfg.block_length
     bounds = list(branch_steps)
@@ -98,6 +102,7 @@ def tree_generate(
     canvases: list[torch.Tensor] = []
     step_rows: list[torch.Tensor] = []
     logp_rows: list[torch.Tensor] = []
+    fwd_rows: list[torch.Tensor] = []
     edges = [0, *bounds, steps]
     out: RolloutBatch | None = None
     for depth, (a, b) in enumerate(zip(edges[:-1], edges[1:])):
@@ -106,14 +111,15 @@ def tree_generate(
             ids, mask, node_of_row = ids[rep], mask[rep], node_of_row[rep]
             assert response is not None
             response = response[rep]
-            prev_steps, prev_logp = step_rows[-1][rep], logp_rows[-1][rep]
+            prev_steps, prev_logp, prev_fwd = step_rows[-1][rep], logp_rows[-1][rep], fwd_rows[-1][rep]
             seeds = torch.tensor([_mix(base, depth * 2**20 + i) for i in range(ids.shape[0])])
         out = decode_masked(model, ids, mask, seeds, cfg, init_response=response, first_step=a, last_step=b)
-        assert out.unmask_step is not None and out.step_logp is not None
+        assert out.unmask_step is not None and out.step_logp is not None and out.forwards is not None
         if depth:
             old = prev_steps >= 0
             out.unmask_step = torch.where(old, prev_steps, out.unmask_step)
             out.step_logp = torch.where(old, prev_logp, out.step_logp)
+            out.forwards = out.forwards + prev_fwd
         response = out.response_ids
         first = len(parents)
         parents.extend(node_of_row.tolist() if depth else [-1] * ids.shape[0])
@@ -121,6 +127,7 @@ def tree_generate(
         canvases.append(response)
         step_rows.append(out.unmask_step)
         logp_rows.append(out.step_logp)
+        fwd_rows.append(out.forwards)
         node_of_row = torch.arange(first, first + ids.shape[0])
     assert out is not None
     n = len(parents)

@@ -24,6 +24,7 @@ from dllm_train.passes import ScoreCall, Update, ValuesFn, ValuesScorer, accumul
 from dllm_train.seeding import derive_seed, generator, sample_seeds
 from dllm_train.objective import Objective, OfflineInputs, OfflineObjective
 from dllm_train.offline import OfflineWorker
+from dllm_train.rollout_record import RolloutSaver, check_rollout_record, read_rollouts, rollout_path
 from dllm_train.step import LocalRanks, PolicyRank, RankRollout, Ranks, check_settings, rl_step
 from dllm_train.algorithm import Prepared
 from dllm_train.workers import (
@@ -72,6 +73,7 @@ __all__ = [
     "Ranks",
     "ReferenceWorker",
     "RewardWorker",
+    "RolloutSaver",
     "RolloutWorker",
     "Run",
     "SFTConfig",
@@ -87,6 +89,7 @@ __all__ = [
     "accumulate",
     "assemble_rank",
     "benchmark_validator",
+    "check_rollout_record",
     "check_settings",
     "derive_seed",
     "evaluate",
@@ -106,6 +109,8 @@ __all__ = [
     "resolved_attention",
     "rl_step",
     "sample_seeds",
+    "read_rollouts",
+    "rollout_path",
     "sampling_for",
     "read_checkpoint",
     "resume_checkpoint",

@@ -8,7 +8,7 @@ by `prepare` and handed back to `values` and `loss`). No string keys travel betw
 
 One step, for every backend (`dllm_train.step`):
 
-1. `sampling` / `generate`: the rollout (with what it must record);
+1. `sampling` / `generate`: the rollout (with the record fields it declares, `record_fields`);
 2. the reward worker fills `RLBatch` (scores, per-step scores when steps were recorded);
 3. `prepare(batch, generator) -> data`: the noise shared by the old, reference and current
    passes (one entry per update iteration), training rows, step or tree advantages, weights;
@@ -32,7 +32,8 @@ from typing import Any, ClassVar, Generic, Literal, TypeVar
 import torch
 
 from dllm_objectives import grpo_advantages
-from dllm_rollout import RolloutBatch, SamplingConfig, decode
+from dllm_rollout import RolloutBatch, SamplingConfig, decode, record_settings
+from dllm_rollout.record_schema import REPLAY, check_field_names
 from dllm_train.objective import Metrics, Objective
 from dllm_train.passes import ValuesScorer
 
@@ -123,7 +124,12 @@ class RLAlgorithm(Objective[RLBatch, D]):
     properties; `num_iterations` alone is a hyper-parameter (a field where an algorithm has it):
         needs_old: the loss compares with values under the rollout policy (a ratio).
         needs_reference: a frozen reference model scores `values` too (a KL term).
-        needs_rollout_reference: the rollout scores its canvases with the reference model.
+        record_fields: the rollout record fields (`dllm_rollout.RECORD_FIELDS`) the algorithm reads
+            beyond prompts and responses, e.g. `frozenset({"unmask_step"})`: `sampling` asks the
+            decoder for them, and a run whose rollout backend does not fill one is refused before
+            any model loads (`dllm_train.check_rollout_record`).
+        needs_rollout_reference (a property): the rollout scores its canvases with the reference
+            model: `"ref_step_logp"` is in `record_fields`.
         num_iterations: update iterations per rollout batch (each on its own `prepare` entry;
             one optimizer step each, or one per mini-batch).
         values_vary_by_iteration: `values` may differ between iterations (each reads its own
@@ -131,8 +137,9 @@ class RLAlgorithm(Objective[RLBatch, D]):
             and serve every iteration.
         row_local: the loss's gradient with respect to each scorer row depends on that row
             alone, so token-budget passes need no separate value pass (`dllm_train.passes`).
-        replays_trajectory: the algorithm reads the rollout's step records, which token editing
-            cannot reproduce.
+        replays_trajectory (a property): the algorithm reads the rollout's trajectory records
+            (`record_fields` meets `dllm_rollout.record_schema.REPLAY`), which token editing cannot
+            reproduce.
         chunkable_rollout: `generate` may run on any subset of rows (`rollout.max_rows`); False
             for rollouts that couple rows (e.g. a tree over a whole group).
         mini_batch_rows: the rows of one optimizer step: "all" (every training row of an
@@ -153,13 +160,33 @@ class RLAlgorithm(Objective[RLBatch, D]):
     """
 
     needs_old: ClassVar[bool] = True
-    needs_rollout_reference: ClassVar[bool] = False
-    replays_trajectory: ClassVar[bool] = False
+    record_fields: ClassVar[frozenset[str]] = frozenset()
     chunkable_rollout: ClassVar[bool] = True
     values_vary_by_iteration: ClassVar[bool] = True
     num_iterations: int = 1
-    constants = (*Objective.constants, "needs_old", "needs_rollout_reference", "replays_trajectory",
+    constants = (*Objective.constants, "needs_old", "record_fields", "needs_rollout_reference", "replays_trajectory",
                  "chunkable_rollout", "values_vary_by_iteration", "mini_batch_rows", "needs_distinct_samples")
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        fields = check_field_names(cls.record_fields, owner=f"{cls.__name__}.record_fields")
+        legacy = vars(cls).get("needs_rollout_reference")
+        if isinstance(legacy, bool):  # the flag of before `record_fields`: it declares the reference's field
+            fields = fields | {"ref_step_logp"} if legacy else fields - {"ref_step_logp"}
+            delattr(cls, "needs_rollout_reference")
+        cls.record_fields = fields
+
+    @property
+    def needs_rollout_reference(self) -> bool:
+        """Whether the rollout scores its canvases with the reference model (`ref_step_logp` is in
+        `record_fields`)."""
+        return "ref_step_logp" in self.record_fields
+
+    @property
+    def replays_trajectory(self) -> bool:
+        """Whether the algorithm reads the rollout's trajectory records, which token editing cannot
+        reproduce (`record_fields` meets `dllm_rollout.record_schema.REPLAY`)."""
+        return bool(self.record_fields & REPLAY)
 
     @property
     def mini_batch_rows(self) -> MiniBatchRows:
@@ -187,8 +214,9 @@ class RLAlgorithm(Objective[RLBatch, D]):
         return self.needs_distinct_samples and self.sampling(sampling).deterministic
 
     def sampling(self, sampling: SamplingConfig) -> SamplingConfig:
-        """The run's SamplingConfig with what this algorithm's rollout must record."""
-        return sampling
+        """The run's SamplingConfig with what this algorithm's rollout must record (default: the
+        switches that make the native decoders fill `record_fields`, `dllm_rollout.record_settings`)."""
+        return record_settings(sampling, self.record_fields)
 
     def generate(self, model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, seeds: torch.Tensor,
                  sampling: SamplingConfig, ref_model: Any) -> RolloutBatch:

@@ -27,7 +27,7 @@ from typing import Any, Protocol
 import torch
 
 from dllm_models import BaseWeightsView, has_adapters
-from dllm_rollout import SamplingConfig
+from dllm_rollout import RolloutBatch, SamplingConfig
 from dllm_train.algorithm import RLAlgorithm
 from dllm_train.config import OptimConfig, TrainerConfig
 from dllm_train.engine_rollout import build_rollout_worker
@@ -58,7 +58,8 @@ def plain_scorer(model: Any, *, kind: type[Scorer], attention: str | None, share
 def assemble_rank(model: Any, *, sampling: SamplingConfig, algorithm: RLAlgorithm[Any], optim: OptimConfig,
                   trainer: TrainerConfig, reward: RewardWorker, plan_generator: Callable[[int], torch.Generator],
                   engine_folder: str | None = None, shard: Shard | None = None, scorer: ScorerFactory = plain_scorer,
-                  generates: bool = True, share: Callable[[Any], Any] | None = None) -> PolicyRank[Any]:
+                  generates: bool = True, share: Callable[[Any], Any] | None = None,
+                  save_rollout: Callable[[int, RolloutBatch], None] | None = None) -> PolicyRank[Any]:
     """The `PolicyRank` of one rank around `model`: its actor, rollout and reference workers (see the
     module docstring) and `reward`.
 
@@ -78,6 +79,7 @@ def assemble_rank(model: Any, *, sampling: SamplingConfig, algorithm: RLAlgorith
         scorer: builds each model's scorer.
         generates, share: sequence parallelism: whether this rank decodes, and how the group's
             leader hands its rollout to the others (see `PolicyRank`).
+        save_rollout: stores each decoded rollout (`dllm_train.RolloutSaver`; None: nothing stored).
 
     Returns:
         the rank's `PolicyRank`; its trained model is `rank.actor.model` (as `shard` returned it).
@@ -114,7 +116,8 @@ def assemble_rank(model: Any, *, sampling: SamplingConfig, algorithm: RLAlgorith
     rollout = build_rollout_worker(rollout_model, sampling, algorithm=algorithm, ref_model=rollout_ref,
                                    engine_folder=engine_folder)
     return PolicyRank(rollout=rollout, reward=reward, actor=actor, reference=reference, plan_generator=plan_generator,
-                      consistency_every=trainer.consistency_every, generates=generates, share=share)
+                      consistency_every=trainer.consistency_every, generates=generates, share=share,
+                      save_rollout=save_rollout)
 
 
 def _frozen_copy(model: Any) -> Any:

@@ -93,6 +93,9 @@ class TrainerConfig:
             between rollout-side and recomputed log-probs (the rollout must record trajectories,
             `rollout.record_trajectory=true`); engine rollouts report a greedy probe's token
             agreement with the native decoder on the same weights (`EngineRolloutWorker.consistency`).
+        save_rollouts_every: every N RL steps, store the step's rollout record in the run folder
+            (`<output>/rollouts/step_XXXXXX.rankR.safetensors`, read back with
+            `dllm_train.read_rollouts`; R: the data-parallel group whose rows it holds; 0: never).
         tensorboard: also write every metric to TensorBoard under `<output>/tensorboard/<phase>`.
         wandb: also log every metric to Weights & Biases (extra `dllm-train[wandb]`), as
             `<phase>/<metric>` against `<phase>/step`. Without WANDB_API_KEY (and no WANDB_MODE
@@ -162,6 +165,7 @@ class TrainerConfig:
     gpus_per_worker: int = 0
     num_threads: int = 0
     consistency_every: int = 0
+    save_rollouts_every: int = 0
     tensorboard: bool = False
     wandb: bool = False
     wandb_project: str = "dare"
@@ -219,6 +223,8 @@ class TrainerConfig:
                              f"ranks; set trainer.backend=ray (got {self.backend!r}) or trainer.sequence_parallel=1")
         if self.consistency_every < 0:
             raise ValueError(f"trainer.consistency_every must be >= 0 (0: never), got {self.consistency_every}")
+        if self.save_rollouts_every < 0:
+            raise ValueError(f"trainer.save_rollouts_every must be >= 0 (0: never), got {self.save_rollouts_every}")
         if self.num_threads < 0:
             raise ValueError(f"trainer.num_threads must be >= 0 (0: torch's default), got {self.num_threads}")
         if self.gpus_per_worker not in (0, 1):

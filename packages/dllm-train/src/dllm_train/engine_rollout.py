@@ -5,7 +5,8 @@ actor's current weights (release names; a LoRA actor hands over its merged weigh
 restored bit for bit after), checks that the engine serves exactly those tensors, decodes, and puts
 the engine to sleep (weights to host memory, KV cache freed) so that the update has the GPU. The
 trainer recomputes every old log-prob itself, so the estimators do not depend on the engine; what
-the engine cannot provide is refused before any work (`check_engine_support`).
+the engine cannot provide is refused before any work (`check_engine_support`; a rollout record field
+the run needs and the engine does not fill, by the one rule `dllm_train.check_rollout_record`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from dllm_models import merged_adapters
 from dllm_rollout import RolloutBatch, SamplingConfig
 from dllm_train.algorithm import RLAlgorithm
 from dllm_train.dataflow import map_tensors
+from dllm_train.rollout_record import check_rollout_record
 from dllm_train.workers import Rollout, RolloutWorker, load_rollout_weights, sampling_for
 
 ENGINE_FAMILIES = ("sdar", "sdar_moe")
@@ -38,8 +40,11 @@ EngineFactory = Callable[[Path, SamplingConfig, tuple[int, ...], int], Any]
 
 def check_engine_support(family: str, algorithm: RLAlgorithm[Any] | None, sampling: SamplingConfig,
                          folder: str | Path | None) -> None:
-    """Raise, naming the setting and the fix, for what an engine rollout cannot provide."""
+    """Raise, naming the setting and the fix, for what an engine rollout cannot provide: another
+    family, a decoding rule it cannot run, no release folder, or a rollout record field the run
+    needs (`check_rollout_record`)."""
     name = sampling.engine
+    check_rollout_record(algorithm, sampling)
     if family not in ENGINE_FAMILIES:
         raise ValueError(f"rollout.engine={name} serves block-diffusion families {ENGINE_FAMILIES}; "
                          f"the model is {family!r}: set rollout.engine=native")
@@ -50,16 +55,6 @@ def check_engine_support(family: str, algorithm: RLAlgorithm[Any] | None, sampli
     if folder is None or not (Path(folder) / "config.json").is_file():
         raise ValueError(f"rollout.engine={name} loads the model from a release-layout folder "
                          f"(config.json, tokenizer, safetensors); checkpoint.checkpoint={folder!r} is not one")
-    if sampling.record_trajectory or sampling.record_steps:
-        who = f"algorithm {algorithm.label}" if algorithm is not None else "this run"
-        raise ValueError(f"{who} reads the rollout's step records (rollout.record_trajectory or the algorithm's "
-                         f"own), which rollout.engine={name} does not return: set rollout.engine=native")
-    if algorithm is not None and algorithm.needs_rollout_reference:
-        raise ValueError(f"algorithm {algorithm.label} scores the rollout's canvases with a reference model "
-                         f"during decoding, which rollout.engine={name} cannot: set rollout.engine=native")
-    if algorithm is not None and type(algorithm).generate is not RLAlgorithm.generate:
-        raise ValueError(f"algorithm {algorithm.label} runs its own rollout (not the standard decoder): "
-                         f"set rollout.engine=native")
 
 
 def token_agreement(a: Sequence[Sequence[int]], b: Sequence[Sequence[int]]) -> tuple[float, float]:

@@ -67,13 +67,13 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view):]
 
 
-def _write(path: Path, text: str, flags: int, *, sync: bool) -> None:
-    """Open `path` with `flags` without following a link and write `text` (fsynced with `sync`); a failed
-    write raises `FolderWriteError`."""
+def _write(path: Path, text: str | bytes, flags: int, *, sync: bool) -> None:
+    """Open `path` with `flags` without following a link and write `text` (str: UTF-8; or bytes), fsynced
+    with `sync`; a failed write raises `FolderWriteError`."""
     try:
         fd = open_nofollow(path, flags)
         try:
-            _write_all(fd, text.encode())
+            _write_all(fd, text.encode() if isinstance(text, str) else text)
             if sync:
                 os.fsync(fd)
         finally:
@@ -90,8 +90,8 @@ def append_text(path: Path, text: str) -> None:
     _write(path, text, os.O_WRONLY | os.O_APPEND | os.O_CREAT, sync=False)
 
 
-def write_new(path: Path, text: str) -> None:
-    """Write `path` as a new plain file (what had its name, a link included, is unlinked first),
+def write_new(path: Path, text: str | bytes) -> None:
+    """Write `path` (text, or bytes as they are) as a new plain file (what had its name, a link included, is unlinked first),
     fsynced; a failed write raises `FolderWriteError`."""
     try:
         path.unlink(missing_ok=True)
@@ -100,8 +100,8 @@ def write_new(path: Path, text: str) -> None:
     _write(path, text, os.O_WRONLY | os.O_CREAT | os.O_EXCL, sync=True)
 
 
-def replace_text(path: Path, text: str) -> None:
-    """Replace `path` atomically with `text`: written to `<path>.tmp` (`write_new`), then renamed over
+def replace_text(path: Path, text: str | bytes) -> None:
+    """Replace `path` atomically with `text` (or bytes): written to `<path>.tmp` (`write_new`), then renamed over
     it (a rename replaces a link at `path` itself, never its target)."""
     tmp = path.with_name(path.name + ".tmp")
     write_new(tmp, text)

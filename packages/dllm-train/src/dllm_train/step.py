@@ -24,6 +24,7 @@ from dllm_rollout import RolloutBatch, SamplingConfig
 from dllm_train.metrics import device_peak, is_peak
 from dllm_train.algorithm import Prepared, RLAlgorithm, RLBatch
 from dllm_train.dataflow import PromptBatch
+from dllm_train.rollout_record import check_rollout_filled
 from dllm_train.seeding import sample_seeds
 from dllm_train.workers import ActorWorker, ReferenceWorker, RewardWorker, Rollout, special_tokens
 
@@ -89,12 +90,15 @@ class PolicyRank(Generic[D]):
         share: hands the rollout of a sequence-parallel group's leader to the other ranks of the
             group (identity without sequence parallelism); `generates` says whether this rank
             decodes.
+        save_rollout: (step, rollout) -> None, called with every rollout this rank decodes
+            (`dllm_train.RolloutSaver`, `trainer.save_rollouts_every`); None: nothing stored.
     """
 
     def __init__(self, *, rollout: Rollout, reward: RewardWorker, actor: ActorWorker[D],
                  reference: ReferenceWorker | None, plan_generator: Callable[[int], torch.Generator],
                  consistency_every: int = 0, generates: bool = True,
-                 share: Callable[[Any], Any] | None = None) -> None:
+                 share: Callable[[Any], Any] | None = None,
+                 save_rollout: Callable[[int, RolloutBatch], None] | None = None) -> None:
         algorithm = actor.algorithm
         if algorithm.needs_reference and reference is None:
             raise ValueError(f"algorithm {algorithm.label} needs a reference model; pass reference=")
@@ -107,6 +111,7 @@ class PolicyRank(Generic[D]):
         self.consistency_every = consistency_every
         self.generates = generates
         self.share = share
+        self.save_rollout = save_rollout
         self.prepared: Prepared[D] | None = None
         self.carried: dict[str, float] = {}
 
@@ -131,6 +136,9 @@ class PolicyRank(Generic[D]):
         if self.generates:
             rollout = self.rollout.generate(prompts, seeds)
             metrics["rollout_s"] = clock.lap()
+            check_rollout_filled(self.actor.algorithm, rollout)
+            if self.save_rollout is not None:
+                self.save_rollout(step, rollout)
             metrics.update(self.rollout.last_metrics)
             batch = self.reward.score(rollout, answers, groups, special_tokens(self.rollout.model))
             every = self.consistency_every

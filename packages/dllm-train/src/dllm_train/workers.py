@@ -20,13 +20,14 @@ from typing import Any, Generic, Protocol, TypeVar
 import torch
 
 from dllm_models import BaseWeightsView, merged_adapters
-from dllm_rollout import RolloutBatch, SamplingConfig, left_pad, on_model_grid
+from dllm_rollout import RolloutBatch, SamplingConfig, left_pad, on_model_grid, record_settings
 from dllm_train.algorithm import LossInputs, Prepared, RLAlgorithm, RLBatch, SpecialTokens
 from dllm_train.config import OptimConfig
 from dllm_train.likelihood import Scorer
 from dllm_train.minibatch import mean_metrics, mini_batches
 from dllm_train.passes import ValuesFn, ValuesScorer, accumulate, evaluate, token_budget
 from dllm_train.optim import OptimizerStep
+from dllm_train.rollout_record import check_rollout_record
 
 logger = logging.getLogger(__name__)
 D = TypeVar("D")
@@ -49,9 +50,11 @@ def special_tokens(model: Any) -> SpecialTokens:
 
 def sampling_for(model: Any, sampling: SamplingConfig, algorithm: RLAlgorithm[Any] | None) -> SamplingConfig:
     """The run's SamplingConfig on the model's grid (`dllm_rollout.on_model_grid`: a block model refuses another
-    `block_length`) with the algorithm's records."""
+    `block_length`) with the algorithm's records (its `sampling`, and the switches its `record_fields` need)."""
     out = on_model_grid(sampling, model.traits.block_length)
-    return algorithm.sampling(out) if algorithm is not None else out
+    if algorithm is None:
+        return out
+    return record_settings(algorithm.sampling(out), algorithm.record_fields)
 
 
 class RolloutWorker:
@@ -72,6 +75,7 @@ class RolloutWorker:
         self.algorithm = algorithm
         self.ref_model = ref_model
         self.last_metrics: dict[str, float] = {}
+        check_rollout_record(algorithm, self.sampling)
         if algorithm is not None and algorithm.needs_rollout_reference and ref_model is None:
             raise ValueError(f"algorithm {algorithm.label} scores rollouts with a reference model; "
                              "pass RolloutWorker(..., ref_model=<frozen copy of the initial policy>)")

@@ -17,7 +17,8 @@ What the adapter maps, and what it refuses (each refusal names the field and the
   per-row settings would reach the wrong rows; `tests/dllm_rollout/test_lmdeploy.py` holds the
   reproduction). Per-row seeds are not passed for the same reason: an engine rollout is not
   replayable from its seeds (`LMDeployEngine.replayable` is False), which the trainer does not
-  need, since it recomputes the old log-probs. No step maps are returned.
+  need, since it recomputes the old log-probs. lmdeploy 0.18 reports no steps, so the record holds
+  no step maps and no `forwards` (`record_fields_filled(cfg, backend="lmdeploy")`).
 - Prompts are token ids (`AsyncEngine.preprocess(input_ids=...)`; `pipe(...)` takes text only).
   Every stop id of the model (`DiffusionTraits.stop_ids`: its EOS and, for SDAR chat models,
   `<|im_end|>`) ends a request, and the stop token is kept in the output (`include_stop_str_in_output`).

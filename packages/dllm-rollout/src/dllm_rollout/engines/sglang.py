@@ -70,12 +70,20 @@ def batch_from_sglang(
 ) -> RolloutBatch:
     """SGLang `generate` outputs -> RolloutBatch.
 
-    Uses `output_ids`; with step maps (`return_step_maps=True`, PR #27943 contract) the 1-based
-    block-local `meta_info["dllm_replay_step_maps"]` become 0-based `unmask_step`.
+    Uses `output_ids`; with `cfg.record_trajectory` the step maps (`return_step_maps=True`, PR #27943
+    contract): the 1-based block-local `meta_info["dllm_replay_step_maps"]` become 0-based
+    `unmask_step` (`record_fields_filled(cfg, backend="sglang")`); without it they are not kept.
+
+    Raises:
+        ValueError: `cfg.record_trajectory` is set and an output carries no step maps.
     """
     responses = [list(o["output_ids"]) for o in outputs]
     steps = None
-    if outputs and "dllm_replay_step_maps" in outputs[0].get("meta_info", {}):
+    if cfg.record_trajectory:
+        missing = [i for i, o in enumerate(outputs) if "dllm_replay_step_maps" not in o.get("meta_info", {})]
+        if missing:
+            raise ValueError(f"record_trajectory=True, but SGLang returned no step maps for prompt {missing[0]}: "
+                             "run an SGLang with return_step_maps (PR #27943), or set record_trajectory=False")
         steps = [[int(s) - 1 for s in o["meta_info"]["dllm_replay_step_maps"]] for o in outputs]
     return batch_from_token_lists(prompts, responses, seeds, cfg, stop_ids=stop_ids, pad_id=pad_id, unmask_steps=steps)
 
@@ -100,7 +108,8 @@ class SGLangEngine:
         """Generate one response per prompt (token ids in, RolloutBatch out)."""
         seeds = sample_seeds(seed, len(prompts))
         params = [sglang_sampling_params(self.cfg, int(s), stop_ids=self.stop_ids) for s in seeds.tolist()]
-        outputs = self.engine.generate(input_ids=[list(p) for p in prompts], sampling_params=params)
+        maps = {"return_step_maps": True} if self.cfg.record_trajectory else {}
+        outputs = self.engine.generate(input_ids=[list(p) for p in prompts], sampling_params=params, **maps)
         return batch_from_sglang(outputs, prompts, seeds, self.cfg, stop_ids=self.stop_ids, pad_id=self.pad_id)
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:

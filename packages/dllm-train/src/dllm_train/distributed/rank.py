@@ -33,6 +33,7 @@ import torch.distributed as dist
 from dllm_rollout import SamplingConfig
 from dllm_train.algorithm import RLAlgorithm
 from dllm_train.assembly import assemble_rank
+from dllm_train.rollout_record import RolloutSaver
 from dllm_train.config import OptimConfig, TrainerConfig
 from dllm_train.dataflow import map_tensors
 from dllm_train.distributed.fsdp import (
@@ -65,6 +66,9 @@ class RankSetup:
         algorithm: the RL algorithm.
         optim: actor optimizer config.
         trainer: seed, token budget, training attention, memory levers, consistency period.
+        engine_folder: the checkpoint folder an inference engine loads (`rollout.engine`).
+        run_dir: the run folder, where `trainer.save_rollouts_every` stores each data-parallel
+            group's rollout records (`rollouts/step_XXXXXX.rankR.safetensors`, R its group).
     """
 
     model: Any
@@ -75,6 +79,7 @@ class RankSetup:
     optim: OptimConfig
     trainer: TrainerConfig
     engine_folder: str | None = None
+    run_dir: str | None = None
 
 
 def select_rows(value: Any, rows: torch.Tensor, batch: int) -> Any:
@@ -114,7 +119,8 @@ class RankWorker:
             model, sampling=setup.sampling, algorithm=setup.algorithm, optim=setup.optim, trainer=trainer,
             reward=RewardWorker(setup.reward_fn, setup.detokenize), plan_generator=self._plan_generator,
             engine_folder=setup.engine_folder, shard=self._shard, scorer=self._scorer,
-            generates=self.dims.sp_rank(self.rank) == 0, share=self._from_leader if self.sp_group is not None else None)
+            generates=self.dims.sp_rank(self.rank) == 0, share=self._from_leader if self.sp_group is not None else None,
+            save_rollout=self._rollout_saver(setup))
         self.actor: ActorWorker[Any] = self.policy.actor
         self.model = self.actor.model
         self.rollout = self.policy.rollout
@@ -132,6 +138,16 @@ class RankWorker:
             return SequenceParallelScorer(model, self.sp_group, lockstep_group=world)
         # the Ulysses split runs on the padded batch: so does a scorer that does not split (LoRA's base weights)
         return kind(model, lockstep_group=world, attention=None, shared_context=shared_context)
+
+    def _rollout_saver(self, setup: RankSetup) -> RolloutSaver | None:
+        """The store of `trainer.save_rollouts_every` for this rank's data-parallel group (None when off)."""
+        every = setup.trainer.save_rollouts_every
+        if not every:
+            return None
+        if setup.run_dir is None:
+            raise ValueError(f"trainer.save_rollouts_every={every} stores rollouts in the run folder: "
+                             "pass RankSetup(..., run_dir=<run folder>)")
+        return RolloutSaver(setup.run_dir, every, rank=self.dims.dp_rank(self.rank))
 
     def _plan_generator(self, step: int) -> torch.Generator:
         if self.dims.data_parallel == 1:  # one data-parallel group draws exactly what one process draws
