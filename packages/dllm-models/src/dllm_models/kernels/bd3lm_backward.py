@@ -9,6 +9,8 @@ transposed (keys as rows, as in Triton's fused-attention tutorial) so the key ti
 every dot. A dQ program holds one (query head, query tile) and walks its key tiles. The variants of
 `bd3lm_options` choose whether the programs run in one or two launches, whether dK/dV pieces are
 summed by float32 atomics, and whether dQ is added by the dK/dV programs (FlashAttention-3) instead.
+A dK/dV program walks its query tiles once per grouped head (the head loop outside, so the
+pipelined inner loop is the long one).
 """
 
 from __future__ import annotations
@@ -64,21 +66,13 @@ if HAS_TRITON:
         kseg, kblk, kcp = _key_ids(kseg_ptr, blk_ptr, cp_ptr, cols, n)
         dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
         dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
-        for i in range(first, first + count):
-            qt = tl.load(idx_ptr + kt * width + i)
-            full = tl.load(full_ptr + kt * width + i)
-            rows = qt * BLOCK_M + tl.arange(0, BLOCK_M)
-            inside = rows < n
-            if full == 0:
-                qseg = tl.load(qseg_ptr + rows, mask=inside, other=-3)
-                qblk = tl.load(blk_ptr + rows, mask=inside, other=0)
-                qcp = tl.load(cp_ptr + rows, mask=inside, other=-1)
-                ok = _seen(qseg[None, :], qblk[None, :], qcp[None, :], inside[None, :], kseg[:, None], kblk[:, None],
-                           kcp[:, None])  # [N, M]: keys as rows
-            else:
-                ok = tl.full([BLOCK_N, BLOCK_M], 1, tl.int1)
-            for r in range(0, n_rep):
-                h = hk * n_rep + r
+        for r in range(0, n_rep):
+            h = hk * n_rep + r
+            for i in range(first, first + count):
+                qt = tl.load(idx_ptr + kt * width + i)
+                full = tl.load(full_ptr + kt * width + i)
+                rows = qt * BLOCK_M + tl.arange(0, BLOCK_M)
+                inside = rows < n
                 q_t = tl.load(q_ptr + h * sqh + rows[None, :] * sqm + dims[:, None] * sqd, mask=inside[None, :],
                               other=0.0)  # [D, M]
                 do = tl.load(do_ptr + h * sdoh + rows[:, None] * sdom + dims[None, :] * sdod, mask=inside[:, None],
@@ -86,7 +80,13 @@ if HAS_TRITON:
                 lse = tl.load(lse_ptr + h * n + rows, mask=inside, other=float("inf"))
                 delta = tl.load(delta_ptr + h * n + rows, mask=inside, other=0.0)
                 p_t = tl.exp2(tl.dot(k, q_t, input_precision=PRECISION) * qk_scale - lse[None, :])
-                p_t = tl.where(ok, p_t, 0.0)
+                if full == 0:  # keys as rows: [N, M]
+                    qseg = tl.load(qseg_ptr + rows, mask=inside, other=-3)
+                    qblk = tl.load(blk_ptr + rows, mask=inside, other=0)
+                    qcp = tl.load(cp_ptr + rows, mask=inside, other=-1)
+                    ok = _seen(qseg[None, :], qblk[None, :], qcp[None, :], inside[None, :], kseg[:, None],
+                               kblk[:, None], kcp[:, None])
+                    p_t = tl.where(ok, p_t, 0.0)
                 dv += tl.dot(p_t.to(do.dtype), do, input_precision=PRECISION)
                 dp_t = tl.dot(v, tl.trans(do), input_precision=PRECISION)
                 ds_t = p_t * (dp_t - delta[None, :])
