@@ -74,12 +74,14 @@ class Tiling:
         return self.forward, self.dkdv, self.dq
 
 
-# Head dim 128 on Hopper. The forward 128 x 64 (FlashAttention-2's Triton shape). dK/dV: a key tile
-# of 128 rows (the M of every dK/dV matmul, computed transposed as in Triton's fused-attention
-# tutorial) walking 64 queries at a time; dQ: 128 queries walking 64 keys; 8 warps (two warpgroups
-# of 64 rows each). Compiled for sm_90 without a GPU (tests/dllm_models/test_bd3lm_attention.py),
-# not yet timed on one.
-GPU_TILING = Tiling(forward=Tile(128, 64, 8, 3), dkdv=Tile(64, 128, 8, 2), dq=Tile(128, 64, 8, 2))
+# Head dim 128 on Hopper: the tiles of flex's own sm_90 backward default for head dim <= 128
+# (torch/_inductor/heuristics/template/triton.py: BLOCK_M1 64, BLOCK_N1 128, BLOCK_M2 128,
+# BLOCK_N2 64, 3 stages, 8 warps). dK/dV: a key tile of 128 rows (the M of every dK/dV matmul,
+# computed transposed as in Triton's fused-attention tutorial) walking 64 queries at a time; dQ:
+# 128 queries walking 64 keys; 8 warps (two warpgroups of 64 rows each). The forward 128 x 64
+# (FlashAttention-2's Triton shape). Compiled for sm_90 without a GPU
+# (tests/dllm_models/test_bd3lm_attention.py); the backward variants are not yet timed on one.
+GPU_TILING = Tiling(forward=Tile(128, 64, 8, 3), dkdv=Tile(64, 128, 8, 3), dq=Tile(128, 64, 8, 3))
 # small tiles for the CPU interpreter: a row of a few dozen positions spans several of each
 INTERPRETER_TILING = Tiling(forward=Tile(16, 16), dkdv=Tile(16, 32), dq=Tile(32, 16))
 
