@@ -7,8 +7,8 @@ tokens and 7 noisy copies), random bf16 q/k/v. Per backend (`attend(..., backend
 `bd3lm_kernel`, `flex`, `sdpa`) it times the forward alone and forward + backward (CUDA events,
 median of --iters after --warmup). The kernel is timed once per backward variant of
 `--bwd-variants` (`BD3LMKernelOptions.backward`: split, one_launch, chunked, fused) and, for a
-sweep, per tile of `--dkdv-tiles` / `--dq-tiles` ('MxNwWsS': queries x keys, warps, stages) and
-per `--chunks`; each kernel row also reports its largest difference from the first non-kernel
+sweep, per tile of `--fwd-tiles` / `--dkdv-tiles` / `--dq-tiles` ('MxNwWsS': queries x keys, warps,
+stages) and per `--chunks`; each kernel row also reports its largest difference from the first non-kernel
 backend's output and gradients (flex on the GPU, sdpa on the CPU). It prints:
 
 - visible pairs P (exactly counted from the mask's intervals) and the pairs the kernel's
@@ -82,26 +82,28 @@ def timed_ms(fn: Callable[[], Any], warmup: int, iters: int) -> float:
 
 
 def kernel_options(args: argparse.Namespace, base: Tiling) -> list[tuple[str, BD3LMKernelOptions]]:
-    """(label, options) per backward variant x dK/dV tile x dQ tile x chunk of the command line."""
-    fwd = Tile.parse(args.fwd_tile) if args.fwd_tile else base.forward
-    kv_tiles = [Tile.parse(t) for t in args.dkdv_tiles.split(",")] if args.dkdv_tiles else [base.dkdv]
-    q_tiles = [Tile.parse(t) for t in args.dq_tiles.split(",")] if args.dq_tiles else [base.dq]
+    """(label, options) per backward variant x forward tile x dK/dV tile x dQ tile x chunk of the command line."""
+    def tiles(text: str | None, default: Tile) -> list[Tile]:
+        return [Tile.parse(t) for t in text.split(",")] if text else [default]
+
+    def name(tile: Tile) -> str:
+        return f"{tile.block_m}x{tile.block_n}w{tile.warps}s{tile.stages}"
+
     chunks = [int(c) for c in args.chunks.split(",")] if args.chunks else [BD3LMKernelOptions().dkdv_chunk]
     out = []
     for variant in args.bwd_variants.split(","):
-        for kv in kv_tiles:
-            for dq in q_tiles:
-                for chunk in chunks if variant in ("chunked", "fused") else chunks[:1]:
-                    opts = BD3LMKernelOptions(backward=variant, tiling=Tiling(fwd, kv, dq), dkdv_chunk=chunk)
-                    label = f"kernel:{variant}"
-                    if len(kv_tiles) > 1 or args.dkdv_tiles:
-                        label += f" kv={kv.block_m}x{kv.block_n}w{kv.warps}s{kv.stages}"
-                    if len(q_tiles) > 1 or args.dq_tiles:
-                        label += f" q={dq.block_m}x{dq.block_n}w{dq.warps}s{dq.stages}"
-                    if variant in ("chunked", "fused") and (len(chunks) > 1 or args.chunks):
-                        label += f" c={chunk}"
-                    out.append((label, opts))
-    return out
+        for fwd in tiles(args.fwd_tiles, base.forward):
+            for kv in tiles(args.dkdv_tiles, base.dkdv):
+                for dq in tiles(args.dq_tiles, base.dq):
+                    for chunk in chunks if variant in ("chunked", "fused") else chunks[:1]:
+                        opts = BD3LMKernelOptions(backward=variant, tiling=Tiling(fwd, kv, dq), dkdv_chunk=chunk)
+                        label = f"kernel:{variant}"
+                        label += f" fwd={name(fwd)}" if args.fwd_tiles else ""
+                        label += f" kv={name(kv)}" if args.dkdv_tiles else ""
+                        label += f" q={name(dq)}" if args.dq_tiles and variant != "fused" else ""
+                        label += f" c={chunk}" if args.chunks and variant in ("chunked", "fused") else ""
+                        out.append((label, opts))
+    return list(dict((label, (label, o)) for label, o in out).values())  # fused ignores the dQ tile
 
 
 def max_errors(got: list[torch.Tensor], ref: list[torch.Tensor]) -> dict[str, float]:
@@ -122,7 +124,7 @@ def main() -> None:
                     help="bd3lm_kernel (once per --bwd-variants entry), flex, sdpa")
     ap.add_argument("--bwd-variants", default="chunked", help="comma-separated backward variants of the kernel "
                     "(split, one_launch, chunked, fused)")
-    ap.add_argument("--fwd-tile", default=None, help="the forward's tile 'MxNwWsS' (default: GPU_TILING's)")
+    ap.add_argument("--fwd-tiles", default=None, help="comma-separated forward tiles 'MxNwWsS' to sweep")
     ap.add_argument("--dkdv-tiles", default=None, help="comma-separated dK/dV tiles 'MxNwWsS' to sweep")
     ap.add_argument("--dq-tiles", default=None, help="comma-separated dQ tiles 'MxNwWsS' to sweep")
     ap.add_argument("--chunks", default=None, help="comma-separated query tiles per dK/dV program (chunked, fused)")
@@ -149,7 +151,7 @@ def main() -> None:
     lo1, hi1, lo2, hi2 = intervals(ids)
     pairs = int((hi1 - lo1).sum() + (hi2 - lo2).sum())
     base = GPU_TILING if dev.type == "cuda" else INTERPRETER_TILING
-    t = Tile.parse(args.fwd_tile) if args.fwd_tile else base.forward  # the forward tile the kernel will use
+    t = Tile.parse(args.fwd_tiles.split(",")[0]) if args.fwd_tiles else base.forward  # the kernel's forward tile
     tiles = visited_pairs(build_schedule(ids, t.block_m, t.block_n, padded_keys=False), t.block_m, t.block_n)
     hq, d = args.heads, args.head_dim
     fwd_flops = 4.0 * pairs * d * hq
@@ -215,14 +217,17 @@ def main() -> None:
     if path:
         Path(path).write_text(json.dumps(report, indent=1))
     width = max(14, *(len(r["backend"]) + 2 for r in rows))
-    print(f"{'backend':<{width}}{'fwd ms':>10}{'fwd+bwd ms':>12}{'floor ms':>10}{'floor/meas':>12}")
+    print(f"{'backend':<{width}}{'fwd ms':>10}{'fwd+bwd ms':>12}{'floor ms':>10}{'floor/meas':>12}"
+          f"{'max diff vs ref':>17}")
     for row in rows:
         fb = row.get("fwd_bwd")
         f = row.get("fwd")
         fms = f["ms"] if isinstance(f, dict) else float("nan")
         if isinstance(fb, dict):
+            diff = row.get("max_abs_diff_vs_reference")
+            worst = f"{max(diff.values()):.3g}" if diff else "-"
             print(f"{row['backend']:<{width}}{fms:>10.3f}{fb['ms']:>12.3f}{fb['floor_ms']:>10.3f}"
-                  f"{fb['floor_over_measured']:>12.3f}")
+                  f"{fb['floor_over_measured']:>12.3f}{worst:>17}")
         else:
             print(f"{row['backend']:<{width}}{fms:>10.3f}  {fb or row.get('error')}")
 
