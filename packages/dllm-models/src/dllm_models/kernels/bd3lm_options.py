@@ -16,6 +16,9 @@ The backward variants (all exact; they differ in how the work is cut into progra
 - `fused`: `chunked` whose dK/dV programs also add their dQ contributions by float32 atomic adds
   (FlashAttention-3, Shah et al., arXiv 2407.08608): no dQ programs, so q k^T and dO v^T are
   computed once instead of twice, at the price of the atomic traffic.
+
+`chunked` and `fused` add float32 partial sums in whatever order the programs finish: exact up to
+rounding, but not bitwise repeatable from run to run; `split` and `one_launch` are.
 """
 
 from __future__ import annotations
