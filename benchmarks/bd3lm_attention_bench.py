@@ -22,8 +22,8 @@ backend's output and gradients (flex on the GPU, sdpa on the CPU). It prints:
     python benchmarks/bd3lm_attention_bench.py --seq-lens 1024,1024 --copies 7,7
     python benchmarks/bd3lm_attention_bench.py --block 32 --heads 16 --kv-heads 4  # a LLaDA2-like block
     python benchmarks/bd3lm_attention_bench.py --backends bd3lm_kernel --iters 3   # the kernel only
-    python benchmarks/bd3lm_attention_bench.py --bwd-variants split,one_launch,chunked,fused --backends bd3lm_kernel,flex
-    python benchmarks/bd3lm_attention_bench.py --bwd-variants chunked --dkdv-tiles 64x64w4s2,64x128w8s2 --chunks 8,16
+    python benchmarks/bd3lm_attention_bench.py --backends bd3lm_kernel,flex --bwd-variants split,one_launch,chunked,fused
+    python benchmarks/bd3lm_attention_bench.py --bwd-variants chunked --dkdv-tiles 64x64w8s3,64x128w8s3 --chunks 8,16
     TRITON_INTERPRET=1 uv run python benchmarks/bd3lm_attention_bench.py --tiny --bwd-variants split,fused
 
 Figures are printed (and written as JSON to --json PATH, or $OUT/bd3lm_attention_bench.json
@@ -108,8 +108,8 @@ def kernel_options(args: argparse.Namespace, base: Tiling) -> list[tuple[str, BD
 
 def max_errors(got: list[torch.Tensor], ref: list[torch.Tensor]) -> dict[str, float]:
     """Largest absolute difference per tensor (out, dq, dk, dv)."""
-    return {name: float(f"{(a.float() - b.float()).abs().max().item():.3g}") for name, a, b in zip(("out", "dq", "dk", "dv"),
-                                                                                           got, ref)}
+    names = ("out", "dq", "dk", "dv")
+    return {name: float(f"{(a.float() - b.float()).abs().max().item():.3g}") for name, a, b in zip(names, got, ref)}
 
 
 def main() -> None:

@@ -95,6 +95,7 @@ if HAS_TRITON:
 
 
 def precision(dtype: torch.dtype) -> str:
+    """The tensor-core input precision of `tl.dot` for `dtype` (float32 inputs exact: 'ieee')."""
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
@@ -107,9 +108,9 @@ def launch_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ids: Posit
     sm_scale = 1.0 / math.sqrt(d)
     _fwd_kernel[(hq, sched.q_num.numel())](
         q, k, v, out, lse, ids.qseg, ids.kseg, ids.blk, ids.copy, sched.q_num, sched.q_idx, sched.q_full,
-        sched.q_order, sm_scale * LOG2E, n, hq // k.shape[0], sched.q_idx.shape[1], *q.stride(), *k.stride(), *v.stride(),
-        *out.stride(), PRECISION=precision(q.dtype), BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_D=d,
-        num_warps=tile.warps, num_stages=tile.stages,
+        sched.q_order, sm_scale * LOG2E, n, hq // k.shape[0], sched.q_idx.shape[1], *q.stride(), *k.stride(),
+        *v.stride(), *out.stride(), PRECISION=precision(q.dtype), BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,
+        BLOCK_D=d, num_warps=tile.warps, num_stages=tile.stages,
     )
     return out, lse
 
