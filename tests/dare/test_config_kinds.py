@@ -46,7 +46,8 @@ ADDED_SINCE: dict[str, dict[str, Any]] = {
     "rollout": {"speed": {"cuda_graphs": True, "fold_store": True, "retire_rows": 16, "fused_sampling": True},
                 "block_aligned_budget": False, "commit_block_start": False},
     "kernels": {"fused": True, "decode_attention": True, "decode_span": True, "decode_splits": 1,
-                "decode_max_rows": 64, "decode_block_n": 128, "decode_stages": 2, "flex_kernel_options": None},
+                "decode_max_rows": 64, "decode_block_n": 128, "decode_stages": 2, "flex_kernel_options": None,
+                "bd3lm_backward": "chunked", "bd3lm_dkdv_chunk": 16},
     "checkpoint": {"lora_dropout": 0.0},
 }
 RECIPES_CHANGED_SINCE = ["trainer.optimizer_offload=false"]  # on in the released-size recipes

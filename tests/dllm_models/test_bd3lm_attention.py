@@ -3,11 +3,12 @@
 CPU: the schedule is exact at tile granularity (a tile is visited iff some query of it sees some
 key of it; marked full iff every pair is visible) against the dense mask of `AttentionMask`, for
 shared-clean and doubled layouts, block lengths 1, 4 and 32 and tile shapes that do not divide
-them; the kernel (Triton interpreter, a subprocess with TRITON_INTERPRET=1) in float32 equals a
-float64 reference in output and dq, dk, dv, with grouped heads and several packed sequences;
+them; the dK/dV pieces cover each walk once; the kernel (Triton interpreter, a subprocess with
+TRITON_INTERPRET=1) in float32 equals a float64 reference in output and dq, dk, dv, with grouped
+heads and several packed sequences, for every backward variant (`BD3LMKernelOptions.backward`);
 a tiny SDAR scored on the packed path gives the same log-probs and gradients with the kernel as
-with sdpa. GPU (`-m gpu`): bf16 at SDAR-8B's head shape against a float32 reference, no further
-from it than flex is.
+with sdpa; every kernel compiles for sm_90. GPU (`-m gpu`): bf16 at SDAR-8B's head shape, each
+backward variant, against a float32 reference, no further from it than twice flex's error.
 """
 
 from __future__ import annotations
@@ -91,20 +92,51 @@ def test_schedule_rejects_a_layout_it_cannot_serve() -> None:
         intervals(position_ids(mask, 4, CPU))
 
 
-def test_tiles_are_validated() -> None:
-    from dllm_models.kernels.bd3lm_attention import Tile
+def test_tiles_and_options_are_validated() -> None:
+    from dllm_models.kernels.bd3lm_attention import BD3LMKernelOptions, Tile
 
     with pytest.raises(ValueError, match="block_m=24"):
         Tile(24, 64)
     with pytest.raises(ValueError, match="warps"):
         Tile(64, 64, warps=3)
+    assert Tile.parse("64x128w8s3") == Tile(64, 128, 8, 3) and Tile.parse("32x64") == Tile(32, 64)
+    with pytest.raises(ValueError, match="MxNwWsS"):
+        Tile.parse("64-128")
+    with pytest.raises(ValueError, match="block_n=48"):
+        Tile.parse("64x48w4s2")
+    with pytest.raises(ValueError, match="backward='flash'.*split"):
+        BD3LMKernelOptions(backward="flash")
+    with pytest.raises(ValueError, match="dkdv_chunk=0"):
+        BD3LMKernelOptions(dkdv_chunk=0)
+
+
+def test_dkdv_pieces_cover_every_walk_once() -> None:
+    """`dkdv_items`: each key tile's query walk cut into pieces of at most `chunk`, together the
+    whole list exactly once, longest first; None gives one piece per key tile (empty ones too)."""
+    from dllm_models.kernels.bd3lm_backward import dkdv_items
+
+    mask = bd3lm_mask([64, 40], 4, copies=[3, 2])
+    n = int(mask.cu_seqlens[-1])  # type: ignore[index]
+    s = build_schedule(position_ids(mask, n, CPU), 8, 16, padded_keys=False)
+    for chunk in (1, 3, 1000):
+        items = dkdv_items(s, chunk)
+        assert bool((items[:-1, 2] >= items[1:, 2]).all()) and bool((items[:, 2] <= chunk).all())
+        assert bool((items[:, 2] > 0).all())
+        for kt in range(s.k_num.numel()):
+            mine = sorted((int(f), int(c)) for t, f, c in items.tolist() if t == kt)
+            covered = [i for f, c in mine for i in range(f, f + c)]
+            assert covered == list(range(int(s.k_num[kt]))), (chunk, kt)
+    whole = dkdv_items(s, None)
+    assert sorted(whole[:, 0].tolist()) == list(range(s.k_num.numel()))
+    assert torch.equal(whole[:, 2], s.k_num[whole[:, 0].long()]) and bool((whole[:, 1] == 0).all())
 
 
 _CODE = r"""
 import torch
 import dllm_models.attention as A
 from dllm_models.attention import AttentionMask, bd3lm_mask
-from dllm_models.kernels.bd3lm_attention import INTERPRETER_TILING, Tile, Tiling, bd3lm_attend, bd3lm_fits
+from dllm_models.kernels.bd3lm_attention import (BACKWARD_VARIANTS, INTERPRETER_TILING, BD3LMKernelOptions, Tile,
+                                                  Tiling, bd3lm_attend, bd3lm_fits)
 
 def reference(q, k, v, dense, go):
     # float64 attention over the dense mask with its gradients (grouped heads repeated)
@@ -116,11 +148,14 @@ def reference(q, k, v, dense, go):
 
 g = torch.Generator().manual_seed(0)
 odd = Tiling(forward=Tile(32, 16), dkdv=Tile(16, 16), dq=Tile(16, 32))
-cases = [([13, 7, 20], 4, [2, 1, 3], 4, 2, 16, INTERPRETER_TILING),   # SDAR's block, 3 sequences, GQA 2
-         ([40, 9], 32, [1, 2], 4, 1, 32, odd),                        # LLaDA2's block, longer than a tile
-         ([37], 1, [2], 2, 2, 16, INTERPRETER_TILING),               # block 1: causal clean, noisy sees itself
-         ([30, 9], 4, None, 2, 1, 16, odd)]                           # the doubled layout [x_t ; x_0]
-for lengths, block, copies, hq, hkv, d, tiling in cases:
+default = ("chunked", 16)  # BD3LMKernelOptions()'s backward; chunk 1 and 2: many pieces per key tile
+every = [(variant, chunk) for variant in BACKWARD_VARIANTS for chunk in ((1, 2) if variant in ("chunked", "fused")
+                                                                        else (16,))]
+cases = [([13, 7, 20], 4, [2, 1, 3], 4, 2, 16, INTERPRETER_TILING, every),   # SDAR's block, 3 sequences, GQA 2
+         ([40, 9], 32, [1, 2], 4, 1, 32, odd, every),                        # LLaDA2's block, longer than a tile
+         ([37], 1, [2], 2, 2, 16, INTERPRETER_TILING, [default]),           # block 1: causal clean, noisy sees itself
+         ([30, 9], 4, None, 2, 1, 16, odd, [default, ("fused", 1)])]        # the doubled layout [x_t ; x_0]
+for lengths, block, copies, hq, hkv, d, tiling, variants in cases:
     mask = bd3lm_mask(lengths, block, copies=copies)
     n = int(mask.cu_seqlens[-1])
     dense = mask.dense(n, n, torch.device("cpu"))
@@ -129,14 +164,16 @@ for lengths, block, copies, hq, hkv, d, tiling in cases:
     k = torch.randn(1, hkv, n, d, generator=g, requires_grad=True)
     v = torch.randn(1, hkv, n, d, generator=g, requires_grad=True)
     assert bd3lm_fits(q, k, mask)
-    out = bd3lm_attend(q, k, v, mask, tiling=tiling)
-    go = torch.randn(out.shape, generator=g)
-    got = (out, *torch.autograd.grad(out, (q, k, v), go))
+    go = torch.randn(q.shape, generator=g)
     want = reference(q, k, v, dense, go)
-    for name, a, b in zip(("out", "dq", "dk", "dv"), got, want):
-        assert a.shape == b.shape, (name, a.shape, b.shape)
-        err = (a.double() - b).abs().max().item()
-        assert err < 2e-5, (lengths, block, name, err)
+    for variant, chunk in variants:
+        options = BD3LMKernelOptions(backward=variant, tiling=tiling, dkdv_chunk=chunk)
+        out = bd3lm_attend(q, k, v, mask, options=options)
+        got = (out, *torch.autograd.grad(out, (q, k, v), go))
+        for name, a, b in zip(("out", "dq", "dk", "dv"), got, want):
+            assert a.shape == b.shape, (name, a.shape, b.shape)
+            err = (a.double() - b).abs().max().item()
+            assert err < 2e-5, (lengths, block, variant, chunk, name, err)
 
 # the backend: the same function as sdpa through attend(), and a fallback where it does not fit
 mask = bd3lm_mask([21, 11], 4, copies=[2, 1])
@@ -188,36 +225,55 @@ def test_bd3lm_kernel_in_interpreter_mode() -> None:
 
 @pytest.mark.slow
 def test_kernels_compile_for_hopper_without_a_gpu() -> None:
-    """The three kernels with `GPU_TILING` compile to sm_90 machine code (Triton's real compiler,
-    not the interpreter: what the interpreter tolerates and the compiler refuses shows here)."""
+    """The forward and every backward variant's kernel with `GPU_TILING` compile to sm_90 machine
+    code (Triton's real compiler, not the interpreter: what the interpreter tolerates and the
+    compiler refuses shows here), with the unit strides specialised as Triton's launcher does."""
     triton = pytest.importorskip("triton")
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    import dllm_models.kernels.bd3lm_attention as K
+    import dllm_models.kernels.bd3lm_backward as B
+    import dllm_models.kernels.bd3lm_forward as F
+    from dllm_models.kernels.bd3lm_options import GPU_TILING
 
-    ints = ("qseg_ptr", "kseg_ptr", "blk_ptr", "cp_ptr", "num_ptr", "idx_ptr", "full_ptr", "order_ptr")
-    for fn, tile in ((K._fwd_kernel, K.GPU_TILING.forward), (K._bwd_dkdv_kernel, K.GPU_TILING.dkdv),
-                     (K._bwd_dq_kernel, K.GPU_TILING.dq)):
-        consts = {"PRECISION": "tf32", "BLOCK_M": tile.block_m, "BLOCK_N": tile.block_n, "BLOCK_D": 128}
+    ints = {"qseg_ptr", "kseg_ptr", "blk_ptr", "cp_ptr", "num_ptr", "idx_ptr", "full_ptr", "order_ptr", "k_idx_ptr",
+            "k_full_ptr", "item_ptr", "q_num_ptr", "q_idx_ptr", "q_full_ptr", "q_order_ptr"}
+    unit = {"sqd", "skd", "svd", "sdod", "sdqd", "sdkd", "sdvd", "sod"}
+    kv, dq = GPU_TILING.dkdv, GPU_TILING.dq
+    bwd = {"PRECISION": "tf32", "BLOCK_D": 128, "BLOCK_M1": kv.block_m, "BLOCK_N1": kv.block_n,
+           "BLOCK_M2": dq.block_m, "BLOCK_N2": dq.block_n}
+    runs = [(F._fwd_kernel, {"PRECISION": "tf32", "BLOCK_M": GPU_TILING.forward.block_m,
+                             "BLOCK_N": GPU_TILING.forward.block_n, "BLOCK_D": 128}, GPU_TILING.forward, ())]
+    for do_kv, do_q, atomic, fused in ((True, False, False, False), (False, True, False, False),  # split
+                                       (True, True, True, False), (True, False, True, True)):   # chunked, fused
+        f32 = ("dk_ptr", "dv_ptr") if atomic else ()
+        runs.append((B._bwd_kernel, dict(bwd, DO_KV=do_kv, DO_Q=do_q, ATOMIC=atomic, FUSED=fused), kv,
+                     f32 + (("dq_ptr",) if fused else ())))
+    for fn, consts, tile, f32 in runs:
+        consts = dict(consts, **{u: 1 for u in unit if u in fn.arg_names})
         sig = {n: "constexpr" if n in consts else ("*i32" if n in ints else "*fp32" if n in ("lse_ptr", "delta_ptr")
-                                                     else "*bf16" if n.endswith("_ptr") else "fp32" if "scale" in n
-                                                     else "i32") for n in fn.arg_names}
+                                                     + f32 else "*bf16" if n.endswith("_ptr") else "fp32" if "scale"
+                                                     in n else "i32") for n in fn.arg_names}
         src = ASTSource(fn, sig, constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()})
         compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),
                                   options={"num_warps": tile.warps, "num_stages": tile.stages})
-        assert compiled.asm["cubin"] and "wgmma" in compiled.asm["ptx"], fn.__name__  # Hopper tensor cores
+        assert compiled.asm["cubin"] and "wgmma" in compiled.asm["ptx"], (fn.__name__, consts)  # Hopper tensor cores
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("variant", ["split", "one_launch", "chunked", "fused"])
 @pytest.mark.parametrize("block", [4, 32])
-def test_bd3lm_kernel_matches_reference_on_gpu(block: int) -> None:
+def test_bd3lm_kernel_matches_reference_on_gpu(block: int, variant: str) -> None:
     """bf16 at SDAR-8B's heads (32 query heads, 8 KV heads, head dim 128), two packed sequences
-    with 3 and 2 noisy copies: output and gradients against a float32 reference, within twice
-    flex's own error (flex in bf16 on the same inputs)."""
+    with 3 and 2 noisy copies, every backward variant (chunks of 4 query tiles: several pieces
+    per clean key tile): output and gradients against a float32 reference, within twice flex's
+    own error (flex in bf16 on the same inputs)."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     from dllm_models.attention import attend
+    from dllm_models.kernels.bd3lm_attention import BD3LMKernelOptions, bd3lm_attend
+
+    options = BD3LMKernelOptions(backward=variant, dkdv_chunk=4)
 
     mask = bd3lm_mask([700, 333], block, copies=[3, 2])
     n = int(mask.cu_seqlens[-1])  # type: ignore[index]
@@ -232,6 +288,8 @@ def test_bd3lm_kernel_matches_reference_on_gpu(block: int) -> None:
         if backend == "reference":
             out = torch.nn.functional.scaled_dot_product_attention(
                 xs[0], xs[1].repeat_interleave(4, 1), xs[2].repeat_interleave(4, 1), attn_mask=dense)
+        elif backend == "bd3lm_kernel":
+            out = bd3lm_attend(*xs, mask, options=options)
         else:
             out = attend(*xs, mask, backend=backend)
         return [out.float(), *(t.float() for t in torch.autograd.grad(out, xs, go.to(dtype)))]
@@ -241,4 +299,4 @@ def test_bd3lm_kernel_matches_reference_on_gpu(block: int) -> None:
     flex = run("flex", torch.bfloat16)
     for name, a, f, r in zip(("out", "dq", "dk", "dv"), got, flex, ref):
         err, flex_err = (a - r).abs().max().item(), (f - r).abs().max().item()
-        assert err <= 2 * flex_err + 1e-3, (name, err, flex_err)
+        assert err <= 2 * flex_err + 1e-3, (variant, name, err, flex_err)

@@ -391,6 +391,11 @@ def test_kernel_config_defaults_and_bad_values() -> None:
     k = KernelConfig()
     assert (k.fused, k.decode_attention, k.decode_span, k.decode_splits, k.decode_max_rows, k.decode_block_n,
             k.decode_stages, k.flex_options) == (True, True, True, 1, 64, 128, 2, None)
+    assert k.bd3lm_options.backward == "chunked" and k.bd3lm_options.dkdv_chunk == 16
+    with pytest.raises(ValueError, match="bd3lm_backward='flash'"):
+        KernelConfig(bd3lm_backward="flash")
+    with pytest.raises(ValueError, match="bd3lm_dkdv_chunk"):
+        KernelConfig(bd3lm_dkdv_chunk=0)
     tiles = KernelConfig(flex_kernel_options=(("BLOCK_M", 64), ("BLOCK_N", 32)))
     assert tiles.flex_options == {"BLOCK_M": 64, "BLOCK_N": 32} and hash(tiles) == hash(dataclasses.replace(tiles))
     for bad, match in (({"decode_splits": 0}, r"kernels\.decode_splits must be >= 1, got 0"),

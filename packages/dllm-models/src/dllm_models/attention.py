@@ -122,7 +122,7 @@ def _bd3lm_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Atten
     from dllm_models.kernels.bd3lm_attention import bd3lm_attend, bd3lm_fits
 
     if bd3lm_fits(q, k, mask):
-        return bd3lm_attend(q, k, v, mask)
+        return bd3lm_attend(q, k, v, mask, options=kernels.bd3lm_options)
     return _flex(q, k, v, mask, kernels) if q.is_cuda else _sdpa(q, k, v, mask, kernels)
 
 

@@ -15,6 +15,7 @@ from torch import nn
 
 from dllm_models import kernels as _kernels
 from dllm_models.kernels import runs_on
+from dllm_models.kernels.bd3lm_options import BACKWARD_VARIANTS, BD3LMKernelOptions
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,6 +46,10 @@ class KernelConfig:
         flex_kernel_options: Triton tile options of the compiled FlexAttention kernel as
             (name, value) pairs, e.g. (("BLOCK_M", 64), ("BLOCK_N", 64)); None lets Inductor choose
             (with a fallback for shapes it finds no kernel for, `flex.FALLBACK_KERNEL_OPTIONS`).
+        bd3lm_backward: the backward variant of the `bd3lm_kernel` attention backend
+            (`kernels.bd3lm_options.BACKWARD_VARIANTS`: split, one_launch, chunked, fused; all
+            exact, `chunked` and `fused` sum float32 atomics so they are not bitwise repeatable).
+        bd3lm_dkdv_chunk: query tiles per dK/dV program of the `chunked` and `fused` variants.
     """
 
     fused: bool = True
@@ -55,8 +60,15 @@ class KernelConfig:
     decode_block_n: int = 128
     decode_stages: int = 2
     flex_kernel_options: tuple[tuple[str, int], ...] | None = None
+    bd3lm_backward: str = "chunked"
+    bd3lm_dkdv_chunk: int = 16
 
     def __post_init__(self) -> None:
+        if self.bd3lm_backward not in BACKWARD_VARIANTS:
+            raise ValueError(f"kernels.bd3lm_backward={self.bd3lm_backward!r}: choose one of {BACKWARD_VARIANTS}")
+        if self.bd3lm_dkdv_chunk < 1:
+            raise ValueError(f"kernels.bd3lm_dkdv_chunk must be >= 1 (query tiles per dK/dV program, e.g. 16), "
+                             f"got {self.bd3lm_dkdv_chunk}")
         for name, low in (("decode_splits", 1), ("decode_max_rows", 1), ("decode_stages", 1)):
             if getattr(self, name) < low:
                 raise ValueError(f"kernels.{name} must be >= {low}, got {getattr(self, name)}")
@@ -76,6 +88,11 @@ class KernelConfig:
     def flex_options(self) -> dict[str, int] | None:
         """`flex_kernel_options` as the dict `flex_attention(kernel_options=...)` takes (None: Inductor's choice)."""
         return None if self.flex_kernel_options is None else dict(self.flex_kernel_options)
+
+    @property
+    def bd3lm_options(self) -> BD3LMKernelOptions:
+        """The `bd3lm_kernel` backend's options (its tiles: `GPU_TILING` / `INTERPRETER_TILING`)."""
+        return BD3LMKernelOptions(backward=self.bd3lm_backward, dkdv_chunk=self.bd3lm_dkdv_chunk)
 
     def use_fused(self, x: torch.Tensor) -> bool:
         """Whether an op on `x` takes the fused path."""
