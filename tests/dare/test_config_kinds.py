@@ -41,7 +41,7 @@ WRITTEN_BY_MAIN: dict[str, tuple[type[RunConfig], str, list[str]]] = {
 # changed since main wrote the fixtures: fields added (a saved config lacks them and reads their
 # defaults) and recipe values changed (the fixtures keep the old ones)
 ADDED_SINCE: dict[str, dict[str, Any]] = {
-    "trainer": {"optimizer_offload": False, "activation_memory_gib": 0.0},
+    "trainer": {"optimizer_offload": False, "activation_memory_gib": 0.0, "save_rollouts_every": 0},
     # the speed switches, once environment variables (issue #37): their defaults are today's behaviour
     "rollout": {"speed": {"cuda_graphs": True, "fold_store": True, "retire_rows": 16, "fused_sampling": True},
                 "block_aligned_budget": False, "commit_block_start": False},
