@@ -72,8 +72,9 @@ class GDPO(RatioClip, RLAlgorithm[list[MaskPlan]]):
 
     def loss(self, values: torch.Tensor, inputs: LossInputs[list[MaskPlan]]) -> tuple[torch.Tensor, Metrics]:
         assert inputs.old is not None
-        return gdpo_loss(values, inputs.old, inputs.advantages, length=float(inputs.batch.rollout.response_ids.shape[1]),
-                         clip_low=self.clip_low, clip_high=self.clip_high, ref_elbo=inputs.ref, kl_coef=self.kl_coef)
+        width = float(inputs.batch.rollout.response_ids.shape[1])  # the authors' completion_ids.shape[-1]
+        return gdpo_loss(values, inputs.old, inputs.advantages, length=width, clip_low=self.clip_low,
+                         clip_high=self.clip_high, ref_elbo=inputs.ref, kl_coef=self.kl_coef)
 
 
 __all__ = ["GDPO"]
