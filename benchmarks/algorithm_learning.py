@@ -35,7 +35,7 @@ from dllm_train import LocalRL, PromptBatch, derive_seed, generator
 # Monte-Carlo budgets / iterations reduced so every algorithm's step costs a few forwards
 BUDGET = {"bgpo": {"mc_num": 4}, "espo": {"mc_num": 2, "num_iterations": 2}, "mdpo": {"top_k_steps": 2},
           "d-treerpo": {"trees": 4, "branching": 2, "depth": 2, "num_iterations": 2}, 
-          "ebpo": {"mc_num": 4}}
+          "ebpo": {"mc_num": 4}, "gdpo": {"num_iterations": 2}}
 SAMPLING = {"justgrpo": {"block_length": 1}}
 FAMILIES = ("llada", "sdar", "llada2")
 

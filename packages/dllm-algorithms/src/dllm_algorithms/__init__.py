@@ -18,6 +18,7 @@ from dllm_algorithms.clipping import DualClip, RatioClip
 from dllm_algorithms.distribution_matching import DMPO, WeightedMasks
 from dllm_algorithms.elbo_policy import BGPO, EBPO, ESPO, SPG
 from dllm_algorithms.families import ALL_FAMILIES, BLOCK, MASKED
+from dllm_algorithms.gdpo import GDPO
 from dllm_algorithms.preference import DPO, VRPO, ELBOPreference, PairMasks, PreferenceBatch, dpo_on_elbos
 from dllm_algorithms.sft import SFT, LoRA, SFTBatch
 from dllm_algorithms.token_policy import D1, CoupledGRPO, JustGRPO
@@ -25,7 +26,7 @@ from dllm_algorithms.trajectory_policy import CJGRPO, MDPO, TrainingRows, Trajec
 from dllm_algorithms.tree_policy import DTreeRPO, TreeRolloutBatch
 
 __all__ = [
-    "ALL_FAMILIES", "BGPO", "BLOCK", "CJGRPO", "D1", "DMPO", "DPO", "EBPO", "ELBOPreference", "ESPO", "MASKED", "MDPO",
+    "ALL_FAMILIES", "BGPO", "BLOCK", "CJGRPO", "D1", "DMPO", "DPO", "EBPO", "ELBOPreference", "ESPO", "GDPO", "MASKED", "MDPO",
     "PairMasks", "PreferenceBatch", "SFT", "SFTBatch", "SPG", "VRPO", "BridgeRatioGRPO", "CoupledGRPO", "DTreeRPO",
     "JustGRPO", "LoRA", "TrainingRows", "Trajectory", "TreeRolloutBatch", "WeightedMasks", "dpo_on_elbos",
     "trajectory_steps",

@@ -39,11 +39,13 @@ from .policy import (
     aggregate,
     bgpo_policy_loss,
     clipped_policy_loss,
+    gdpo_loss,
     sequence_clip_loss,
     token_surrogate,
     weighted_policy_loss,
 )
 from .preference import dpo_logits, dpo_loss
+from .sdmc import QUADRATURE_RULES, quadrature_elbo, quadrature_rule, sdmc_masks
 from .sandwich import spg_block_masks, spg_loss, spg_sequence_logp
 from .sft import SFT_NORMALIZERS, mdm_sft_loss
 from .trajectory import (
@@ -81,6 +83,9 @@ __all__ = [
     "random_subset",
     "spg_block_masks",
     "block_count_masks",
+    "sdmc_masks",
+    "QUADRATURE_RULES",
+    "quadrature_rule",
     "replay_plan",
     "unmask_steps",
     "autoregressive_steps",
@@ -91,6 +96,7 @@ __all__ = [
     "antithetic_elbo",
     "coupled_token_logp",
     "composite_block_elbo",
+    "quadrature_elbo",
     "spg_sequence_logp",
     "dmpo_sequence_elbo",
     "BRIDGE_CORRECTIONS",
@@ -117,6 +123,7 @@ __all__ = [
     "bgpo_policy_loss",
     "bridge_ratio_policy_loss",
     "sequence_clip_loss",
+    "gdpo_loss",
     "weighted_policy_loss",
     "cj_token_weights",
     "spg_loss",

@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from ._checks import check_choice, check_finite, check_same_shape
-from .kl import kl_penalty
+from .kl import kl_penalty, sequence_kl
 
 __all__ = [
     "AGG_MODES",
@@ -18,6 +18,7 @@ __all__ = [
     "clipped_policy_loss",
     "bgpo_policy_loss",
     "sequence_clip_loss",
+    "gdpo_loss",
     "weighted_policy_loss",
     "token_surrogate",
 ]
@@ -249,6 +250,49 @@ def sequence_clip_loss(
             "clip_frac": (clipped * w).sum() / w.sum().clamp_min(1),
             "ratio_mean": torch.exp(rho.clamp(max=80.0)).mean(),
         }
+    return loss, metrics
+
+
+def gdpo_loss(
+    elbo: Tensor,
+    old_elbo: Tensor,
+    advantages: Tensor,
+    *,
+    length: float,
+    clip_low: float = 0.5,
+    clip_high: float = 0.5,
+    ref_elbo: Tensor | None = None,
+    kl_coef: float = 0.0,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """GDPO's loss: a clipped ratio of length-normalised sequence ELBOs plus a k3 KL (arXiv 2510.08554).
+
+    ``r = exp((E - E_old) / length)``; per sequence ``-min(r A, clip(r, 1 - clip_low, 1 + clip_high) A)
+    + kl_coef * (exp(E_ref - E) - (E_ref - E) - 1)`` (the KL on raw ELBOs), averaged over the batch.
+    The ratio term is :func:`sequence_clip_loss` on ``E / length``.
+
+    Args:
+        elbo: ``[B]`` sequence ELBO of the current policy (:func:`dllm_objectives.quadrature_elbo`).
+        old_elbo: ``[B]`` the same under the rollout policy on the same masks.
+        advantages: ``[B]`` (GDPO: ``r - mean_group``, no std).
+        length: > 0, the ratio's normaliser (GDPO: the padded response width).
+        clip_low, clip_high: clip range (GDPO's scripts: 0.5 and 0.5).
+        ref_elbo: ``[B]`` under the reference model (None: no KL term).
+        kl_coef: KL weight (GDPO's scripts: 0).
+
+    Returns:
+        ``(loss, metrics)`` with ``clip_frac``, ``ratio_mean`` and, with a KL term, ``kl``.
+    """
+    check_finite(length=length, kl_coef=kl_coef)
+    if length <= 0:
+        raise ValueError(f"length must be > 0 (GDPO: the padded response width), got {length}.")
+    if kl_coef < 0:
+        raise ValueError(f"kl_coef must be >= 0, got {kl_coef}.")
+    loss, metrics = sequence_clip_loss(elbo / length, old_elbo / length, advantages,
+                                       clip_low=clip_low, clip_high=clip_high)
+    if kl_coef and ref_elbo is not None:
+        kl = sequence_kl(elbo, ref_elbo, "k3").mean()
+        loss = loss + kl_coef * kl
+        metrics = {**metrics, "kl": kl.detach()}
     return loss, metrics
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dare.algorithms import tasks
 from dare.algorithms.entry import Default, RLEntry
+from dare.algorithms.gdpo import GDPO_ENTRY
 from dllm_algorithms import (
     BGPO,
     CJGRPO,
@@ -406,6 +407,7 @@ BUILTIN: tuple[RLEntry, ...] = (
         _ours("checkpoint.lora_alpha", 64.0, _DMPO_SOURCE),
         *_DREAM_DEFAULT,
     )),
+    GDPO_ENTRY,
 )
 """The built-in RL algorithms, in `dare recipes` order."""
 
