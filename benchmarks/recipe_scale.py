@@ -373,14 +373,30 @@ def warm_rollout(rollout: Any, prompts: Sequence[Sequence[int]], seeds: torch.Te
         warm.close()
 
 
-def run_recipe(recipe: str, args: argparse.Namespace, hw: Hardware, device: str, rows: list[dict[str, Any]]) -> None:
-    """Append the rows of `recipe` (rollout [lmdeploy], old, reference, update) to `rows` as they come."""
-    from dare.pipeline import detokenizer, policy_with_adapters
+@dataclasses.dataclass
+class RecipeSetup:
+    """A recipe's run config on its release-layout folder and the rows its step and update see."""
+
+    recipe: str
+    folder: Path
+    base: Any  # the recipe's RunConfig before overrides
+    overrides: list[str]
+    cfg: Any  # the resolved RunConfig (`dare train <recipe> [overrides]`)
+    data: list[Any]  # (prompt ids, answer) pairs of `dare.rl_data.rl_prompts`
+    prompts_full: list[Any]  # the step's rollout rows: rl.prompts_per_step prompts x group_size
+    prompts_update: list[Any]  # the measured update's rows: the first --update-rows of prompts_full
+
+    @property
+    def full_rows(self) -> int:
+        return len(self.prompts_full)
+
+
+def recipe_setup(recipe: str, args: argparse.Namespace, device: str) -> RecipeSetup:
+    """`recipe`'s config on its release-layout folder (`e2e_gpu.prepare_model`) and its rows: the one
+    place the rollout, the update and the DARE peer (`dare_peer_update.py`) take them from."""
     from dare.recipes import get_recipe, resolve
-    from dare.rl_backend import rl_backend
     from dare.rl_data import rl_prompts
     from dllm_models import load_tokenizer
-    from dllm_train import PromptBatch
 
     info = prepare_model(RECIPE_MODELS[recipe], args.checkpoints, args.workdir, tiny=args.tiny, device=device)
     folder = Path(info["folder"])
@@ -389,16 +405,35 @@ def run_recipe(recipe: str, args: argparse.Namespace, hw: Hardware, device: str,
     if args.tiny:
         overrides += TINY_OVERRIDES["block" if base.rollout.block_diffusion else "masked"]
     cfg = resolve(base, overrides + list(args.set))
-    rl, sampling = cfg.rl, cfg.rollout
+    rl = cfg.rl
     assert rl is not None
     group = rl.group_size
     full_rows = rl.prompts_per_step * group
     if args.update_rows % group or not 0 < args.update_rows <= full_rows:
         raise SystemExit(f"recipe_scale: --update-rows={args.update_rows} must be a positive multiple of the recipe's "
                          f"rl.group_size={group}, at most {full_rows}")
+    data = rl_prompts(cfg, load_tokenizer(folder))
+    return RecipeSetup(recipe=recipe, folder=folder, base=base, overrides=overrides, cfg=cfg, data=data,
+                       prompts_full=batch_prompts(data, rl.prompts_per_step, group),
+                       prompts_update=batch_prompts(data, args.update_rows // group, group))
+
+
+def run_recipe(recipe: str, args: argparse.Namespace, hw: Hardware, device: str, rows: list[dict[str, Any]]) -> None:
+    """Append the rows of `recipe` (rollout [lmdeploy], old, reference, update) to `rows` as they come."""
+    from dare.pipeline import detokenizer, policy_with_adapters
+    from dare.recipes import resolve
+    from dare.rl_backend import rl_backend
+    from dllm_models import load_tokenizer
+    from dllm_train import PromptBatch
+
+    setup = recipe_setup(recipe, args, device)
+    folder, base, overrides, cfg, data = setup.folder, setup.base, setup.overrides, setup.cfg, setup.data
+    rl, sampling = cfg.rl, cfg.rollout
+    assert rl is not None
+    group = rl.group_size
+    full_rows = setup.full_rows
     tokenizer = load_tokenizer(folder)
-    data = rl_prompts(cfg, tokenizer)
-    prompts_full = batch_prompts(data, rl.prompts_per_step, group)
+    prompts_full = setup.prompts_full
     keys_full = [str(i % len(data)) for i in range(rl.prompts_per_step)]
     update_prompts = args.update_rows // group
 
