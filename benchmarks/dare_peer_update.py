@@ -169,7 +169,8 @@ def old_pass(model: Any, dare: Dare, micros: Sequence[dict[str, torch.Tensor]], 
 
 
 def update(model: Any, dare: Dare, micros: Sequence[dict[str, torch.Tensor]], old: Sequence[torch.Tensor],
-           optimizer: torch.optim.Optimizer, *, block_size: int, pad_id: int) -> dict[str, float]:
+           optimizer: torch.optim.Optimizer, *, block_size: int, pad_id: int,
+           grad_clip: float = GRAD_CLIP) -> dict[str, float]:
     """`update_policy` on one mini-batch (all `micros`): per micro-batch and copy a forward, the BGPO
     loss x rows / mini-batch rows / mc_num, a backward; then one clipped optimizer step.
 
@@ -199,7 +200,7 @@ def update(model: Any, dare: Dare, micros: Sequence[dict[str, torch.Tensor]], ol
             forwards += 1
             tokens += n
     t0 = time.perf_counter()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
     optimizer.step()
     optimizer.zero_grad()
     _sync(model.device)
@@ -236,7 +237,7 @@ def peer_rows(setup: RecipeSetup, dare: Dare, hw: Hardware, device: str, *,
     ours, against the same floors (`update_flops` over the full batch)."""
     cfg = setup.cfg
     alg, sampling = cfg.algorithm, cfg.rollout
-    dtype = torch.float32 if setup.cfg.checkpoint.dtype == "float32" else torch.bfloat16
+    dtype = getattr(torch, cfg.checkpoint.dtype)  # the recipe's parameter dtype (DARE: model_dtype=bfloat16)
     model, config_notes = load_peer_model(dare, setup.folder, device, dtype=dtype)
     conf = model.config
     block_size = int(conf.block_size)

@@ -28,9 +28,11 @@ Stand-ins for packages the device may lack, each reported in `Dare.notes`:
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import importlib
 import importlib.util
+import shutil
 import sys
 import types
 from collections.abc import Callable
@@ -76,11 +78,12 @@ class Dare:
 
 def rms_norm_fn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, eps: float = 1e-6,
                 **_: Any) -> torch.Tensor:
-    """RMSNorm of the last dimension in float32, `x`'s dtype out (flash-attn's `rms_norm_fn` stand-in)."""
-    h = x.float()
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps) * weight.float()
+    """RMSNorm of the last dimension in float32 (or wider), `x`'s dtype out (flash-attn's `rms_norm_fn` stand-in)."""
+    wide = torch.promote_types(x.dtype, torch.float32)
+    h = x.to(wide)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps) * weight.to(wide)
     if bias is not None:
-        h = h + bias.float()
+        h = h + bias.to(wide)
     return h.to(x.dtype)
 
 
@@ -248,3 +251,30 @@ def load_dare(root: Path, *, cpu_attention: bool = False) -> Dare:
                 artifacts=bd.compact_block_diffusion_artifacts, block_mask=bd.build_block_diffusion_mask,
                 full_tensors=bd.build_full_block_diffusion_tensors, micro_batches=balancing.rearrange_micro_batches,
                 patch=sdar_patch.apply_sdar_ulysses_patch, notes=tuple(notes))
+
+
+def copy_files(root: Path, target: Path) -> list[Path]:
+    """Copy `FILES` of the DARE checkout at `root` to the same paths under `target` (a minimal checkout
+    to carry to a machine without DARE, e.g. the git-ignored `.dare_ref/`); the copies."""
+    check_root(root)
+    out = []
+    for name in FILES:
+        dst = target / name
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(root / name, dst)
+        out.append(dst)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="Copy the files of a DARE checkout the peer update imports.")
+    ap.add_argument("root", type=Path, help="a checkout of yjyddq/DARE")
+    ap.add_argument("target", type=Path, nargs="?", default=Path(".dare_ref"), help="default .dare_ref (git-ignored)")
+    args = ap.parse_args(argv)
+    for path in copy_files(args.root, args.target):
+        print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
