@@ -57,12 +57,13 @@ sys.path.insert(0, str(HERE))
 import torch  # noqa: E402
 
 from dare_remote import Dare, config_defaults, load_dare  # noqa: E402
-from recipe_scale import (RECIPE_MODELS, Hardware, RecipeSetup, _default_dir, model_shape, recipe_setup,  # noqa: E402
-                          table, update_flops)
+from e2e_gpu import _default_dir  # noqa: E402
+from recipe_scale import (RECIPE_MODELS, Hardware, RecipeSetup, model_shape, recipe_setup, table,  # noqa: E402
+                          update_flops)
 
 MAX_TOKEN_LEN = 5120  # the recipe's actor.ppo_max_token_len_per_gpu
 TOKEN_COST = 2  # sdar_dp_actor_bgpo.py:77: [x_t ; x_0] doubles each row
-OPTIMIZER = {"lr": 5e-7, "weight_decay": 0.01}  # the recipe's actor.optim
+LR, WEIGHT_DECAY = 5e-7, 0.01  # the recipe's actor.optim
 GRAD_CLIP = 1.0  # verl's actor.grad_clip default
 
 
@@ -195,7 +196,7 @@ def update(model: Any, dare: Dare, micros: Sequence[dict[str, torch.Tensor]], ol
                 value, n = copy_values(model, dare, dev, i, block_size=block_size, pad_id=pad_id)
                 loss, _ = bgpo_policy_loss(value, old_vals[:, i].to(value.device), adv, resp_mask)
             loss = loss * (len(dev["input_ids"]) / total_rows) / mc
-            loss.backward()
+            loss.backward()  # type: ignore[no-untyped-call]
             loss_sum += float(loss.detach())
             forwards += 1
             tokens += n
@@ -245,7 +246,7 @@ def peer_rows(setup: RecipeSetup, dare: Dare, hw: Hardware, device: str, *,
     rows = dare_rows(setup.prompts_update, max_prompt=cfg.data.max_prompt_length, new_tokens=sampling.max_new_tokens,
                      mc_num=int(alg.mc_num), vocab=int(conf.vocab_size), mask_id=int(conf.mask_token_id), pad_id=pad_id)
     micros = micro_batches(dare, rows, max_token_len)
-    optimizer = torch.optim.AdamW(model.parameters(), **OPTIMIZER)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
     dev = torch.device(device)
     if warmup:  # compilation (flex), allocator and the optimizer state, on one copy of one row
         first = {k: v[:1, :1] if k in ("perturbed_seq", "mask_indices", "p_mask") else v[:1]
@@ -277,6 +278,7 @@ def peer_rows(setup: RecipeSetup, dare: Dare, hw: Hardware, device: str, *,
             "required_tflop": fwd / 1e12},
            {**head, "phase": "update (DARE)", "seconds": update_s * scale, "measured_s": update_s,
             "floor_s": fwd_bwd * iters / hw.flops, "required_tflop": fwd_bwd * iters / 1e12, "peak_gib": peak,
+            "peak_scope": "the update alone (old pass and warm-up before the reset)",
             "update_passes": stats["forwards"] * scale, "measured_passes": stats["forwards"],
             "model_tokens": stats["model_tokens"], "optimizer_s": stats["optimizer_s"], "loss": stats["loss"]}]
     del model, optimizer
@@ -312,7 +314,7 @@ def run(args: argparse.Namespace) -> int:
     import tempfile
 
     if args.eager_flex:
-        torch._dynamo.config.disable = True  # type: ignore[attr-defined]
+        torch._dynamo.config.disable = True
     device = "cuda" if torch.cuda.is_available() and not args.tiny else "cpu"
     args.checkpoints = args.checkpoints or _default_dir("checkpoints")
     hw = Hardware(flops=args.tflops * 1e12, bandwidth=args.hbm_tbs * 1e12)

@@ -161,7 +161,7 @@ def install_standins() -> list[str]:
         import transformers.integrations.flex_attention as hf_flex
 
         if not hasattr(hf_flex, "make_flex_block_causal_mask"):
-            hf_flex.make_flex_block_causal_mask = None  # type: ignore[attr-defined]
+            setattr(hf_flex, "make_flex_block_causal_mask", None)  # noqa: B010
             notes.append("transformers make_flex_block_causal_mask absent: placeholder (not on the training path)")
     except ImportError:
         pass
@@ -216,7 +216,7 @@ def dense_flex_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Te
     backward on the CPU (torch's flex has none there). For CPU checks of DARE's path only."""
     from torch.nn.attention.flex_attention import create_mask
 
-    b, _, lq, _ = query.shape
+    b, lq = query.shape[0], query.shape[2]
     dense = create_mask(block_mask.mask_mod, b, None, lq, key.shape[2], device=query.device)
     return torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=dense, scale=scale,
                                                             enable_gqa=enable_gqa)
@@ -245,7 +245,7 @@ def load_dare(root: Path, *, cpu_attention: bool = False) -> Dare:
     balancing = importlib.import_module("verl.utils.seqlen_balancing")
     sdar_patch = importlib.import_module("verl.models.transformers.sdar")
     if cpu_attention:
-        sdar_patch.flex_attention = dense_flex_attention
+        setattr(sdar_patch, "flex_attention", dense_flex_attention)  # noqa: B010
         notes.append("CPU: flex attention has no backward there; sdpa over the dense mask of DARE's mask_mod")
     return Dare(model_cls=modeling.SDARForCausalLM, config_cls=configuration.SDARConfig,
                 artifacts=bd.compact_block_diffusion_artifacts, block_mask=bd.build_block_diffusion_mask,
