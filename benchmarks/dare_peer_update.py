@@ -56,7 +56,7 @@ sys.path.insert(0, str(HERE))
 
 import torch  # noqa: E402
 
-from dare_remote import Dare, config_defaults, load_dare  # noqa: E402
+from dare_remote import Dare, config_defaults, load_dare, restore_rope_buffers  # noqa: E402
 from e2e_gpu import _default_dir  # noqa: E402
 from recipe_scale import (RECIPE_MODELS, Hardware, RecipeSetup, model_shape, recipe_setup, table,  # noqa: E402
                           update_flops)
@@ -209,6 +209,54 @@ def update(model: Any, dare: Dare, micros: Sequence[dict[str, torch.Tensor]], ol
             "optimizer_s": time.perf_counter() - t0}
 
 
+def reference_values(model: Any, rows: dict[str, torch.Tensor], block_size: int) -> torch.Tensor:
+    """The values [B, mc_num] of `rows` from their definition, on our `dllm_models` model (`--compare`):
+    per row and copy the unpadded `[x_t ; x_0]` through the BD3LM mask (blocks from position 0), then
+    -sum over the copy's targets of NLL / p_mask, over the response length."""
+    from dllm_models.mask import AttentionMask
+
+    out = torch.zeros(rows["perturbed_seq"].shape[:2])
+    device = next(model.parameters()).device
+    r_len = rows["responses"].shape[1]
+    for r in range(out.shape[0]):
+        keep = rows["attention_mask"][r].bool()
+        clean = rows["input_ids"][r][keep]
+        n = len(clean)
+        blocks = torch.arange(n) // block_size
+        is_clean = torch.cat([torch.zeros(n, dtype=torch.bool), torch.ones(n, dtype=torch.bool)])
+        mask = AttentionMask(block_ids=torch.cat([blocks, blocks])[None].to(device), is_clean=is_clean[None].to(device))
+        for i in range(out.shape[1]):
+            noisy, target = rows["perturbed_seq"][r, i][keep], rows["mask_indices"][r, i][keep]
+            ids = torch.cat([noisy, clean])[None].to(device)
+            pos = torch.cat([torch.arange(n), torch.arange(n)])[None].to(device)
+            with torch.no_grad():
+                hidden, _ = model.hidden_states(ids, position_ids=pos, attention=mask, attention_backend="sdpa")
+                logp = model.lm_head(hidden[0, :n]).float().log_softmax(-1).cpu()
+            nll = -logp.gather(-1, clean[:, None])[:, 0] / rows["p_mask"][r, i][keep]
+            out[r, i] = -nll[target].sum() / r_len
+    return out
+
+
+def compare_with_ours(setup: RecipeSetup, dare: Dare, device: str, *, rows_n: int = 2, mc_num: int = 2) -> float:
+    """Max |DARE's value - ours| over `rows_n` rows x `mc_num` copies of `setup`'s update rows, both
+    models float32 on `setup`'s folder: that the peer runs the same function as our model."""
+    from dllm_models import load_model
+
+    dare_model, _ = load_peer_model(dare, setup.folder, device, dtype=torch.float32)
+    conf = dare_model.config
+    pad_id = int(getattr(conf, "pad_token_id", None) or conf.eos_token_id)
+    rows = dare_rows(setup.prompts_update[:rows_n], max_prompt=setup.cfg.data.max_prompt_length,
+                     new_tokens=setup.cfg.rollout.max_new_tokens, mc_num=mc_num, vocab=int(conf.vocab_size),
+                     mask_id=int(conf.mask_token_id), pad_id=pad_id, seed=1)
+    theirs = torch.cat(old_pass(dare_model, dare, micro_batches(dare, rows, MAX_TOKEN_LEN), block_size=int(
+        conf.block_size), pad_id=pad_id)).cpu()
+    del dare_model
+    ours = load_model(setup.folder, dtype=torch.float32).to(device)
+    mine = reference_values(ours, rows, int(conf.block_size))
+    print(f"values, DARE's path: {theirs.tolist()}\nvalues, our model:   {mine.tolist()}", flush=True)
+    return float((theirs - mine).abs().max())
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -226,6 +274,7 @@ def load_peer_model(dare: Dare, folder: Path, device: str, *, dtype: torch.dtype
     config = dare.config_cls.from_pretrained(str(folder))
     notes = config_defaults(config)
     model = dare.model_cls.from_pretrained(str(folder), config=config, dtype=dtype, attn_implementation="sdpa")
+    notes += restore_rope_buffers(model)
     if dare.patch is not None:
         dare.patch(model)
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -304,6 +353,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workdir", type=Path, default=None, help="model folders (default /dev/shm/recipe_scale, "
                     "the folder recipe_scale writes; tiny: a temp dir)")
     ap.add_argument("--tiny", action="store_true", help="2-layer model, short responses, CPU")
+    ap.add_argument("--compare", action="store_true", help="first check, in float32 on 2 rows x 2 copies, that DARE's "
+                    "path computes the values our dllm_models model computes on the same folder (prints the gap)")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
     return run(args)
@@ -322,6 +373,8 @@ def run(args: argparse.Namespace) -> int:
         args.workdir = args.workdir or (Path(tmp) if args.tiny else Path("/dev/shm/recipe_scale"))
         dare = load_dare(args.dare_root, cpu_attention=device == "cpu")
         setup = recipe_setup(args.recipe, args, device)
+        if args.compare:
+            print(f"max |DARE - ours| = {compare_with_ours(setup, dare, device):.3g}", flush=True)
         rows = peer_rows(setup, dare, hw, device, max_token_len=args.max_token_len)
     for r in rows:
         r["floor_over_measured"] = r["floor_s"] / r["seconds"] if r["seconds"] > 0 else float("nan")

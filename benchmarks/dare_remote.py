@@ -119,6 +119,28 @@ def config_defaults(config: Any) -> list[str]:
     return set_
 
 
+def restore_rope_buffers(model: torch.nn.Module) -> list[str]:
+    """Recompute each rotary module's `inv_freq` as DARE's `SDARRotaryEmbedding.__init__` does
+    (modeling_sdar.py:748-755); what was restored.
+
+    transformers 5 builds a model on the meta device and fills only the checkpoint's tensors and what
+    `_init_weights` covers: DARE's `_init_weights` predates that and never sets the non-persistent
+    `inv_freq`, which is then left uninitialised memory (NaN or garbage rotations).
+    """
+    notes: list[str] = []
+    for name, mod in model.named_modules():
+        if not (hasattr(mod, "rope_init_fn") and isinstance(getattr(mod, "inv_freq", None), torch.Tensor)):
+            continue
+        old = mod.inv_freq
+        inv, scaling = mod.rope_init_fn(mod.config, old.device)
+        mod.register_buffer("inv_freq", inv.to(old.device), persistent=False)
+        mod.original_inv_freq = mod.inv_freq
+        mod.attention_scaling = scaling
+        if old.shape != inv.shape or not torch.equal(old.cpu(), inv.cpu()):
+            notes.append(f"{name}.inv_freq recomputed as DARE's __init__ does (transformers 5 left it uninitialised)")
+    return notes
+
+
 def _module(name: str, **attrs: Any) -> types.ModuleType:
     mod = types.ModuleType(name)
     mod.__dict__.update(attrs)
