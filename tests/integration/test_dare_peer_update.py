@@ -229,6 +229,24 @@ def test_standin_kernels_compute_what_they_replace() -> None:
     assert scale == 1.0
 
 
+def test_restore_rope_buffers_recomputes_what_init_computed() -> None:
+    # transformers 5 leaves DARE's non-persistent inv_freq uninitialised (modeling_sdar.py:748-755 set it in __init__)
+    class Rotary(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.config = SimpleNamespace(head_dim=8, hidden_size=32, num_attention_heads=4, rope_theta=1e4)
+            self.rope_init_fn = dare_remote.default_rope
+            self.register_buffer("inv_freq", torch.full((4,), float("nan")), persistent=False)
+
+    model = torch.nn.Sequential(Rotary())
+    notes = dare_remote.restore_rope_buffers(model)
+    rotary = model[0]
+    assert torch.equal(rotary.inv_freq, dare_remote.default_rope(rotary.config)[0])
+    assert rotary.original_inv_freq is rotary.inv_freq and rotary.attention_scaling == 1.0
+    assert len(notes) == 1 and notes[0].startswith("0.inv_freq recomputed")
+    assert dare_remote.restore_rope_buffers(model) == []  # already right: nothing to report
+
+
 FAKE = {
     "verl/__init__.py": "raise ImportError('verl/__init__.py must not run')\n",
     "verl/utils/__init__.py": "raise ImportError('verl/utils/__init__.py must not run')\n",
