@@ -287,6 +287,9 @@ def peer_rows(setup: RecipeSetup, dare: Dare, hw: Hardware, device: str, *,
     ours, against the same floors (`update_flops` over the full batch)."""
     cfg = setup.cfg
     alg, sampling = cfg.algorithm, cfg.rollout
+    # DARE's process starts with no compiled graphs: ours (recipe_scale, same process) compiled the same
+    # `flex_attention` code object and would count toward its recompile limit (eager flex past it)
+    torch._dynamo.reset()
     dtype = getattr(torch, cfg.checkpoint.dtype)  # the recipe's parameter dtype (DARE: model_dtype=bfloat16)
     model, config_notes = load_peer_model(dare, setup.folder, device, dtype=dtype)
     conf = model.config
