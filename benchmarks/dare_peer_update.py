@@ -387,6 +387,11 @@ def run(args: argparse.Namespace) -> int:
     print(f"\ndevice={torch.cuda.get_device_name() if device == 'cuda' else 'cpu'} torch={torch.__version__} "
           f"matmul={args.tflops:g} TFLOP/s; DARE: {'; '.join(rows[-1]['notes'])}")
     print(table(rows))
+    for r in rows:
+        peak = f", peak {r['peak_gib']:.1f} GiB" if r.get("peak_gib") is not None else ""
+        print(f"{r['phase']}: {r['measured_s']:.2f} s on {r['update_rows']} rows, {r['seconds']:.1f} s scaled "
+              f"x{r['rows'] / r['update_rows']:g}, floor {r['floor_s']:.3g} s, floor / measured "
+              f"{r['floor_over_measured']:.3g}{peak}")
     target = args.json or (Path(os.environ["OUT"]) / "dare_peer.json" if os.environ.get("OUT") else None)
     if target:
         Path(target).write_text(json.dumps(rows, indent=1))
