@@ -22,6 +22,8 @@ Stand-ins for packages the device may lack, each reported in `Dare.notes`:
   faster, so the peer's norms cost more than DARE's with flash-attn installed (norms are a few % of
   the update's device time, issue 36's profile);
 - `einops` (modeling_sdar.py:28; sdar.py:154 uses `rearrange`): the two patterns the files use;
+- `liger_kernel` is optional in DARE's file (modeling_sdar.py:65-69): absent, its MLP runs the plain
+  `silu(gate) * up` (noted; DARE's requirements.txt pins liger_kernel 0.6.2);
 - transformers names a newer transformers dropped (`SlidingWindowCache`,
   `make_flex_block_causal_mask`, ...): placeholders, never called on the training path.
 """
@@ -165,6 +167,9 @@ def install_standins() -> list[str]:
         sys.modules[FLASH_STANDIN[-1]] = _module(FLASH_STANDIN[-1], rms_norm_fn=rms_norm_fn)
         notes.append("flash_attn absent: rms_norm_fn is a float32 torch RMSNorm (DARE's RMSNorm calls flash-attn's "
                      "Triton kernel); attention is flex either way")
+    if importlib.util.find_spec("liger_kernel") is None:  # optional in DARE's file (modeling_sdar.py:65-69)
+        notes.append("liger_kernel absent: DARE's MLP runs its plain silu(gate) * up (DARE's requirements.txt pins "
+                     "liger_kernel 0.6.2, whose fused SiLU-mul it would use)")
     if importlib.util.find_spec("einops") is None:
         sys.modules["einops"] = _module("einops", rearrange=rearrange)
         notes.append("einops absent: rearrange stand-in (the two reshapes DARE's SDAR files use)")
