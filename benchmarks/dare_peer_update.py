@@ -285,6 +285,8 @@ def peer_rows(setup: RecipeSetup, dare: Dare, hw: Hardware, device: str, *,
               max_token_len: int = MAX_TOKEN_LEN, warmup: bool = True) -> list[dict[str, Any]]:
     """DARE's old pass and update on `setup`'s update rows, timed and scaled as recipe_scale scales
     ours, against the same floors (`update_flops` over the full batch)."""
+    import transformers
+
     cfg = setup.cfg
     alg, sampling = cfg.algorithm, cfg.rollout
     # DARE's process starts with no compiled graphs: ours (recipe_scale, same process) compiled the same
@@ -323,6 +325,7 @@ def peer_rows(setup: RecipeSetup, dare: Dare, hw: Hardware, device: str, *,
     head = {"recipe": setup.recipe, "model": RECIPE_MODELS[setup.recipe], "rows": setup.full_rows,
             "update_rows": len(setup.prompts_update), "max_new_tokens": sampling.max_new_tokens,
             "prompt_len_mean": sum(map(len, setup.prompts_full)) / setup.full_rows, "peer": "DARE 83ae8a3",
+            "env": f"torch {torch.__version__}, transformers {transformers.__version__} (DARE pins 2.9.1 / 4.57.1)",
             "micro_batches": len(micros), "notes": list(dare.notes) + config_notes + [
                 "parameters and optimizer state stay on the device (the recipe offloads both under FSDP2: not modelled)"]}
     iters = int(getattr(alg, "num_iterations", 1))
