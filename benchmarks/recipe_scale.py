@@ -17,7 +17,10 @@ For each recipe (`sdar-bgpo` on SDAR-8B-Chat, `llada-d1` and `llada-cj-grpo` on 
    old / reference / update seconds and `update_passes` are scaled by full rows / update rows;
 5. `--lmdeploy` (block families): the same full-batch rollout through the product's
    `EngineRolloutWorker` (what `rollout.engine=lmdeploy` runs) on the same folder; its decode
-   seconds exclude the weight hand-off.
+   seconds exclude the weight hand-off;
+6. `--peer-dare-root PATH` (sdar-bgpo): DARE's own old pass and update on the same update rows,
+   folder and floors, its code imported from the checkout at PATH (`dare_peer_update.py`), rows
+   `old (DARE)` and `update (DARE)`.
 
 `--max-forwards K` time-boxes the native rollout (the LLaDA/Dream recipes decode without a cache:
 256 full forwards of 128 rows, minutes): it stops after K forwards and extrapolates the seconds
@@ -50,6 +53,7 @@ docs/benchmarks.md, 4.8 TB/s HBM3e datasheet):
 
     python3 benchmarks/e2e_gpu.py --prepare-devshare --runs sdar-bgpo,llada-d1,dream-d1
     python3 benchmarks/recipe_scale.py --recipes sdar-bgpo --lmdeploy --json $OUT/recipe_scale_sdar.json  # H200
+    python3 benchmarks/recipe_scale.py --recipes sdar-bgpo --peer-dare-root .dare_ref   # + DARE's own update, same rows
     python3 benchmarks/recipe_scale.py --recipes llada-d1 --max-forwards 64 --json $OUT/recipe_scale_llada_d1.json
     python3 benchmarks/recipe_scale.py --recipes llada-cj-grpo --json $OUT/recipe_scale_llada_cj.json
     python3 benchmarks/recipe_scale.py --recipes dream-d1 --max-forwards 64 --json $OUT/recipe_scale_dream.json
@@ -373,14 +377,30 @@ def warm_rollout(rollout: Any, prompts: Sequence[Sequence[int]], seeds: torch.Te
         warm.close()
 
 
-def run_recipe(recipe: str, args: argparse.Namespace, hw: Hardware, device: str, rows: list[dict[str, Any]]) -> None:
-    """Append the rows of `recipe` (rollout [lmdeploy], old, reference, update) to `rows` as they come."""
-    from dare.pipeline import detokenizer, policy_with_adapters
+@dataclasses.dataclass
+class RecipeSetup:
+    """A recipe's run config on its release-layout folder and the rows its step and update see."""
+
+    recipe: str
+    folder: Path
+    base: Any  # the recipe's RunConfig before overrides
+    overrides: list[str]
+    cfg: Any  # the resolved RunConfig (`dare train <recipe> [overrides]`)
+    data: list[Any]  # (prompt ids, answer) pairs of `dare.rl_data.rl_prompts`
+    prompts_full: list[Any]  # the step's rollout rows: rl.prompts_per_step prompts x group_size
+    prompts_update: list[Any]  # the measured update's rows: the first --update-rows of prompts_full
+
+    @property
+    def full_rows(self) -> int:
+        return len(self.prompts_full)
+
+
+def recipe_setup(recipe: str, args: argparse.Namespace, device: str) -> RecipeSetup:
+    """`recipe`'s config on its release-layout folder (`e2e_gpu.prepare_model`) and its rows: the one
+    place the rollout, the update and the DARE peer (`dare_peer_update.py`) take them from."""
     from dare.recipes import get_recipe, resolve
-    from dare.rl_backend import rl_backend
     from dare.rl_data import rl_prompts
     from dllm_models import load_tokenizer
-    from dllm_train import PromptBatch
 
     info = prepare_model(RECIPE_MODELS[recipe], args.checkpoints, args.workdir, tiny=args.tiny, device=device)
     folder = Path(info["folder"])
@@ -389,16 +409,35 @@ def run_recipe(recipe: str, args: argparse.Namespace, hw: Hardware, device: str,
     if args.tiny:
         overrides += TINY_OVERRIDES["block" if base.rollout.block_diffusion else "masked"]
     cfg = resolve(base, overrides + list(args.set))
-    rl, sampling = cfg.rl, cfg.rollout
+    rl = cfg.rl
     assert rl is not None
     group = rl.group_size
     full_rows = rl.prompts_per_step * group
     if args.update_rows % group or not 0 < args.update_rows <= full_rows:
         raise SystemExit(f"recipe_scale: --update-rows={args.update_rows} must be a positive multiple of the recipe's "
                          f"rl.group_size={group}, at most {full_rows}")
+    data = rl_prompts(cfg, load_tokenizer(folder))
+    return RecipeSetup(recipe=recipe, folder=folder, base=base, overrides=overrides, cfg=cfg, data=data,
+                       prompts_full=batch_prompts(data, rl.prompts_per_step, group),
+                       prompts_update=batch_prompts(data, args.update_rows // group, group))
+
+
+def run_recipe(recipe: str, args: argparse.Namespace, hw: Hardware, device: str, rows: list[dict[str, Any]]) -> None:
+    """Append the rows of `recipe` (rollout [lmdeploy], old, reference, update) to `rows` as they come."""
+    from dare.pipeline import detokenizer, policy_with_adapters
+    from dare.recipes import resolve
+    from dare.rl_backend import rl_backend
+    from dllm_models import load_tokenizer
+    from dllm_train import PromptBatch
+
+    setup = recipe_setup(recipe, args, device)
+    folder, base, overrides, cfg, data = setup.folder, setup.base, setup.overrides, setup.cfg, setup.data
+    rl, sampling = cfg.rl, cfg.rollout
+    assert rl is not None
+    group = rl.group_size
+    full_rows = setup.full_rows
     tokenizer = load_tokenizer(folder)
-    data = rl_prompts(cfg, tokenizer)
-    prompts_full = batch_prompts(data, rl.prompts_per_step, group)
+    prompts_full = setup.prompts_full
     keys_full = [str(i % len(data)) for i in range(rl.prompts_per_step)]
     update_prompts = args.update_rows // group
 
@@ -494,6 +533,18 @@ def run_recipe(recipe: str, args: argparse.Namespace, hw: Hardware, device: str,
         torch.cuda.empty_cache()
 
 
+PEER_RECIPES = frozenset({"sdar-bgpo"})  # the recipes with a DARE peer update (dare_peer_update.py)
+
+
+def run_peer(recipe: str, args: argparse.Namespace, hw: Hardware, device: str, rows: list[dict[str, Any]]) -> None:
+    """Append DARE's own old pass and update of `recipe` on the same rows (`dare_peer_update.peer_rows`)."""
+    from dare_peer_update import peer_rows
+    from dare_remote import load_dare
+
+    dare = load_dare(args.peer_dare_root, cpu_attention=device == "cpu")
+    rows.extend(peer_rows(recipe_setup(recipe, args, device), dare, hw, device))
+
+
 def table(rows: list[dict[str, Any]]) -> str:
     """The markdown table of the rows."""
     out = ["| recipe | phase | rows | new | seconds | floor s | floor / measured | passes | forwards (formula / counted) | peak GiB |",
@@ -530,6 +581,9 @@ def main(argv: list[str] | None = None) -> int:
                          "loaded policy, e.g. rollout.cache=dual,rl.prompts_per_step=8; repeatable")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="a dotted override applied after the recipe's (as on `dare train`), repeatable")
+    ap.add_argument("--peer-dare-root", type=Path, default=None, metavar="PATH",
+                    help=f"a checkout of yjyddq/DARE: after {', '.join(sorted(PEER_RECIPES))}'s rows, DARE's own old pass "
+                         "and update on the same rows (dare_peer_update.py)")
     ap.add_argument("--tflops", type=float, default=790.0, help="bf16 dense matmul rate, TFLOP/s (docs/benchmarks.md: ~790 measured)")
     ap.add_argument("--hbm-tbs", type=float, default=4.8, help="HBM bandwidth, TB/s (H200 datasheet 4.8)")
     ap.add_argument("--checkpoints", type=Path, default=None, help="release configs/tokenizers (default: the shared checkpoints beside the repository, else .devshare)")
@@ -552,6 +606,8 @@ def main(argv: list[str] | None = None) -> int:
             start = len(rows)
             try:
                 run_recipe(recipe, args, hw, device, rows)
+                if args.peer_dare_root is not None and recipe in PEER_RECIPES:
+                    run_peer(recipe, args, hw, device, rows)
             except torch.cuda.OutOfMemoryError as err:  # the recipe's own batch may not fit: that is a result
                 phase = "after " + rows[-1]["phase"] if len(rows) > start else "before the rollout"
                 rows.append({"recipe": recipe, "phase": phase, "error": "out of memory",
