@@ -85,7 +85,8 @@ from engine_decode import _sync  # noqa: E402
 import torch  # noqa: E402
 
 RECIPE_MODELS = {"sdar-bgpo": "SDAR-8B-Chat", "llada-d1": "LLaDA-8B-Instruct",
-                 "llada-cj-grpo": "LLaDA-8B-Instruct", "dream-d1": "Dream-v0-Instruct-7B"}
+                 "llada-cj-grpo": "LLaDA-8B-Instruct",
+                 "llada-gdpo": "LLaDA-8B-Instruct", "dream-d1": "Dream-v0-Instruct-7B"}
 # --tiny: shorter responses and fewer prompts (the recipe's other settings kept)
 TINY_OVERRIDES = {"block": ["checkpoint.dtype=float32", "rollout.max_new_tokens=16", "rl.prompts_per_step=2", "data.max_prompt_length=128",
                             "algorithm.mc_num=2"],
@@ -222,6 +223,10 @@ def scored_rows(algorithm: Any, sampling: Any) -> tuple[int, bool]:
         return int(sampling.steps), False
     if name == "D1":
         return 1, False
+    if name == "GDPO":  # one full forward per quadrature node and mask draw
+        from dllm_objectives import quadrature_rule
+
+        return len(quadrature_rule(algorithm.rule)[0]) * int(algorithm.mc_samples), False
     raise SystemExit(f"recipe_scale: no required-FLOPs rule for algorithm {name}; add it to scored_rows")
 
 
