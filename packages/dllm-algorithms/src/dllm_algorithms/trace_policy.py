@@ -30,7 +30,7 @@ from dllm_rollout import RolloutBatch, SamplingConfig
 from dllm_train import LossInputs, RLAlgorithm, RLBatch, ValuesScorer, plan_token_logp, with_fields
 
 from dllm_algorithms.cj_replay import replay_response
-from dllm_algorithms.families import ALL_FAMILIES
+from dllm_algorithms.families import BLOCK, MASKED
 from dllm_algorithms.scoring import Metrics, is_block
 
 
@@ -103,7 +103,8 @@ class TraceRL(RLAlgorithm[TraceRows]):
     kl_coef: float = 0.01
     min_group_accuracy: float = 0.2
     max_group_accuracy: float = 0.8
-    families: ClassVar[tuple[str, ...]] = ALL_FAMILIES
+    # the families its authors train (LLaDA, Dream, SDAR and TraDo, dense or MoE; dLLM-RL has no LLaDA2 trainer)
+    families: ClassVar[tuple[str, ...]] = (*MASKED, *(f for f in BLOCK if f.startswith("sdar")))
     record_fields: ClassVar[frozenset[str]] = frozenset({"unmask_step"})
     row_local = True
     replays_trajectory = True
