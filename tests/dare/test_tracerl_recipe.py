@@ -19,6 +19,11 @@ def _shown(capsys: pytest.CaptureFixture[str]) -> dict[str, str]:
 
 def test_show_gives_the_authors_sdar_config(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["show", "sdar-tracerl"]) == 0
+    out = capsys.readouterr().out
+    # the sources block names each default's line of the authors' config (or the reason)
+    assert "  rl.group_size: 16  Gen-Verse/dLLM-RL@10b4fd1 `configs/rl_sdar.yaml:37`: `num_response_per_task: 16`" in out
+    assert "  rollout.top_k: null  **ours**: top_k: 0 (configs/rl_sdar.yaml:43) turns the filter off" in out
+    print(out)
     lines = _shown(capsys)
     authors = {  # configs/rl_sdar.yaml at 10b4fd1
         "rl.prompts_per_step": "64",  # :36 num_task_per_step
