@@ -10,7 +10,7 @@ import json
 import re
 from typing import Any
 
-from dare.config import KIND_NAMES, RunConfig, algorithm_fields, ordered_fields, set_by_run, to_dict
+from dare.config import KIND_NAMES, RLRecipeConfig, RunConfig, algorithm_fields, ordered_fields, set_by_run, to_dict
 
 _HEADER = re.compile(r"^(Attributes|Flags)\b.*:$")
 _ENTRY = re.compile(r"^([A-Za-z_][\w, ]*):\s*(.*)$")
@@ -87,8 +87,8 @@ def _default_sources(cfg: RunConfig) -> list[str]:
     from dare.algorithms import RL_ENTRIES
     from dare.algorithms.defaults_table import source
 
-    entry = RL_ENTRIES.get(cfg.algorithm_name) if cfg.kind == "rl" else None
-    if entry is None:
+    entry = RL_ENTRIES.get(cfg.algorithm_name) if isinstance(cfg, RLRecipeConfig) else None
+    if entry is None or not isinstance(cfg, RLRecipeConfig):
         return []
     rows = {d.key: d for d in entry.defaults if d.applies_to(cfg.checkpoint.family)}  # a later row of a key wins
     if not rows:
