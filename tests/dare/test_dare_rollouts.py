@@ -23,6 +23,8 @@ LLADA2_EBPO = "recipe/llada2_mini/run_ebpo_llada2_mini.sh"
 LLADA2_CJ = "recipe/llada2_mini/run_cj_grpo_llada2_mini.sh"
 LLADA2_GEN = "models/LLaDA2.0-mini/modeling_llada2_moe.py"
 SGLANG_LOW = "yjyddq/sglang python/sglang/srt/dllm/algorithm/low_confidence.py (LowConfidence)"
+DLLMRL_SDAR = "Gen-Verse/dLLM-RL@10b4fd1 configs/rl_sdar.yaml"
+DLLMRL_DREAM = "Gen-Verse/dLLM-RL@10b4fd1 configs/rl_dream.yaml"
 DREAM_FAST = "verl/workers/rollout/rollout_utils.py:800-801 (execute_fastdream_generation)"
 DREAM_BLOCK = "verl/workers/rollout/generation_utils_block.py:592-593 (the block's first position)"
 
@@ -55,6 +57,16 @@ BLOCK: dict[str, dict[str, tuple[object, str]]] = {
         "temperature": (1.0, f"{SDAR_CJ}:124"),
         "top_k": (50, f"{SDAR_CJ}:212"),
         "top_p": (None, f"{SDAR_CJ}:213 top_p=1.0"),
+    },
+    "sdar-tracerl": {  # TraceRL is not in DARE: its authors' jetengine rollout (sample/jetengine_ext/engine/scheduler.py)
+        "remasking": ("low_confidence_dynamic", f"{DLLMRL_SDAR}:44 (scheduler.py:114-118: > threshold, quota at least)"),
+        "threshold": (0.9, f"{DLLMRL_SDAR}:45 dynamic_threshold"),
+        "block_length": (4, f"{DLLMRL_SDAR}:40"),
+        "steps": (4, f"{DLLMRL_SDAR}:41 denoising_steps_per_block"),
+        "temperature": (1.0, f"{DLLMRL_SDAR}:38"),
+        "top_k": (None, f"{DLLMRL_SDAR}:43 top_k: 0 (off)"),
+        "top_p": (1.0, f"{DLLMRL_SDAR}:42"),
+        "max_new_tokens": (2000, f"{DLLMRL_SDAR}:39 max_token"),
     },
     "llada2-bgpo": {  # LLaDA2's HF generate (the script's default engine, :54; llada2_rollout.py:65-73)
         "remasking": ("low_confidence_dynamic", f"{LLADA2_GEN}:1577-1591"),
@@ -103,6 +115,13 @@ DREAM_OWN: dict[str, dict[str, tuple[object, str]]] = {
         "top_p": (None, "verl/workers/rollout/mdpo_dream_rollout.py:220 (config top_p: "
                         "verl/trainer/config/ppo_trainer.yaml:104 top_p: 1)"),
         "commit_block_start": (False, "verl/workers/rollout/mdpo_dream_rollout.py:61-62 (no blocks)"),
+    },
+    "dream-tracerl": {  # TraceRL is not in DARE: its authors' Dream block rollout (sample/dream_rl_rollout.py)
+        "remasking": ("maskgit_plus", f"{DLLMRL_DREAM}:39-42 low_confidence_static, target confidence "
+                                      "(the sampled token's probability, dream_rl_rollout.py:74-79)"),
+        "top_p": (0.9, f"{DLLMRL_DREAM}:40"),
+        "top_k": (50, f"{DLLMRL_DREAM}:41"),
+        "commit_block_start": (True, "sample/dream_rl_rollout.py:203 (the block's first position)"),
     },
     "dream-d-treerpo": {  # the tree rollout (verl/workers/dllm_fsdp_workers.py:654-661)
         "remasking": ("low_confidence", "verl/workers/rollout/dtreerpo_llada_rollout.py:80"),

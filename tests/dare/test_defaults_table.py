@@ -71,8 +71,10 @@ def test_every_recipe_resolves_to_its_rows_value(name: str, default: Default) ->
     f"{n}:{d.key}:{','.join(d.families) or 'all'}" for n, d in CASES if d.dare])
 def test_every_dare_row_quotes_a_line_that_holds_its_value(name: str, default: Default) -> None:
     """The quoted line states the value, or (a rule DARE writes as code) the named test proves the equality."""
-    if default.repo == DARE_REPO:  # a row from another repository (its authors' code) has that repository's paths
+    if default.repo == DARE_REPO:
         assert default.dare.startswith(("recipe/", "verl/", "models/")), default.dare
+    elif default.repo.startswith("Gen-Verse/dLLM-RL@"):  # TraceRL cites its authors' code
+        assert default.dare.startswith(("configs/", "train/", "sample/", "reward/")), (default.repo, default.dare)
     if default.proof:
         path, _, test = default.proof.partition("::")
         assert f"def {test}(" in (ROOT / path).read_text(), default.proof

@@ -17,6 +17,7 @@ ALGORITHMS: dict[str, RLAlgorithm[Any]] = {
     "ESPO": da.ESPO(mc_num=2, num_iterations=2), "EBPO": da.EBPO(mc_num=2), "SPG": da.SPG(mc_num=2),
     "CJGRPO": da.CJGRPO(), "MDPO": da.MDPO(top_k_steps=2), "DTreeRPO": da.DTreeRPO(trees=2, branching=2, depth=2, num_iterations=2, row_shards=2),
     "DMPO": da.DMPO(num_iterations=2), "BridgeRatioGRPO": da.BridgeRatioGRPO(), "GDPO": da.GDPO(num_iterations=2),
+    "TraceRL": da.TraceRL(shrink=2, min_group_accuracy=0.0, max_group_accuracy=1.0),
 }
 TEST_FAMILIES = ("llada", "sdar")
 PAIRS = [(name, fam) for name, alg in ALGORITHMS.items() for fam in TEST_FAMILIES if fam in alg.families]

@@ -10,7 +10,7 @@ import json
 import re
 from typing import Any
 
-from dare.config import KIND_NAMES, RunConfig, algorithm_fields, ordered_fields, set_by_run, to_dict
+from dare.config import KIND_NAMES, RLRecipeConfig, RunConfig, algorithm_fields, ordered_fields, set_by_run, to_dict
 
 _HEADER = re.compile(r"^(Attributes|Flags)\b.*:$")
 _ENTRY = re.compile(r"^([A-Za-z_][\w, ]*):\s*(.*)$")
@@ -82,6 +82,21 @@ def _lines(obj: Any, prefix: str, fields: list[dataclasses.Field[Any]], width: i
     return lines
 
 
+def _default_sources(cfg: RunConfig) -> list[str]:
+    """An RL recipe's algorithm defaults for its family, each with its source (docs/algorithms.md#dare-defaults)."""
+    from dare.algorithms import RL_ENTRIES
+    from dare.algorithms.defaults_table import source
+
+    entry = RL_ENTRIES.get(cfg.algorithm_name) if isinstance(cfg, RLRecipeConfig) else None
+    if entry is None or not isinstance(cfg, RLRecipeConfig):
+        return []
+    rows = {d.key: d for d in entry.defaults if d.applies_to(cfg.checkpoint.family)}  # a later row of a key wins
+    if not rows:
+        return []
+    return ["", f"sources: the {cfg.algorithm_name} defaults of this recipe and where each value comes from",
+            *(f"  {key}: {_value(d.value)}  {source(d)}" for key, d in rows.items())]
+
+
 def describe_config(cfg: RunConfig, summary: str = "") -> str:
     """Every field of `cfg` (`key = value  doc`), section by section, for `dare show`."""
     width = 44
@@ -101,7 +116,7 @@ def describe_config(cfg: RunConfig, summary: str = "") -> str:
             title = f"{cfg.algorithm_name}: {title}" + (
                 f" ({', '.join(f'{k}: {v}' for k, v in homes.items())})" if homes else "")
         out += ["", f"{f.name}: {title}", *_lines(value, f"{f.name}.", fields, width, STEP_DOCS.get(cfg.kind))]
-    return "\n".join(out)
+    return "\n".join(out + _default_sources(cfg))
 
 
 __all__ = ["STEP_DOCS", "describe_config", "field_docs"]

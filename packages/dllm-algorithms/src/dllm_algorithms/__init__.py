@@ -22,6 +22,7 @@ from dllm_algorithms.gdpo import GDPO
 from dllm_algorithms.preference import DPO, VRPO, ELBOPreference, PairMasks, PreferenceBatch, dpo_on_elbos
 from dllm_algorithms.sft import SFT, LoRA, SFTBatch
 from dllm_algorithms.token_policy import D1, CoupledGRPO, JustGRPO
+from dllm_algorithms.trace_policy import TraceRL, TraceRows, trace_positions
 from dllm_algorithms.trajectory_policy import CJGRPO, MDPO, TrainingRows, Trajectory, trajectory_steps
 from dllm_algorithms.tree_policy import DTreeRPO, TreeRolloutBatch
 
@@ -29,6 +30,6 @@ __all__ = [
     "ALL_FAMILIES", "BGPO", "BLOCK", "CJGRPO", "D1", "DMPO", "DPO", "EBPO", "ELBOPreference", "ESPO", "GDPO", "MASKED", "MDPO",
     "PairMasks", "PreferenceBatch", "SFT", "SFTBatch", "SPG", "VRPO", "BridgeRatioGRPO", "CoupledGRPO", "DTreeRPO",
     "JustGRPO", "LoRA", "TrainingRows", "Trajectory", "TreeRolloutBatch", "WeightedMasks", "dpo_on_elbos",
-    "trajectory_steps",
+    "trajectory_steps", "TraceRL", "TraceRows", "trace_positions",
     "DualClip", "RatioClip",
 ]

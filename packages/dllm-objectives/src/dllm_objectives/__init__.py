@@ -48,6 +48,16 @@ from .preference import dpo_logits, dpo_loss
 from .sdmc import QUADRATURE_RULES, quadrature_elbo, quadrature_rule, sdmc_masks
 from .sandwich import spg_block_masks, spg_loss, spg_sequence_logp
 from .sft import SFT_NORMALIZERS, mdm_sft_loss
+from .trace import (
+    TRACE_NORMALIZATIONS,
+    outcome_token_rewards,
+    replay_rounds,
+    shrink_steps,
+    trace_group_filter,
+    trace_policy_loss,
+    trace_returns_and_advantages,
+    trace_value_loss,
+)
 from .trajectory import (
     autoregressive_steps,
     cj_token_weights,
@@ -89,6 +99,8 @@ __all__ = [
     "replay_plan",
     "unmask_steps",
     "autoregressive_steps",
+    "shrink_steps",
+    "replay_rounds",
     # likelihood
     "token_logp_from_logits",
     "elbo_terms",
@@ -112,6 +124,9 @@ __all__ = [
     "mdpo_topk_steps",
     "tree_values",
     "tree_local_advantages",
+    "trace_group_filter",
+    "outcome_token_rewards",
+    "trace_returns_and_advantages",
     "dmpo_weights",
     "dmpo_ess_coeff",
     "dmpo_baseline",
@@ -128,6 +143,9 @@ __all__ = [
     "cj_token_weights",
     "spg_loss",
     "mdpo_loss",
+    "TRACE_NORMALIZATIONS",
+    "trace_policy_loss",
+    "trace_value_loss",
     "tree_active_positions",
     "tree_policy_loss",
     "tree_self_distill_schedule",

@@ -126,8 +126,9 @@ def rl_entry(name: str) -> RLEntry:
 
 
 from dare.algorithms.builtin import BUILTIN  # noqa: E402  (the built-in entries import this module's names)
+from dare.algorithms.tracerl import TRACERL  # noqa: E402
 
-for _entry in BUILTIN:
+for _entry in (*BUILTIN, TRACERL):
     register(_entry)
 _load_plugins()
 

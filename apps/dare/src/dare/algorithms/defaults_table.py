@@ -24,12 +24,16 @@ def _value(value: object) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def _source(d: Default) -> str:
+def source(d: Default) -> str:
+    """Where a default's value comes from: its repository (unless DARE's), `file:line` and quoted line, or the reason."""
     if d.dare:
         proof = f" (equal by `{d.proof}`)" if d.proof else ""
         where = "" if d.repo == DARE_REPO else f"{d.repo} "
         return f"{where}`{d.dare}`: `{d.quote}`{proof}"
     return f"**ours**: {d.reason}"
+
+
+_source = source
 
 
 def render() -> str:
@@ -68,4 +72,4 @@ if __name__ == "__main__":  # pragma: no cover - a maintainer's command
         print(f"{arg}: {'rewritten' if rewrite(Path(arg)) else 'unchanged'}")
 
 
-__all__ = ["BEGIN", "END", "render", "rewrite", "section"]
+__all__ = ["BEGIN", "END", "render", "rewrite", "section", "source"]
