@@ -46,7 +46,9 @@ docs/benchmarks.md, 4.8 TB/s HBM3e datasheet):
 - update: required FLOPs / R. Per scored row: 6 x params x tokens (+ 12 x q_width x layers x
   allowed pairs). Masked families: each scored row is a full bidirectional forward over
   prompt + response (d1: 1 row per sequence; CJ-GRPO: one row per trajectory state = rollout
-  steps). Block families (BGPO with mc_num masks): the clean half x_0 (prompt + response) ONCE per
+  steps; GDPO: one row per quadrature node and mask draw; TraceRL: one row per merged unmask step,
+  ceil(steps / shrink), the full-steps bound). Block families (BGPO with mc_num masks; TraceRL with
+  ceil(steps per block / shrink) rows): the clean half x_0 (prompt + response) ONCE per
   sequence plus mc_num noised responses; the pairs follow the BD3LM mask (a position sees up to the
   end of its block). Recomputation from activation checkpointing is overhead, not required. The old
   and reference passes (when the step ran them) have floors of 2 x params x tokens (+ 4 x ... pairs).
@@ -86,7 +88,7 @@ import torch  # noqa: E402
 
 RECIPE_MODELS = {"sdar-bgpo": "SDAR-8B-Chat", "llada-d1": "LLaDA-8B-Instruct",
                  "llada-cj-grpo": "LLaDA-8B-Instruct",
-                 "llada-gdpo": "LLaDA-8B-Instruct", "dream-d1": "Dream-v0-Instruct-7B"}
+                 "llada-gdpo": "LLaDA-8B-Instruct", "sdar-tracerl": "SDAR-8B-Chat", "dream-d1": "Dream-v0-Instruct-7B"}
 # --tiny: shorter responses and fewer prompts (the recipe's other settings kept)
 TINY_OVERRIDES = {"block": ["checkpoint.dtype=float32", "rollout.max_new_tokens=16", "rl.prompts_per_step=2", "data.max_prompt_length=128",
                             "algorithm.mc_num=2"],
@@ -217,6 +219,8 @@ def decode_floor(cfg: Any, prompt_lens: Sequence[int], shape: Shape, hw: Hardwar
 def scored_rows(algorithm: Any, sampling: Any) -> tuple[int, bool]:
     """(scored rows per sequence, block layout) of the update, per algorithm (module docstring)."""
     name = type(algorithm).__name__
+    if name == "TraceRL":  # one replay row per merged unmask step (block models: on the BD3LM layout)
+        return math.ceil(int(sampling.steps) / int(algorithm.shrink)), bool(sampling.block_diffusion)
     if sampling.block_diffusion:
         return int(getattr(algorithm, "mc_num", 1)), True
     if name == "CJGRPO":
@@ -412,7 +416,9 @@ def recipe_setup(recipe: str, args: argparse.Namespace, device: str) -> RecipeSe
     base = get_recipe(recipe)
     overrides = [f"checkpoint.checkpoint={folder}", "data.train_files=gsm8k"]
     if args.tiny:
-        overrides += TINY_OVERRIDES["block" if base.rollout.block_diffusion else "masked"]
+        fields = {f.name for f in dataclasses.fields(base.algorithm)}
+        overrides += [o for o in TINY_OVERRIDES["block" if base.rollout.block_diffusion else "masked"]
+                      if not o.startswith("algorithm.") or o.split("=")[0].removeprefix("algorithm.") in fields]
     cfg = resolve(base, overrides + list(args.set))
     rl = cfg.rl
     assert rl is not None
