@@ -47,7 +47,7 @@ ADDED_SINCE: dict[str, dict[str, Any]] = {
                 "block_aligned_budget": False, "commit_block_start": False},
     "kernels": {"fused": True, "decode_attention": True, "decode_span": True, "decode_splits": 1,
                 "decode_max_rows": 64, "decode_block_n": 128, "decode_stages": 2, "flex_kernel_options": None,
-                "bd3lm_backward": "chunked", "bd3lm_dkdv_chunk": 16},
+                "bd3lm_backward": "one_launch", "bd3lm_dkdv_chunk": 16},
     "checkpoint": {"lora_dropout": 0.0},
 }
 RECIPES_CHANGED_SINCE = ["trainer.optimizer_offload=false"]  # on in the released-size recipes

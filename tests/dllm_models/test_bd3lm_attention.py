@@ -148,7 +148,7 @@ def reference(q, k, v, dense, go):
 
 g = torch.Generator().manual_seed(0)
 odd = Tiling(forward=Tile(32, 16), dkdv=Tile(16, 16), dq=Tile(16, 32))
-default = ("chunked", 16)  # BD3LMKernelOptions()'s backward; chunk 1 and 2: many pieces per key tile
+default = ("one_launch", 16)  # BD3LMKernelOptions()'s backward (chunked and fused: chunks 1 and 2, many pieces per key tile)
 every = [(variant, chunk) for variant in BACKWARD_VARIANTS for chunk in ((1, 2) if variant in ("chunked", "fused")
                                                                         else (16,))]
 cases = [([13, 7, 20], 4, [2, 1, 3], 4, 2, 16, INTERPRETER_TILING, every),   # SDAR's block, 3 sequences, GQA 2

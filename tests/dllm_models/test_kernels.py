@@ -391,7 +391,7 @@ def test_kernel_config_defaults_and_bad_values() -> None:
     k = KernelConfig()
     assert (k.fused, k.decode_attention, k.decode_span, k.decode_splits, k.decode_max_rows, k.decode_block_n,
             k.decode_stages, k.flex_options) == (True, True, True, 1, 64, 128, 2, None)
-    assert k.bd3lm_options.backward == "chunked" and k.bd3lm_options.dkdv_chunk == 16
+    assert k.bd3lm_options.backward == "one_launch" and k.bd3lm_options.dkdv_chunk == 16
     with pytest.raises(ValueError, match="bd3lm_backward='flash'"):
         KernelConfig(bd3lm_backward="flash")
     with pytest.raises(ValueError, match="bd3lm_dkdv_chunk"):

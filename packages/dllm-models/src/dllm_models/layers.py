@@ -60,7 +60,7 @@ class KernelConfig:
     decode_block_n: int = 128
     decode_stages: int = 2
     flex_kernel_options: tuple[tuple[str, int], ...] | None = None
-    bd3lm_backward: str = "chunked"
+    bd3lm_backward: str = "one_launch"
     bd3lm_dkdv_chunk: int = 16
 
     def __post_init__(self) -> None:
