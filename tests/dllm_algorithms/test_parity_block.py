@@ -24,6 +24,8 @@ What DARE does for block models (docs/algorithms.md#block-diffusion):
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -375,3 +377,23 @@ def test_cj_grpo_block_replays_a_cut_terminal_block_up_to_the_response_end() -> 
     # 2-5 form its terminal block; row 2 (P 5, 6 counted): its block ends at column 7
     want = torch.tensor([[1] * 7, [1, 1, 1, 1, 1, 1, 0], [1] * 7], dtype=torch.bool)
     assert torch.equal(data.attention[:, 6:], want)
+
+
+def test_cj_grpo_block_replay_ignores_blocks_filled_after_the_stop() -> None:
+    # eos_handling="keep" with stop_at_eos: every column counts, but a row that stopped left its later
+    # blocks filled and never decoded (unmask step -1); they are no actions, so the replay is the one
+    # of the row counted through its stop (before: "a position of a terminal block has no recorded
+    # unmask step", found by benchmarks/algorithm_comparison.py --family sdar --algorithms cj-grpo)
+    rollout, replay, _ = _aligned_cj_rollout()
+    unmask = rollout.unmask_step.clone()
+    unmask[0, 4:] = -1  # row 0 stopped in block 1 (columns 0-3): columns 4-6 were filled
+    unmask[1, 2:] = -1  # row 1 stopped in block 1 (columns 0-1)
+    kept = RolloutBatch(prompt_ids=rollout.prompt_ids, prompt_mask=rollout.prompt_mask,
+                        response_ids=rollout.response_ids, response_mask=torch.ones_like(rollout.response_mask),
+                        seeds=rollout.seeds, config=rollout.config, unmask_step=unmask)
+    data = da.CJGRPO().prepare(_batch(kept), torch.Generator().manual_seed(0))
+    assert torch.equal(data.attention[:, 6:], replay)
+    with pytest.raises(ValueError, match="has no recorded unmask step"):  # a hole inside a decoded block
+        holed = unmask.clone()
+        holed[2, 4] = -1  # row 2's block 2 holds columns 3-6
+        da.CJGRPO().prepare(_batch(dataclasses.replace(kept, unmask_step=holed)), torch.Generator().manual_seed(0))

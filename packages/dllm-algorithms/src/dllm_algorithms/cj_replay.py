@@ -21,8 +21,9 @@ from dllm_algorithms.scoring import is_block
 def replay_response(rollout: RolloutBatch) -> torch.Tensor:
     """[B, R] bool: the response positions of CJ-GRPO's replay view.
 
-    Masked models: the counted response (`response_mask`). Block models: the counted response
-    extended through the end of its terminal block on the global grid (block ids counted from
+    Masked models: the counted response (`response_mask`). Block models: the counted response (its
+    decoded part: with `eos_handling="keep"` and `stop_at_eos` the blocks after the stop are filled,
+    never decoded, and not replayed) extended through the end of its terminal block on the global grid (block ids counted from
     the first real prompt token), up to the response's last column; a row without counted tokens
     replays nothing. With DARE's budgets (`SamplingConfig.block_aligned_budget`, which the block
     CJ-GRPO recipes set) every terminal block ends inside the response; without them a block cut
@@ -39,6 +40,9 @@ def replay_response(rollout: RolloutBatch) -> torch.Tensor:
     n = counted.long().cumprod(-1).sum(-1)  # length of the counted prefix
     if not torch.equal(counted, torch.arange(r, device=n.device)[None] < n[:, None]):
         raise ValueError("CJ-GRPO replay: rollout.response_mask must be a prefix of each response")
+    # eos_handling="keep" with stop_at_eos: the blocks after a row's stop were filled, never decoded
+    # (no unmask step), so they are no actions: the replay ends with the last decoded block
+    n = torch.minimum(n, (rollout.unmask_step >= 0).long().cumprod(-1).sum(-1))
     plen = rollout.prompt_mask.long().sum(-1)
     end = torch.where(n > 0, (plen + n + bl - 1) // bl * bl - plen, 0).clamp(max=r)  # terminal block's end
     replay = torch.arange(r, device=n.device)[None] < end[:, None]
