@@ -65,6 +65,7 @@ CONTROL = "cj-grpo"  # the control's algorithm: defined for both families, cheap
 BUDGET: dict[str, dict[str, Any]] = {
     "bgpo": {"mc_num": 4}, "ebpo": {"mc_num": 4}, "espo": {"mc_num": 2, "num_iterations": 2},
     "mdpo": {"top_k_steps": 2}, "d-treerpo": {"trees": 4, "branching": 2, "depth": 2, "num_iterations": 2},
+    "gdpo": {"num_iterations": 2}, "tracerl": {"shrink": 2},
 }
 SAMPLING_CHANGES: dict[str, dict[str, Any]] = {"justgrpo": {"block_length": 1}}  # JustGRPO decodes left to right
 SFT_LR = {"llada": 1e-3, "sdar": 3e-3}  # SDAR at 1e-3 stays near 0 % for hundreds of steps (docs/benchmarks.md)

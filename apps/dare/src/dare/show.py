@@ -97,6 +97,18 @@ def _default_sources(cfg: RunConfig) -> list[str]:
             *(f"  {key}: {_value(d.value)}  {source(d)}" for key, d in rows.items())]
 
 
+def _record_fields(cfg: RunConfig) -> list[str]:
+    """The rollout record fields an RL recipe's algorithm reads (`RLAlgorithm.record_fields`)."""
+    if not isinstance(cfg, RLRecipeConfig):
+        return []
+    from dllm_rollout import RECORD_VERSION
+
+    fields = sorted(getattr(cfg.algorithm, "record_fields", frozenset()))
+    read = ", ".join(fields) if fields else "none beyond the tokens (prompt, response, masks, seeds)"
+    return ["", f"rollout record (version {RECORD_VERSION}): {cfg.algorithm_name} reads {read}; a rollout.engine "
+                "that does not fill one is refused before the policy loads (docs/generation.md#rollout-output)"]
+
+
 def describe_config(cfg: RunConfig, summary: str = "") -> str:
     """Every field of `cfg` (`key = value  doc`), section by section, for `dare show`."""
     width = 44
@@ -116,7 +128,7 @@ def describe_config(cfg: RunConfig, summary: str = "") -> str:
             title = f"{cfg.algorithm_name}: {title}" + (
                 f" ({', '.join(f'{k}: {v}' for k, v in homes.items())})" if homes else "")
         out += ["", f"{f.name}: {title}", *_lines(value, f"{f.name}.", fields, width, STEP_DOCS.get(cfg.kind))]
-    return "\n".join(out + _default_sources(cfg))
+    return "\n".join(out + _record_fields(cfg) + _default_sources(cfg))
 
 
 __all__ = ["STEP_DOCS", "describe_config", "field_docs"]
