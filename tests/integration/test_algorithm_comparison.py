@@ -81,6 +81,8 @@ def test_the_dare_sampler_takes_the_recipes_rule_on_the_benchmarks_grid() -> Non
         assert all(getattr(dare, k) == getattr(recipe, k) for k in RULE_FIELDS), (family, algorithm)
         # the fixed sampler is the rule the rows before issue 35 were measured with
         assert rollout_sampling(family, algorithm, "fixed") == sampling(family, temperature=1.0)
+    for algorithm in ("d1", "mdpo", "d-treerpo", "cj-grpo"):  # LLaDA's recipes decode with the fixed rule already
+        assert rollout_sampling("llada", algorithm, "dare") == rollout_sampling("llada", algorithm, "fixed")
     assert rollout_sampling("llada", "justgrpo", "dare").block_length == 1  # JustGRPO still decodes left to right
     with pytest.raises(ValueError, match="no recipe 'sdar-d1'"):
         rollout_sampling("sdar", "d1", "dare")
