@@ -1,6 +1,7 @@
 """Every RL algorithm of a family on DARE's Sudoku and Countdown data, from one warm start (CPU).
 
-For each task (sudoku, countdown) and family (llada: masked diffusion, sdar: block diffusion):
+For each task (sudoku, countdown) and family (llada and dream: masked diffusion, sdar: block
+diffusion):
 
 1. Build a small model from scratch over the 20-symbol task vocabulary (`comparison_tasks`).
 2. SFT warm start on the training split (`dllm_algorithms.SFT`), checking greedy accuracy on
@@ -14,9 +15,17 @@ For each task (sudoku, countdown) and family (llada: masked diffusion, sdar: blo
 5. Print a table (mean +- std over seeds), write `<out>/<task>-<family>.json` and
    `<out>/<task>-<family>.png` (mean reward per step, every algorithm on one plot).
 
-Decoding. LLaDA: one block of 16, 16 steps, low-confidence remasking (one token per step).
-SDAR: block diffusion on the global grid of 4 (the 16-token prompt is 4 blocks, the response
-4 more), 4 steps per block. Evaluation is greedy (T = 0); rollouts sample at T = 1.
+Decoding. LLaDA and Dream: one block of 16, 16 steps, low-confidence remasking (one token per
+step). SDAR: block diffusion on the global grid of 4 (the 16-token prompt is 4 blocks, the
+response 4 more), 4 steps per block. Evaluation is greedy (T = 0); rollouts sample at T = 1.
+
+Rollout sampler (`--sampler`). `fixed` (the default, the rows measured before issue 35) decodes
+every rollout with the rule above. `dare` takes the rollout rule of DARE's recipe for the family
+and algorithm (`dare show <family>-<algorithm>`: `remasking`, `threshold`, `top_k`, `top_p`,
+`commit_block_start`, `alg_temp`), e.g. SDAR BGPO's threshold rule at 0.9 with at least one token
+per step, Dream's entropy rule with top-p 0.95. The grid (block length and steps), the
+temperature (1) and greedy evaluation stay the benchmark's, so the two samplers differ only in
+the rule; a run's table label carries "[dare sampler]".
 
     uv run python benchmarks/algorithm_comparison.py --tiny                      # smoke (~2 min)
     uv run python benchmarks/algorithm_comparison.py --task sudoku --family llada \
@@ -49,7 +58,7 @@ import torch
 
 from comparison_tasks import RESPONSE_LEN, SPLITS, TASKS, TaskData, build_tokenizer, read_rows, reward, verify
 from dare.algorithms import ALGORITHMS, get_algorithm
-from dare.recipes import task_settings
+from dare.recipes import RECIPES, get_recipe, task_settings
 from dllm_models import build_model
 from dllm_rollout import SamplingConfig, decode, left_pad
 from dllm_algorithms import SFT
@@ -58,7 +67,11 @@ from dllm_train import LocalRL, OptimConfig, PromptBatch, SFTConfig, TrainerConf
 HERE = Path(__file__).resolve().parent
 SHARED = HERE.parent.parent / "shared" / "data" / "rl"
 TINY_DATA = HERE / "data"
-FAMILIES = ("llada", "sdar")
+FAMILIES = ("llada", "sdar", "dream")
+SAMPLERS = ("fixed", "dare")
+# the decoding-rule fields of a recipe's `rollout` that `--sampler dare` takes (the grid, temperature, cache and
+# EOS accounting stay the benchmark's)
+RULE_FIELDS = ("remasking", "threshold", "top_k", "top_p", "commit_block_start", "alg_temp")
 CONTROL = "cj-grpo"  # the control's algorithm: defined for both families, cheap
 # Monte-Carlo budgets / iterations reduced so every algorithm's step costs a few forwards
 # (the same for every seed, task and family)
@@ -68,18 +81,24 @@ BUDGET: dict[str, dict[str, Any]] = {
     "gdpo": {"num_iterations": 2}, "tracerl": {"shrink": 2},
 }
 SAMPLING_CHANGES: dict[str, dict[str, Any]] = {"justgrpo": {"block_length": 1}}  # JustGRPO decodes left to right
-SFT_LR = {"llada": 1e-3, "sdar": 3e-3}  # SDAR at 1e-3 stays near 0 % for hundreds of steps (docs/benchmarks.md)
+# SDAR at 1e-3 stays near 0 % for hundreds of steps; Dream's lr was set by a probe (docs/benchmarks.md)
+SFT_LR = {"llada": 1e-3, "sdar": 3e-3, "dream": 1e-3}
 _SHAPE: dict[str, Any] = {"rope_theta": 10000.0, "torch_dtype": "float32"}
 
 
 def build(family: str, tok: Any, seed: int = 0) -> Any:
-    """A fresh model: width 128, 4 layers, 4 heads, MLP 384 (the quick start's size); SDAR block 4."""
+    """A fresh model: width 128, 4 layers, 4 heads, MLP 384 (the quick start's size); SDAR block 4; SDAR
+    and Dream 2 KV heads of 32."""
     ids = {"vocab_size": len(tok), "mask_token_id": tok.mask_token_id, "eos_token_id": tok.eos_token_id,
            "pad_token_id": tok.pad_token_id}
     if family == "llada":
         raw = {"model_type": "llada", "architectures": ["LLaDAModelLM"], "d_model": 128, "n_layers": 4,
                "n_heads": 4, "n_kv_heads": 4, "mlp_hidden_size": 384, "embedding_size": len(tok),
                "rms_norm_eps": 1e-5, "max_sequence_length": 64, **_SHAPE, **ids}
+    elif family == "dream":
+        raw = {"model_type": "Dream", "architectures": ["DreamModel"], "hidden_size": 128, "num_hidden_layers": 4,
+               "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 384, "rms_norm_eps": 1e-5,
+               "max_position_embeddings": 64, "tie_word_embeddings": False, **_SHAPE, **ids}
     else:
         raw = {"model_type": "sdar", "architectures": ["SDARForCausalLM"], "hidden_size": 128,
                "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
@@ -92,10 +111,28 @@ def build(family: str, tok: Any, seed: int = 0) -> Any:
 
 def sampling(family: str, *, temperature: float) -> SamplingConfig:
     """The decoding of the module docstring (record_trajectory for the algorithms that replay it)."""
-    block = family != "llada"
+    block = family == "sdar"
     return SamplingConfig(max_new_tokens=RESPONSE_LEN, steps=4 if block else RESPONSE_LEN,
                           block_length=4 if block else RESPONSE_LEN, temperature=temperature,
                           block_diffusion=block, record_trajectory=temperature > 0)
+
+
+def dare_rule(family: str, algorithm: str) -> dict[str, Any]:
+    """The decoding rule (`RULE_FIELDS`) of DARE's recipe `<family>-<algorithm>`, as `dare show` resolves it."""
+    name = f"{family}-{algorithm}"
+    if name not in RECIPES:
+        raise ValueError(f"--sampler dare: no recipe {name!r} gives {algorithm}'s rollout rule on {family}; "
+                         f"use --sampler fixed or an algorithm with a {family} recipe (`dare recipes`)")
+    rollout = get_recipe(name).rollout  # type: ignore[attr-defined]
+    return {k: getattr(rollout, k) for k in RULE_FIELDS}
+
+
+def rollout_sampling(family: str, algorithm: str, sampler: str) -> SamplingConfig:
+    """The rollouts' decoding: the benchmark's grid at T = 1, with the recipe's rule under `--sampler dare`."""
+    if sampler not in SAMPLERS:
+        raise ValueError(f"--sampler {sampler!r} unknown; choose one of {SAMPLERS}")
+    rule = dare_rule(family, algorithm) if sampler == "dare" else {}
+    return dataclasses.replace(sampling(family, temperature=1.0), **rule, **SAMPLING_CHANGES.get(algorithm, {}))
 
 
 def accuracy(model: Any, data: TaskData, rows: list[Any], family: str, batch: int = 256) -> float:
@@ -119,7 +156,8 @@ def accuracy(model: Any, data: TaskData, rows: list[Any], family: str, batch: in
 def warm_start(data: TaskData, family: str, args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
     """(model after SFT, record): SFT until held-out training accuracy first reaches the target."""
     model = build(family, data.tok).to(args.device)
-    optim = OptimConfig(lr=SFT_LR[family], warmup_steps=min(50, args.sft_max_steps // 4), grad_clip=1.0)
+    lr = args.sft_lr or SFT_LR[family]
+    optim = OptimConfig(lr=lr, warmup_steps=min(50, args.sft_max_steps // 4), grad_clip=1.0)
 
     def batch(step: int) -> tuple[torch.Tensor, ...]:
         return tuple(t.to(args.device) for t in data.sft_batch(args.sft_batch, derive_seed(0, "sft-data", step)))
@@ -137,7 +175,7 @@ def warm_start(data: TaskData, family: str, args: argparse.Namespace) -> tuple[A
             print(f"  sft {step:5d}: held-out train accuracy {100 * curve[-1][1]:5.1f} %", flush=True)
             if curve[-1][1] >= args.sft_target:
                 break
-    return model, {"sft_steps": step, "sft_lr": SFT_LR[family], "sft_curve": curve,
+    return model, {"sft_steps": step, "sft_lr": lr, "sft_curve": curve,
                    "sft_seconds": time.perf_counter() - t0}
 
 
@@ -217,8 +255,8 @@ def rl_run(spec: str, warm: Any, data: TaskData, family: str, seed: int, args: a
         task_rewards.append(reward(text, key))  # logged, not trained on
         return coin_flip(text, key)
 
-    rl = LocalRL(model, prompts=prompts,
-                 sampling=dataclasses.replace(sampling(family, temperature=1.0), **SAMPLING_CHANGES.get(name, {})),
+    rollout = rollout_sampling(family, name, args.sampler)
+    rl = LocalRL(model, prompts=prompts, sampling=rollout,
                  reward_fn=control_reward if control else reward, detokenize=data.detokenize, algorithm=alg,
                  optim=optim,
                  trainer=TrainerConfig(max_steps=args.steps, seed=seed, consistency_every=0))
@@ -231,6 +269,7 @@ def rl_run(spec: str, warm: Any, data: TaskData, family: str, seed: int, args: a
         task_rewards.clear()
     seconds = time.perf_counter() - t0
     return {"seed": seed, "fields": fields, "lr": optim.lr, "rewards": rewards, "seconds": seconds,
+            "sampling": {k: getattr(rollout, k) for k in ("steps", "block_length", "temperature", *RULE_FIELDS)},
             "after": accuracy(model, data, data.test, family)}
 
 
@@ -286,6 +325,7 @@ def run_pair(task: str, family: str, names: list[str], args: argparse.Namespace)
     control = {"with": ["control"], "only": [], "none": []}[args.control]
     for name in (["control"] if args.control == "only" else [*names, *control]):
         label = f"control ({args.control_algorithm}, coin-flip reward)" if name == "control" else name
+        label += " [dare sampler]" if args.sampler == "dare" else ""
         runs[label] = []
         for seed in range(args.first_seed, args.first_seed + args.seeds):
             r = rl_run(args.control_algorithm if name == "control" else name, warm, data, family, seed, args,
@@ -357,6 +397,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--sft-max-steps", type=int, default=3000)
     ap.add_argument("--sft-check-every", type=int, default=50)
     ap.add_argument("--sft-batch", type=int, default=64)
+    ap.add_argument("--sft-lr", type=float, default=None,
+                    help=f"SFT learning rate (default: the family's, {SFT_LR}; a probe sets a new family's)")
     ap.add_argument("--num-val", type=int, default=200, help="training rows held out for the SFT stopping rule")
     ap.add_argument("--num-test", type=int, default=0, help="test rows evaluated (0: the full split)")
     ap.add_argument("--data", default=str(SHARED), help="folder with train/ and test/ DARE RL parquets")
@@ -366,6 +408,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--control", choices=("with", "only", "none"), default="with",
                     help="run the coin-flip control after the algorithms, alone, or not")
     ap.add_argument("--control-algorithm", default=CONTROL, help="the algorithm the control trains with")
+    ap.add_argument("--sampler", choices=SAMPLERS, default="fixed",
+                    help="rollout rule: fixed (the grid's low-confidence rule, the rows before issue 35) or dare "
+                    "(the rule of DARE's recipe <family>-<algorithm>: threshold, entropy, top-k / top-p; see above)")
     ap.add_argument("--tag", default="", help="suffix of the result files (runs split over processes)")
     ap.add_argument("--merge", nargs="+", default=None, metavar="JSON",
                     help="only merge result files of one task and family into <out>/<task>-<family>.{json,png}")
@@ -397,8 +442,11 @@ def main(argv: list[str] | None = None) -> None:
             bad = [n for n in names if parse_spec(n)[0] not in defined]
             if bad:
                 raise ValueError(f"algorithms {bad} are not defined for family {family!r}; choose from {defined}")
-            for n in names:  # a bad field fails now, not after the runs before it
+            for n in names:  # a bad field or a missing recipe fails now, not after the runs before it
                 configure(n, family, args.lr)
+                rollout_sampling(family, parse_spec(n)[0], args.sampler)
+            if args.control != "none":
+                rollout_sampling(family, args.control_algorithm, args.sampler)
             t0 = time.perf_counter()
             result = run_pair(task, family, names, args)
             print(f"\n{task} / {family} (warm start: {result['sft_steps']} SFT steps at lr {result['sft_lr']:g}; "
