@@ -78,7 +78,7 @@ CONTROL = "cj-grpo"  # the control's algorithm: defined for both families, cheap
 BUDGET: dict[str, dict[str, Any]] = {
     "bgpo": {"mc_num": 4}, "ebpo": {"mc_num": 4}, "espo": {"mc_num": 2, "num_iterations": 2},
     "mdpo": {"top_k_steps": 2}, "d-treerpo": {"trees": 4, "branching": 2, "depth": 2, "num_iterations": 2},
-    "gdpo": {"num_iterations": 2}, "tracerl": {"shrink": 2},
+    "gdpo": {"num_iterations": 2, "clip_low": 0.5, "clip_high": 0.5}, "tracerl": {"shrink": 2},
 }
 SAMPLING_CHANGES: dict[str, dict[str, Any]] = {"justgrpo": {"block_length": 1}}  # JustGRPO decodes left to right
 # SDAR at 1e-3 stays near 0 % for hundreds of steps; Dream's lr was set by a probe (docs/benchmarks.md)

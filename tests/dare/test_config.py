@@ -153,7 +153,9 @@ def test_show_and_train_help_list_every_field_with_its_value_and_doc(capsys: pyt
     assert main(["show", "llada-bgpo", "algorithm.mc_num=4"]) == 0
     out = capsys.readouterr().out
     assert "LLaDA (masked diffusion), RL: BGPO" in out.splitlines()[0]
-    lines = {line.split("=")[0].strip(): line for line in out.splitlines() if " = " in line}
+    fields_part = out.split("\nsources:")[0]  # then each default's source line (its quote may hold " = ")
+    assert "\nsources:" in out
+    lines = {line.split("=")[0].strip(): line for line in fields_part.splitlines() if " = " in line}
     assert lines["algorithm.mc_num"].split("=")[1].split()[0] == "4"
     assert "Monte-Carlo masks per sequence" in lines["algorithm.mc_num"]  # the algorithm class's own doc
     assert "learning rate" in lines["rl_optim.lr"] and "5e-07" in lines["rl_optim.lr"]

@@ -28,7 +28,7 @@ from tests.dare.helpers import tiny_config
                                                "'algorithm.clip_high'?)"),
     ("quickstart", ["rollout.tempreature=0.5"], "(did you mean 'rollout.temperature'?)"),
     ("quickstart", ["algorithm=bgpoo"], "algorithm 'bgpoo' is unknown (did you mean 'bgpo'?)"),
-    ("llada-d1", ["algorithm=grpo"], "algorithm 'grpo' is unknown (did you mean 'bgpo'?); choose one of the RL "
+    ("llada-d1", ["algorithm=grpo"], "algorithm 'grpo' is unknown (did you mean 'gdpo'?); choose one of the RL "
                                      "algorithms ['bgpo', "),  # before: "did you mean 'vrpo'", every kind listed
     ("quickstart", ["rl_optim.lr=-1"], "rl_optim.lr must be > 0, got -1.0"),  # before: "optim.lr must ..."
     ("llada-d1", ["rollout.steps=0"], "rollout.steps must be >= 1, got 0"),  # before: "steps must ..."

@@ -1,4 +1,4 @@
-"""Every block-family algorithm that scores several noised copies of a sequence (BGPO, EBPO, CJ-GRPO:
+"""Every block-family algorithm that scores several noised copies of a sequence (BGPO, EBPO, CJ-GRPO, TraceRL:
 whichever of `cases.ALGORITHMS` runs on block families) gets the same per-copy log-probs, old
 values, loss and gradients from the shared-clean BD3LM layout ([x_0 ; x_t^1 ; ... ; x_t^k],
 `trainer.bd3lm_layout=shared`) as from the doubled one, on tiny float64 SDAR and LLaDA2 models,
@@ -25,7 +25,7 @@ BUDGETS = (0, 40, 1)  # every group in one pass; a few rows per pass; one copy (
 
 
 def test_the_block_algorithms_are_those_that_score_several_copies() -> None:
-    assert BLOCK_ALGORITHMS == ["BGPO", "CJGRPO", "EBPO"]
+    assert BLOCK_ALGORITHMS == ["BGPO", "CJGRPO", "EBPO", "TraceRL"]
 
 
 def _tokens(calls: list[Any], scorer: Scorer, budget: int) -> int:

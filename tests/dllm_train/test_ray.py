@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 import torch
 
-from dllm_algorithms import BGPO, CJGRPO, D1, DMPO, EBPO, ESPO, MDPO, SPG, BridgeRatioGRPO, CoupledGRPO, DTreeRPO, JustGRPO
+from dllm_algorithms import (BGPO, CJGRPO, D1, DMPO, EBPO, ESPO, GDPO, MDPO, SPG, BridgeRatioGRPO, CoupledGRPO, DTreeRPO,
+                             JustGRPO, TraceRL)
 from dllm_train import RLAlgorithm
 from tests.tiny_rl import addition_prompts, local_rl, reproducible, tiny_model
 
@@ -136,6 +137,13 @@ RAY_CASES = [
     pytest.param("sdar", CJGRPO(), {}, id="cj-grpo-sdar", marks=pytest.mark.slow),
     # Coupled-GRPO's paths with the bridge log ratio and the dual clip
     pytest.param("llada", BridgeRatioGRPO(), {}, id="bridgeratio-grpo-llada", marks=pytest.mark.slow),
+    # quadrature ELBOs on fresh masks per iteration (issue 40)
+    pytest.param("llada", GDPO(num_iterations=2), {}, id="gdpo-llada", marks=pytest.mark.slow),
+    # the rollout's own trace, merged steps as replay rows (issue 40); every group kept
+    pytest.param("llada", TraceRL(shrink=2, min_group_accuracy=0.0, max_group_accuracy=1.0), {}, id="tracerl-llada",
+                 marks=pytest.mark.slow),
+    pytest.param("sdar", TraceRL(min_group_accuracy=0.0, max_group_accuracy=1.0), {}, id="tracerl-sdar",
+                 marks=pytest.mark.slow),
 ]
 COVERED_ELSEWHERE = {(D1, "llada")}
 

@@ -36,8 +36,6 @@ class GDPO(RatioClip, RLAlgorithm[list[MaskPlan]]):
     mc_samples: int = 1
     num_iterations: int = 12
     kl_coef: float = 0.0
-    clip_low: float = 0.5
-    clip_high: float = 0.5
     families: ClassVar[tuple[str, ...]] = MASKED
     record_fields: ClassVar[frozenset[str]] = frozenset()
 
