@@ -9,6 +9,7 @@ rendered from them (`dare.algorithms.defaults_table`).
 from __future__ import annotations
 
 from dare.algorithms import tasks
+from dare.algorithms.dream_rollout import DREAM_ROLLOUT, dream_rollout_as
 from dare.algorithms.entry import Default, RLEntry
 from dare.algorithms.gdpo import GDPO_ENTRY
 from dllm_algorithms import (
@@ -282,17 +283,8 @@ def _sglang_low_confidence(family: str, yaml: str) -> tuple[Default, ...]:
             _dare("rollout.threshold", 0.95, f"{yaml}:2", "threshold: 0.95", family))
 
 
-_DREAM_ROLLOUT = (
-    _dare("rollout.remasking", "entropy", "verl/workers/rollout/rollout_utils.py:801", 'alg="entropy",', "dream"),
-    _dare("rollout.top_p", 0.95, "verl/workers/rollout/rollout_utils.py:800",
-          "top_p=0.95 if temperature > 0 else 1.0,", "dream"),
-    _dare("rollout.commit_block_start", True, "verl/workers/rollout/generation_utils_block.py:593",
-          "x[:, current_block_start] = x0[:, current_block_start]", "dream",
-          proof="tests/dllm_rollout/test_dare_rules.py::test_dream_block_rollout_equals_dares"),
-)
-"""DARE's Dream rollout: the cached block decoder with entropy confidence and top-p 0.95."""
-_DREAM_DEFAULT = tuple(_ours(d.key, d.value, "DARE has no Dream script for this algorithm: DARE's Dream rollout "
-                             f"({d.dare})", "dream") for d in _DREAM_ROLLOUT)
+_DREAM_ROLLOUT = DREAM_ROLLOUT
+_DREAM_DEFAULT = dream_rollout_as("DARE has no Dream script for this algorithm: DARE's Dream rollout")
 
 _LLADA_ONLY = "DARE has no Dream script for this algorithm: the LLaDA script's value (recipe/llada/{script})"
 _DMPO_SOURCE = "DMPO is not in DARE: yuchen-zhu-zyc/DMPO, DMPO/dmpo_train_config.yaml"

@@ -8,6 +8,7 @@ authors train LLaDA-8B-Instruct only: the rollout rows are LLaDA's; Dream keeps 
 
 from __future__ import annotations
 
+from dare.algorithms.dream_rollout import dream_rollout_as
 from dare.algorithms.entry import Default, RLEntry
 from dllm_algorithms import GDPO
 
@@ -20,9 +21,6 @@ _SBATCH = "gdpo/slurm_scripts/countdown_base.sbatch"
 
 def _gdpo(key: str, value: object, source: str, quote: str, *families: str) -> Default:
     return Default(key=key, value=value, dare=source, quote=quote, families=families, repo=GDPO_REPO)
-
-
-_NO_DREAM = "GDPO's authors run LLaDA only: DARE's Dream rollout (yjyddq/DARE 83ae8a3 "
 
 
 def _ours(key: str, value: object, reason: str, *families: str) -> Default:
@@ -58,10 +56,7 @@ GDPO_DEFAULTS = (
     _gdpo("rollout.temperature", 0.9, "gdpo/gdpo_config.py:193-194", "temperature: float = field( default=0.9,",
           "llada"),
     # Dream: the authors have no Dream run, so Dream's RL rollout as DARE runs it (as every Dream recipe here)
-    _ours("rollout.remasking", "entropy", _NO_DREAM + "verl/workers/rollout/rollout_utils.py:801)", "dream"),
-    _ours("rollout.top_p", 0.95, _NO_DREAM + "verl/workers/rollout/rollout_utils.py:800)", "dream"),
-    _ours("rollout.commit_block_start", True,
-          _NO_DREAM + "verl/workers/rollout/generation_utils_block.py:593)", "dream"),
+    *dream_rollout_as("GDPO's authors run LLaDA only: DARE's Dream rollout"),
 )
 
 GDPO_ENTRY = RLEntry(name="gdpo", algorithm=GDPO(), paper="Rojas et al., arXiv 2510.08554", defaults=GDPO_DEFAULTS)
