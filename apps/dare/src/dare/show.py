@@ -103,7 +103,7 @@ def _record_fields(cfg: RunConfig) -> list[str]:
         return []
     from dllm_rollout import RECORD_VERSION
 
-    fields = sorted(getattr(cfg.algorithm, "record_fields", frozenset()))
+    fields = sorted(cfg.algorithm.record_fields)  # every RL entry holds a dllm_train.RLAlgorithm
     read = ", ".join(fields) if fields else "none beyond the tokens (prompt, response, masks, seeds)"
     return ["", f"rollout record (version {RECORD_VERSION}): {cfg.algorithm_name} reads {read}; a rollout.engine "
                 "that does not fill one is refused before the policy loads (docs/generation.md#rollout-output)"]
