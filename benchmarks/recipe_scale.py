@@ -22,6 +22,15 @@ For each recipe (`sdar-bgpo` on SDAR-8B-Chat, `llada-d1` and `llada-cj-grpo` on 
    folder and floors, its code imported from the checkout at PATH (`dare_peer_update.py`), rows
    `old (DARE)` and `update (DARE)`.
 
+`--update-set KEY=VALUE` changes the config of the measured step only (its rollout and update), not
+the timed full-batch rollout, and only where the update's required FLOPs stay the same (checked):
+e.g. `rollout.steps=16` lets `llada-d1`'s update run on the recipe's full 128 rows (its update is
+one pass per sequence whatever the steps) without a 480 s no-cache rollout in each step.
+`--update-only` skips the timed full-batch rollout. `--profile N` runs one more step with the
+actor's update under `torch.profiler` and prints its top N kernels by device time, grouped
+(attention forward / backward, GEMMs, the rest), and the layers the last training forward
+checkpointed.
+
 `--max-forwards K` time-boxes the native rollout (the LLaDA/Dream recipes decode without a cache:
 256 full forwards of 128 rows, minutes): it stops after K forwards and extrapolates the seconds
 along the floor, seconds x floor(all forwards) / floor(first K). A recipe that runs out of GPU
@@ -483,17 +492,26 @@ def run_recipe(recipe: str, args: argparse.Namespace, hw: Hardware, device: str,
         if device == "cuda":
             torch.cuda.empty_cache()
 
-    step_fn, local, shutdown = rl_backend(cfg, model, prompts=prompts, algorithm=cfg.algorithm, reward_fn=text_reward,
-                                          detokenize=detokenizer(tokenizer), rank_setup=lambda: None)
+    step_cfg = resolve(base, overrides + list(args.set) + list(args.update_set)) if args.update_set else cfg
+    step_fn, local, shutdown = rl_backend(step_cfg, model, prompts=prompts, algorithm=step_cfg.algorithm,
+                                          reward_fn=text_reward, detokenize=detokenizer(tokenizer), rank_setup=lambda: None)
     try:
         rollout = local.rank.rollout
+        if args.update_set:  # the timed rollout keeps the recipe's own settings
+            from dllm_train import RolloutWorker
+
+            rollout = RolloutWorker(model, sampling, algorithm=cfg.algorithm, ref_model=local.rank.rollout.ref_model)
+            check_update_work(cfg, step_cfg, rollout.sampling, local.rank.rollout.sampling, prompts_full, shape, args)
         if args.rollout_only:  # warm the decoder (autotune, allocator) on a few forwards at the full batch
             warm_rollout(rollout, prompts_full, seeds)
         for w in range(0 if args.rollout_only else args.warmup):  # flex compilation, autotune, optimizer state
             step_fn(w)
-        offload_s, _ = timed(lambda: before_rollout(local.rank.actor))
-        rows.append({**timed_rollout(rollout, prompts_full, seeds, shape, hw, args, device, head),
-                     "optimizer_offload_s": offload_s})
+        if not args.update_only:
+            if args.update_set:
+                warm_rollout(rollout, prompts_full, seeds)
+            offload_s, _ = timed(lambda: before_rollout(local.rank.actor))
+            rows.append({**timed_rollout(rollout, prompts_full, seeds, shape, hw, args, device, head),
+                         "optimizer_offload_s": offload_s})
         gc.collect()
         if not args.rollout_only:  # the step on the update rows
             if device == "cuda":
@@ -502,6 +520,8 @@ def run_recipe(recipe: str, args: argparse.Namespace, hw: Hardware, device: str,
             scale = full_rows / args.update_rows
             alg = cfg.algorithm
             fwd, fwd_bwd = update_flops(alg, rollout.sampling, [len(p) for p in prompts_full], shape)
+            if args.update_set:
+                head = {**head, "update_set": list(args.update_set)}
             iters = int(getattr(alg, "num_iterations", 1))
             # the actor's old pass runs only when the algorithm needs old values the training pass does not give
             old_pass = bool(alg.needs_old) and not bool(getattr(local.actor, "old_from_training_pass", False))
@@ -520,6 +540,8 @@ def run_recipe(recipe: str, args: argparse.Namespace, hw: Hardware, device: str,
                     row["update_passes"] = metrics.get("update_passes", float("nan")) * scale
                     row["measured_passes"] = metrics.get("update_passes")
                 rows.append(row)
+            if args.profile:
+                rows[-1]["profile"] = profile_update(local, lambda: step_fn(args.warmup + 1), args.profile, device)
         for variant in args.variant:  # rollout-only variants on the same loaded policy (no new folder or load)
             from dllm_train import RolloutWorker
 
@@ -542,6 +564,81 @@ def run_recipe(recipe: str, args: argparse.Namespace, hw: Hardware, device: str,
     gc.collect()
     if device == "cuda":
         torch.cuda.empty_cache()
+
+
+def check_update_work(cfg: Any, step_cfg: Any, sampling: Any, step_sampling: Any, prompts: Sequence[Sequence[int]],
+                      shape: Shape, args: argparse.Namespace) -> None:
+    """Refuse an `--update-set` that changes the update's required FLOPs (then the update row would
+    not be the recipe's): the algorithm and the response length must stay, and `update_flops` agree."""
+    lens = [len(p) for p in prompts]
+    same = (type(cfg.algorithm) is type(step_cfg.algorithm)
+            and sampling.max_new_tokens == step_sampling.max_new_tokens
+            and update_flops(cfg.algorithm, sampling, lens, shape) == update_flops(step_cfg.algorithm, step_sampling, lens, shape))
+    if not same:
+        raise SystemExit(f"recipe_scale: --update-set {args.update_set} changes the update's required work "
+                         "(algorithm, response length or scored rows); use --set to change the whole recipe")
+
+
+ATTENTION_KERNELS = ("flex_attention", "bd3lm", "flash", "attn_fwd", "attn_bwd", "_fwd_kernel", "_bwd_kernel")
+GEMM_KERNELS = ("nvjet", "gemm", "cutlass", "sm90_xmma", "cublas")
+
+
+def kernel_group(name: str) -> str:
+    """The group of a CUDA kernel's name in `--profile`'s summary."""
+    low = name.lower()
+    if any(k in low for k in ATTENTION_KERNELS):
+        return "attention backward" if "backward" in low or "bwd" in low or "dq" in low or "dkdv" in low \
+            else "attention forward"
+    if any(k in low for k in GEMM_KERNELS):
+        return "GEMM"
+    if "adam" in low or "multi_tensor" in low or "foreach" in low:
+        return "optimizer"
+    return "other (norms, RoPE, SwiGLU, head, copies)"
+
+
+def profile_update(local: Any, step: Callable[[], Any], top: int, device: str) -> dict[str, Any]:
+    """One more step with the actor's `update` under `torch.profiler`: its top kernels and their groups."""
+    actor = local.rank.actor
+    original = actor.update
+    holder: dict[str, Any] = {}
+
+    def update(*a: Any, **k: Any) -> Any:
+        acts = [torch.profiler.ProfilerActivity.CPU]
+        if device == "cuda":
+            acts.append(torch.profiler.ProfilerActivity.CUDA)
+        _sync()
+        with torch.profiler.profile(activities=acts) as prof:
+            out = original(*a, **k)
+            _sync()
+        holder["prof"] = prof
+        return out
+
+    actor.update = update
+    try:
+        step()
+    finally:
+        actor.update = original
+    prof = holder["prof"]
+    attr = "self_device_time_total" if device == "cuda" else "self_cpu_time_total"
+    events = [e for e in prof.key_averages() if getattr(e, attr, 0) > 0
+              and (device != "cuda" or e.device_type == torch.autograd.DeviceType.CUDA)]
+    total = sum(getattr(e, attr) for e in events) or 1.0
+    groups: dict[str, float] = {}
+    for e in events:
+        g = kernel_group(e.key)
+        groups[g] = groups.get(g, 0.0) + getattr(e, attr) / 1e6
+    ranked = sorted(events, key=lambda e: getattr(e, attr), reverse=True)[:top]
+    planner = getattr(local.rank.actor.model, "activation_planner", None)
+    out = {"device_s": total / 1e6, "groups_s": dict(sorted(groups.items(), key=lambda kv: -kv[1])),
+           "top": [{"kernel": e.key[:90], "s": getattr(e, attr) / 1e6, "calls": e.count} for e in ranked],
+           "checkpointed_layers_last_forward": getattr(planner, "last_checkpointed", None)}
+    print(f"profile of the update ({out['device_s']:.2f} s of device time; last training forward checkpointed "
+          f"{out['checkpointed_layers_last_forward']} layers):", flush=True)
+    for g, sec in out["groups_s"].items():
+        print(f"  {g:45s} {sec:8.2f} s  {100 * sec * 1e6 / total:5.1f} %")
+    for t in out["top"]:
+        print(f"  {t['s']:8.3f} s  {t['calls']:6d}  {t['kernel']}")
+    return out
 
 
 PEER_RECIPES = frozenset({"sdar-bgpo"})  # the recipes with a DARE peer update (dare_peer_update.py)
@@ -592,6 +689,12 @@ def main(argv: list[str] | None = None) -> int:
                          "loaded policy, e.g. rollout.cache=dual,rl.prompts_per_step=8; repeatable")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="a dotted override applied after the recipe's (as on `dare train`), repeatable")
+    ap.add_argument("--update-set", action="append", default=[], metavar="KEY=VALUE",
+                    help="an override of the measured step only (not the timed rollout), refused where it changes "
+                         "the update's required work, e.g. rollout.steps=16 for llada-d1; repeatable")
+    ap.add_argument("--update-only", action="store_true", help="skip the timed full-batch rollout")
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="one more step with the update under torch.profiler: print its top N kernels and groups")
     ap.add_argument("--peer-dare-root", type=Path, default=None, metavar="PATH",
                     help=f"a checkout of yjyddq/DARE: after {', '.join(sorted(PEER_RECIPES))}'s rows, DARE's own old pass "
                          "and update on the same rows (dare_peer_update.py)")
