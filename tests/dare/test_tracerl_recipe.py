@@ -191,11 +191,15 @@ def test_tracerl_value_recipe_trains_both_models_and_resumes_exactly(
     assert any(not torch.equal(backbone[k], a[k]) for k in a)  # the critic is its own copy, not the policy
 
 
-def test_tracerl_value_refuses_the_ray_backend(tiny_checkpoints: dict[str, Path], tmp_path: Path,
+def test_tracerl_value_refuses_the_ray_backend_and_lora(tiny_checkpoints: dict[str, Path], tmp_path: Path,
                                                capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as err:
         _value_run(tiny_checkpoints, tmp_path / "run", 1, "trainer.backend=ray")
     assert err.value.code == 2
     message = capsys.readouterr().err
     assert "trainer.backend='ray'" in message and "set trainer.backend=local" in message, message
+    assert not (tmp_path / "run").exists()
+    with pytest.raises(SystemExit) as err:  # a full copy of the policy beside LoRA adapters: refused too
+        _value_run(tiny_checkpoints, tmp_path / "run", 1, "checkpoint.lora_rank=8")
+    assert err.value.code == 2 and "set checkpoint.lora_rank=0" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()

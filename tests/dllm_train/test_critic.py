@@ -110,6 +110,9 @@ def test_a_value_step_moves_the_values_toward_the_returns() -> None:
     fresh.load_state(state)
     torch.testing.assert_close(fresh.old_values(prepared), new, rtol=0, atol=0)
     assert fresh.optim.updates == 3
+    # value_every (the authors' train_value_every, on 1-based steps): every second step is steps 2, 4, ...
+    every2 = ValueWorker(ValueModel.from_policy(_sdar()), TraceRL(value_model=True, value_every=2), OptimConfig())
+    assert [every2.due(s) for s in range(4)] == [False, True, False, True] and all(map(worker.due, range(3)))
 
 
 def test_value_model_settings_that_cannot_run_are_refused() -> None:

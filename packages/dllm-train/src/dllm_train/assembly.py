@@ -128,7 +128,7 @@ def assemble_rank(model: Any, *, sampling: SamplingConfig, algorithm: RLAlgorith
 def _value_worker(model: Any, algorithm: RLAlgorithm[Any], optim: OptimConfig, trainer: TrainerConfig, *,
                   shard: Shard | None, lora: bool) -> ValueWorker[Any] | None:
     """The value model's worker of an algorithm with a `critic` (None without): a `ValueModel` on a
-    copy of the initial policy, at the actor's token budget."""
+    copy of the initial policy, at the actor's token budget and activation checkpointing."""
     if algorithm.critic is None:
         return None
     if shard is not None:
@@ -139,6 +139,8 @@ def _value_worker(model: Any, algorithm: RLAlgorithm[Any], optim: OptimConfig, t
                          "adapters (checkpoint.lora_rank > 0) do not cover: set checkpoint.lora_rank=0 (or turn the "
                          "algorithm's value model off)")
     value = ValueModel.from_policy(model)
+    set_activation_checkpointing(value.backbone, trainer.activation_checkpointing,
+                                 memory_gib=trainer.activation_memory_gib)
     return ValueWorker(value, algorithm, optim, max_tokens_per_pass=trainer.max_tokens_per_pass)
 
 
