@@ -108,3 +108,98 @@ def test_tracerl_recipe_runs_a_step_at_toy_size(family: str, tiny_checkpoints: d
     steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     last = steps[-1]  # TraceRL's own metrics (trace_policy_loss) reached the run's log
     assert {"policy_loss", "kl", "clip_frac"} <= set(last) and last["optimizer_steps"] >= 1, sorted(last)
+
+
+def test_show_gives_the_authors_with_value_config(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["show", "sdar-tracerl-value"]) == 0
+    out = capsys.readouterr().out
+    assert ("  algorithm.value_lr: 5e-06  Gen-Verse/dLLM-RL@10b4fd1 `configs/rl_sdar_with_value.yaml:79`: "
+            "`value_learning_rate: 5e-6`") in out
+    print(out)
+    lines = _shown(capsys)
+    authors = {  # configs/rl_sdar_with_value.yaml at 10b4fd1 (and rl.py:21-22 for the value model)
+        "algorithm.value_model": "true",  # :22 value_base_model set
+        "algorithm.value_every": "1",  # :14 train_value_every
+        "rl.prompts_per_step": "64",  # :38
+        "rl.group_size": "16",  # :39
+        "rollout.max_new_tokens": "2000",  # :41 max_token
+        "rl_optim.grad_clip": "1.0",  # :61 max_grad_norm
+        "algorithm.shrink": "1",  # :64
+        "algorithm.clip": "0.2",  # :68 eps
+        "algorithm.value_clip": "0.2",  # :68 eps (train/train_sdar_value.py:998)
+        "algorithm.kl_coef": "0.01",  # :69 beta
+        "algorithm.gamma": "1.0",  # :70 gam
+        "algorithm.lam": "1.0",  # :71
+        "rl_optim.lr": "1e-06",  # :78 policy_learning_rate
+        "algorithm.value_lr": "5e-06",  # :79 value_learning_rate
+    }
+    assert {k: lines[k] for k in authors} == authors
+    assert main(["show", "sdar_moe-tracerl-value"]) == 0  # TraDo's MoE checkpoints: the same config
+    with pytest.raises(SystemExit):  # the authors train no value model for their masked-model trainers
+        main(["show", "llada-tracerl-value"])
+
+
+def _value_run(tiny: dict[str, Path], out: Path, steps: int, *extra: str) -> int:
+    return main(["train", "sdar-tracerl-value", f"checkpoint.checkpoint={tiny['sdar']}", "checkpoint.dtype=float32",
+                 f"data.train_files={tiny['rl']}", "data.max_prompt_length=64", "rollout.max_new_tokens=8",
+                 "rollout.steps=4", "rollout.block_length=4", "rl.prompts_per_step=2", "rl.group_size=4",
+                 "rl_optim.lr=1e-3", "algorithm.value_lr=1e-2", "algorithm.min_group_accuracy=0",
+                 "algorithm.max_group_accuracy=1", f"trainer.max_steps={steps}", "trainer.save_every=1",
+                 *extra, "--output-dir", str(out), "--no-progress"])
+
+
+def _text_reward(self: object, text: str, key: str) -> float:
+    """A reward that differs between the samples of a group (an untrained model solves no sum): a gradient."""
+    return float(sum(map(ord, text)) % 2)
+
+
+def test_tracerl_value_recipe_trains_both_models_and_resumes_exactly(
+        tiny_checkpoints: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    import dare.pipeline
+    from dllm_models import load_model
+    from tests.dare.helpers import measured
+
+    monkeypatch.setattr(dare.pipeline.RowReward, "__call__", _text_reward)
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    assert _value_run(tiny_checkpoints, straight, 3) == 0
+    assert _value_run(tiny_checkpoints, resumed, 2) == 0
+    assert _value_run(tiny_checkpoints, resumed, 3) == 0  # the same folder again: resumes after its step-2 checkpoint
+    records = [json.loads(line) for line in (straight / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["value_optimizer_steps"] == 1.0 and r["optimizer_steps"] == 1.0 for r in records), records
+    assert records[-1]["value_loss"] > 0 and records[-1]["value_grad_norm"] > 0
+    assert measured(resumed / "metrics.jsonl") == measured(straight / "metrics.jsonl")  # (without timings)
+    # the policy: the export of both runs
+    a, b = load_model(straight / "model").state_dict(), load_model(resumed / "model").state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    # the value model: its weights and optimizer state in every checkpoint, equal after the resume
+    owners = {}
+    for run in (straight, resumed):
+        ckpt = sorted((run / "checkpoints").iterdir())[-1]
+        assert ckpt.name == "0-rl-000003"
+        owners[run] = torch.load(ckpt / "trainer_state.pt", weights_only=True)["owner"]["critic"]
+    s, r = owners[straight], owners[resumed]
+    assert s["updates"] == r["updates"] == 3 and s["optimizer"]["state"]
+    assert set(s["model"]) == set(r["model"]) and all(torch.equal(s["model"][k], r["model"][k]) for k in s["model"])
+    for k, state in s["optimizer"]["state"].items():
+        assert all(torch.equal(v, r["optimizer"]["state"][k][n]) for n, v in state.items())
+    assert s["model"]["value_head.weight"].abs().sum() > 0  # trained away from its zero start
+    backbone = {k.removeprefix("backbone."): v for k, v in s["model"].items() if k.startswith("backbone.")}
+    start = load_model(tiny_checkpoints["sdar"]).state_dict()
+    assert set(backbone) == set(start) and any(not torch.equal(backbone[k], start[k]) for k in start)
+    assert any(not torch.equal(backbone[k], a[k]) for k in a)  # the critic is its own copy, not the policy
+
+
+def test_tracerl_value_refuses_the_ray_backend_and_lora(tiny_checkpoints: dict[str, Path], tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as err:
+        _value_run(tiny_checkpoints, tmp_path / "run", 1, "trainer.backend=ray")
+    assert err.value.code == 2
+    message = capsys.readouterr().err
+    assert "trainer.backend='ray'" in message and "set trainer.backend=local" in message, message
+    assert not (tmp_path / "run").exists()
+    with pytest.raises(SystemExit) as err:  # a full copy of the policy beside LoRA adapters: refused too
+        _value_run(tiny_checkpoints, tmp_path / "run", 1, "checkpoint.lora_rank=8")
+    assert err.value.code == 2 and "set checkpoint.lora_rank=0" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()

@@ -202,6 +202,8 @@ class RLPhaseRun(RunConfig):
         super().__post_init__()
         check_policy_gradient(self.algorithm, self.rollout, self.algorithm_name)
         check_denoising_steps(self.rollout, family_kind(self.family))
+        check_value_model(self.algorithm, self.trainer.backend, self.algorithm_name,
+                          lora_rank=getattr(getattr(self, "checkpoint", None), "lora_rank", 0))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -322,6 +324,23 @@ def check_policy_gradient(algorithm: Any, rollout: SamplingConfig, name: str) ->
         f"of a prompt's group to the same response, so algorithm {name!r} ({algorithm.label}), which learns from "
         "the differences within a group, would train with a policy gradient of exactly 0 (loss 0, grad norm 0 "
         "every step). Set rollout.temperature > 0 (the recipes use 0.2-1.0)")
+
+
+def check_value_model(algorithm: Any, backend: str, name: str, *, lora_rank: int = 0) -> None:
+    """Raise if RL `algorithm` trains a value model (`critic`) where none can run: the value model
+    (`dllm_train.critic.ValueWorker`, a full copy of the policy) runs on the local backend only, and
+    not beside LoRA adapters."""
+    if getattr(algorithm, "critic", None) is None:
+        return
+    if backend != "local":
+        raise ValueError(
+            f"algorithm {name!r} ({algorithm.label}) trains a value model, which runs on trainer.backend='local' "
+            f"only, not trainer.backend={backend!r}: set trainer.backend=local (or algorithm.value_model=false)")
+    if lora_rank:
+        raise ValueError(
+            f"algorithm {name!r} ({algorithm.label}) trains a value model, a full copy of the policy, which "
+            f"checkpoint.lora_rank={lora_rank} (LoRA adapters) does not cover: set checkpoint.lora_rank=0 "
+            "(or algorithm.value_model=false)")
 
 
 def check_denoising_steps(rollout: SamplingConfig, kind: str) -> None:

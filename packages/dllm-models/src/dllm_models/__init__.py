@@ -121,3 +121,7 @@ __all__ += [
     "token_logprobs",
     "unpack",
 ]
+
+from dllm_models.value_model import ValueModel  # noqa: E402
+
+__all__ += ["ValueModel"]

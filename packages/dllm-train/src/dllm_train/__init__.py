@@ -11,7 +11,7 @@ from dllm_train.checkpointing import (
     resume_checkpoint,
     save_checkpoint,
 )
-from dllm_train.algorithm import LossInputs, MiniBatchRows, RLAlgorithm, RLBatch, SpecialTokens, mini_batch_slices, with_fields
+from dllm_train.algorithm import CriticInputs, CriticSpec, CriticTargets, LossInputs, MiniBatchRows, RLAlgorithm, RLBatch, SpecialTokens, mini_batch_slices, with_fields
 from dllm_train.config import OptimConfig, RLConfig, SFTConfig, TrainerConfig
 from dllm_train.dataflow import PromptBatch
 from dllm_train.evaluation import benchmark_validator
@@ -39,6 +39,7 @@ from dllm_train.workers import (
 from dllm_train.model_setup import BaseWeightsScorer, OffloadedScorer, resolved_attention, set_activation_checkpointing
 from dllm_train.assembly import assemble_rank
 from dllm_train.local import LocalRL
+from dllm_train.critic import ValueScorer, ValueWorker
 from dllm_train.run import PhaseSpec, Run, ShardedStateful
 
 __all__ = [
@@ -46,6 +47,9 @@ __all__ = [
     "BaseWeightsScorer",
     "CheckpointMismatch",
     "CheckpointRef",
+    "CriticInputs",
+    "CriticSpec",
+    "CriticTargets",
     "Diverged",
     "FolderWriteError",
     "Interrupted",
@@ -84,6 +88,8 @@ __all__ = [
     "SymlinkRefused",
     "TrainerConfig",
     "Update",
+    "ValueScorer",
+    "ValueWorker",
     "ValuesFn",
     "ValuesScorer",
     "accumulate",

@@ -19,6 +19,12 @@ One step, for every backend (`dllm_train.step`):
 6. `loss(values, inputs) -> (loss, metrics)`, once per optimizer step: each iteration's training
    rows form one mini-batch, or several (`mini_batch_rows`), each its own optimizer step.
 
+An algorithm with a value model (`critic` is a `CriticSpec`) adds, on the same rows
+(`dllm_train.critic.ValueWorker` runs them): `critic_values(scorer, batch, data)` under the value
+model after `prepare` (the old values), `critic_targets(batch, data, old, advantages)` after the
+advantages (its per-token advantages reach `loss` as `LossInputs.critic`), and
+`critic_loss(values, inputs)` for the value model's own optimizer step.
+
 Concrete algorithms live in `dllm_algorithms`; the app keeps the registry of names.
 """
 
@@ -95,6 +101,58 @@ class Prepared(Generic[D]):
 
 
 @dataclass(frozen=True)
+class CriticSpec:
+    """What an algorithm asks of its value model (`RLAlgorithm.critic`).
+
+    Attributes:
+        lr: the value model's AdamW learning rate (its other settings are the actor's).
+        every: train the value model at steps ``s`` with ``s % every == 0`` (1-based; its values
+            and targets are computed at every step).
+        row_local: the value loss's gradient with respect to each scored row depends on that row alone.
+    """
+
+    lr: float
+    every: int = 1
+    row_local: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.lr > 0:
+            raise ValueError(f"the value model's learning rate must be > 0, got {self.lr}")
+        if self.every < 1:
+            raise ValueError(f"the value model's training period must be >= 1 step, got {self.every}")
+
+
+@dataclass(frozen=True)
+class CriticTargets:
+    """What an algorithm derives from its value model's old values (`RLAlgorithm.critic_targets`).
+
+    Attributes:
+        advantages: the advantages the policy loss reads (shaped like the algorithm's values).
+        returns: the value model's regression targets (shaped like its values).
+    """
+
+    advantages: torch.Tensor
+    returns: torch.Tensor
+
+
+@dataclass(frozen=True)
+class CriticInputs(Generic[D]):
+    """Everything `RLAlgorithm.critic_loss` reads besides the value model's current values.
+
+    Attributes:
+        batch: the step's batch.
+        data: what `prepare` derived.
+        old: the value model's values before its update (`critic_values`, without grad).
+        targets: what `critic_targets` derived from them.
+    """
+
+    batch: RLBatch
+    data: D
+    old: torch.Tensor
+    targets: CriticTargets
+
+
+@dataclass(frozen=True)
 class LossInputs(Generic[D]):
     """Everything `RLAlgorithm.loss` reads besides the current values.
 
@@ -106,6 +164,8 @@ class LossInputs(Generic[D]):
         old: the values under the policy that generated the batch (the detached current values
             when the old pass was skipped on-policy); None if the algorithm needs none.
         ref: the values under the reference model, when the algorithm has one.
+        critic: with a value model (`RLAlgorithm.critic`), what `critic_targets` derived from
+            its old values (per-token advantages...); None without.
     """
 
     batch: RLBatch
@@ -114,6 +174,7 @@ class LossInputs(Generic[D]):
     advantages: torch.Tensor
     old: torch.Tensor | None
     ref: torch.Tensor | None
+    critic: CriticTargets | None = None
 
 
 class RLAlgorithm(Objective[RLBatch, D]):
@@ -157,6 +218,8 @@ class RLAlgorithm(Objective[RLBatch, D]):
             (`SamplingConfig.deterministic`, e.g. temperature 0), the policy gradient is
             identically zero. True for the default GRPO advantages; a run config refuses such
             decoding for an algorithm that declares it.
+        critic (a property): the algorithm's value model (`CriticSpec`), or None (the default):
+            then `critic_values`, `critic_targets` and `critic_loss` define its maths.
     """
 
     needs_old: ClassVar[bool] = True
@@ -165,7 +228,7 @@ class RLAlgorithm(Objective[RLBatch, D]):
     values_vary_by_iteration: ClassVar[bool] = True
     num_iterations: int = 1
     constants = (*Objective.constants, "needs_old", "record_fields", "needs_rollout_reference", "replays_trajectory",
-                 "chunkable_rollout", "values_vary_by_iteration", "mini_batch_rows", "needs_distinct_samples")
+                 "chunkable_rollout", "values_vary_by_iteration", "mini_batch_rows", "needs_distinct_samples", "critic")
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
@@ -244,6 +307,25 @@ class RLAlgorithm(Objective[RLBatch, D]):
     def loss(self, values: torch.Tensor, inputs: LossInputs[D]) -> tuple[torch.Tensor, Metrics]:
         """(scalar loss, detached scalar metrics) of the current values."""
 
+    @property
+    def critic(self) -> CriticSpec | None:
+        """The value model this algorithm trains beside the policy (None: none, the default)."""
+        return None
+
+    def critic_values(self, scorer: ValuesScorer, batch: RLBatch, data: D) -> torch.Tensor:
+        """The value model's values on the algorithm's rows, from calls of `scorer` (a
+        `dllm_train.critic.ValueScorer`: each call returns per-position values); pure like `values`."""
+        raise NotImplementedError(f"{self.label} has no value model")
+
+    def critic_targets(self, batch: RLBatch, data: D, old: torch.Tensor, advantages: torch.Tensor) -> CriticTargets:
+        """The policy's advantages and the value model's returns from its old values `old` and the
+        batch's outcome advantages [B] (`advantages`)."""
+        raise NotImplementedError(f"{self.label} has no value model")
+
+    def critic_loss(self, values: torch.Tensor, inputs: CriticInputs[D]) -> tuple[torch.Tensor, Metrics]:
+        """(scalar value-model loss, detached scalar metrics) of the value model's current values."""
+        raise NotImplementedError(f"{self.label} has no value model")
+
 
 def with_fields(sampling: SamplingConfig, **changes: Any) -> SamplingConfig:
     """`sampling` with `changes` applied (a helper for `RLAlgorithm.sampling` overrides)."""
@@ -268,4 +350,4 @@ def mini_batch_slices(algorithm: RLAlgorithm[D], batch: RLBatch, data: D) -> lis
     return [slice(a, min(a + size, total)) for a in range(0, total, size)]
 
 
-__all__ = ["LossInputs", "Metrics", "MiniBatchRows", "Prepared", "RLAlgorithm", "mini_batch_slices", "RLBatch", "SpecialTokens", "with_fields"]
+__all__ = ["CriticInputs", "CriticSpec", "CriticTargets", "LossInputs", "Metrics", "MiniBatchRows", "Prepared", "RLAlgorithm", "mini_batch_slices", "RLBatch", "SpecialTokens", "with_fields"]

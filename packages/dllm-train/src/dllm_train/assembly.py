@@ -10,7 +10,10 @@
   policy, which `trainer.reference_offload` keeps on the CPU between its passes (`OffloadedScorer`
   locally; FSDP2's `CPUOffloadPolicy` on the sharded reference);
 - the rollout's reference, for algorithms with `needs_rollout_reference`: the rollout model's base
-  weights under LoRA, else a frozen copy (locally the reference's own copy).
+  weights under LoRA, else a frozen copy (locally the reference's own copy);
+- the value model, for algorithms with a `critic`: a `dllm_models.ValueModel` on a copy of the
+  initial policy, trained by its own `dllm_train.critic.ValueWorker` (one process only: refused
+  with `shard`, and under LoRA).
 
 The backends pass only what differs as hooks: `shard` (FSDP2 wrapping) and `scorer` (lockstep and
 sequence-parallel scorers). Copies are made from the full model and a sharded one is sharded at
@@ -26,10 +29,11 @@ from typing import Any, Protocol
 
 import torch
 
-from dllm_models import BaseWeightsView, has_adapters
+from dllm_models import BaseWeightsView, ValueModel, has_adapters
 from dllm_rollout import RolloutBatch, SamplingConfig
 from dllm_train.algorithm import RLAlgorithm
 from dllm_train.config import OptimConfig, TrainerConfig
+from dllm_train.critic import ValueWorker
 from dllm_train.engine_rollout import build_rollout_worker
 from dllm_train.likelihood import Scorer
 from dllm_train.model_setup import BaseWeightsScorer, OffloadedScorer, resolved_attention, set_activation_checkpointing
@@ -93,6 +97,7 @@ def assemble_rank(model: Any, *, sampling: SamplingConfig, algorithm: RLAlgorith
         ref_copy = copy.deepcopy(model)
         if shard is not None:
             ref_copy = shard(ref_copy, offload=trainer.fsdp_cpu_offload or trainer.reference_offload)
+    critic = _value_worker(model, algorithm, optim, trainer, shard=shard, lora=lora)
     rollout_model = model if shard is None else copy.deepcopy(model)
     rollout_ref: Any = None
     if algorithm.needs_rollout_reference:
@@ -117,7 +122,26 @@ def assemble_rank(model: Any, *, sampling: SamplingConfig, algorithm: RLAlgorith
                                    engine_folder=engine_folder)
     return PolicyRank(rollout=rollout, reward=reward, actor=actor, reference=reference, plan_generator=plan_generator,
                       consistency_every=trainer.consistency_every, generates=generates, share=share,
-                      save_rollout=save_rollout)
+                      save_rollout=save_rollout, critic=critic)
+
+
+def _value_worker(model: Any, algorithm: RLAlgorithm[Any], optim: OptimConfig, trainer: TrainerConfig, *,
+                  shard: Shard | None, lora: bool) -> ValueWorker[Any] | None:
+    """The value model's worker of an algorithm with a `critic` (None without): a `ValueModel` on a
+    copy of the initial policy, at the actor's token budget and activation checkpointing."""
+    if algorithm.critic is None:
+        return None
+    if shard is not None:
+        raise ValueError(f"algorithm {algorithm.label} trains a value model, which runs on the local backend only: "
+                         "set trainer.backend=local (or turn the algorithm's value model off)")
+    if lora:
+        raise ValueError(f"algorithm {algorithm.label} trains a value model, a full copy of the policy, which LoRA "
+                         "adapters (checkpoint.lora_rank > 0) do not cover: set checkpoint.lora_rank=0 (or turn the "
+                         "algorithm's value model off)")
+    value = ValueModel.from_policy(model)
+    set_activation_checkpointing(value.backbone, trainer.activation_checkpointing,
+                                 memory_gib=trainer.activation_memory_gib)
+    return ValueWorker(value, algorithm, optim, max_tokens_per_pass=trainer.max_tokens_per_pass)
 
 
 def _frozen_copy(model: Any) -> Any:

@@ -56,10 +56,21 @@ class LocalRL:
         return rl_step(step, prompts=self.prompts, ranks=self.ranks, algorithm=self.algorithm, seed=self.seed)
 
     def state(self) -> dict[str, Any]:
-        return self.actor.state()
+        """The actor's optimizer state and counters, and with a value model its weights and
+        optimizer state (`critic`), checkpointed together."""
+        state = self.actor.state()
+        if self.rank.critic is not None:
+            state["critic"] = self.rank.critic.state()
+        return state
 
     def load_state(self, state: dict[str, Any]) -> None:
         self.actor.load_state(state)
+        if self.rank.critic is not None:
+            if "critic" not in state:
+                raise ValueError(f"algorithm {self.algorithm.label} trains a value model, but the checkpoint holds "
+                                 "none (it was written by a run without one): resume with the algorithm of that run, "
+                                 "or choose a new --output-dir")
+            self.rank.critic.load_state(state["critic"])
 
 
 def _saver(trainer: TrainerConfig, output_dir: str | Path | None) -> RolloutSaver | None:

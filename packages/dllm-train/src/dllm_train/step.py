@@ -23,6 +23,7 @@ import torch
 from dllm_rollout import RolloutBatch, SamplingConfig
 from dllm_train.metrics import device_peak, is_peak
 from dllm_train.algorithm import Prepared, RLAlgorithm, RLBatch
+from dllm_train.critic import ValueWorker
 from dllm_train.dataflow import PromptBatch
 from dllm_train.rollout_record import check_rollout_filled
 from dllm_train.seeding import sample_seeds
@@ -48,6 +49,10 @@ def check_settings(algorithm: RLAlgorithm[Any], sampling: SamplingConfig, *, con
                           or type(algorithm).num_rows is RLAlgorithm.num_rows):
         raise ValueError(f"algorithm {algorithm.label} trains in mini-batches "
                          f"(mini_batch_rows={rows!r}) but defines no num_rows / select_rows to cut its data")
+    if algorithm.critic is not None and rows != "all":
+        raise ValueError(f"algorithm {algorithm.label} trains a value model, whose targets cover every training row "
+                         f"of a step, but splits its rows into mini-batches (mini_batch_rows={rows!r}): give it "
+                         "mini_batch_rows='all' or no value model")
     if algorithm.zero_gradient_under(sampling):
         raise ValueError(
             "rollout.temperature=0 decodes greedily with a deterministic unmasking order "
@@ -92,16 +97,21 @@ class PolicyRank(Generic[D]):
             decodes.
         save_rollout: (step, rollout) -> None, called with every rollout this rank decodes
             (`dllm_train.RolloutSaver`, `trainer.save_rollouts_every`); None: nothing stored.
+        critic: the value model's worker, for algorithms with a value model (`RLAlgorithm.critic`).
     """
 
     def __init__(self, *, rollout: Rollout, reward: RewardWorker, actor: ActorWorker[D],
                  reference: ReferenceWorker | None, plan_generator: Callable[[int], torch.Generator],
                  consistency_every: int = 0, generates: bool = True,
                  share: Callable[[Any], Any] | None = None,
-                 save_rollout: Callable[[int, RolloutBatch], None] | None = None) -> None:
+                 save_rollout: Callable[[int, RolloutBatch], None] | None = None,
+                 critic: ValueWorker[D] | None = None) -> None:
         algorithm = actor.algorithm
         if algorithm.needs_reference and reference is None:
             raise ValueError(f"algorithm {algorithm.label} needs a reference model; pass reference=")
+        if (algorithm.critic is None) != (critic is None):
+            raise ValueError(f"algorithm {algorithm.label} " + ("trains a value model; pass critic=ValueWorker(...)"
+                             if critic is None else "has no value model; pass critic=None"))
         check_settings(algorithm, rollout.sampling, consistency_every=consistency_every)
         self.rollout = rollout
         self.reward = reward
@@ -112,7 +122,10 @@ class PolicyRank(Generic[D]):
         self.generates = generates
         self.share = share
         self.save_rollout = save_rollout
+        self.critic = critic
         self.prepared: Prepared[D] | None = None
+        self.old_values: torch.Tensor | None = None
+        self.step = 0
         self.carried: dict[str, float] = {}
 
     def rollout_step(self, step: int, prompts: Sequence[Sequence[int]], answers: Sequence[str],
@@ -159,7 +172,10 @@ class PolicyRank(Generic[D]):
 
             prepared = replace(prepared, ref=self.reference.values(self.actor.algorithm, prepared))
             metrics["reference_s"] = clock.lap()
-        self.prepared = prepared
+        if self.critic is not None:
+            self.old_values = self.critic.old_values(prepared)
+            metrics["value_old_s"] = clock.lap()
+        self.prepared, self.step = prepared, step
         self.carried = {k: v for k, v in metrics.items() if k.endswith("_s")}
         self.carried.update(device_peak("rollout_"))
         return RankRollout(scores=batch.scores, lengths=rollout.response_mask.float().sum(-1),
@@ -172,13 +188,31 @@ class PolicyRank(Generic[D]):
         assert self.prepared is not None, "rollout_step must run before update"
         prepared, self.prepared = self.prepared, None
         clock = _Clock()
-        out = self.actor.update(prepared, advantages.to(prepared.batch.rollout.response_mask.device))
-        out.update(self.carried, update_s=clock.lap())
+        advantages = advantages.to(prepared.batch.rollout.response_mask.device)
+        if self.critic is None:
+            out = self.actor.update(prepared, advantages)
+            out.update(self.carried, update_s=clock.lap())
+        else:
+            out = self._actor_critic_update(prepared, advantages, clock)
         out.update(device_peak("update_"))
         for key in ("peak_gib", "peak_rss_gib"):
             phases = [out[k] for k in (f"rollout_{key}", f"update_{key}") if k in out]
             if phases:
                 out[key] = max(phases)
+        return out
+
+
+    def _actor_critic_update(self, prepared: Prepared[D], advantages: torch.Tensor, clock: _Clock) -> dict[str, float]:
+        """The policy's update with the targets of the value model's old values, then (when due) the
+        value model's own (`dllm_train.critic`); `value_update_s` times the latter."""
+        assert self.critic is not None and self.old_values is not None
+        old, self.old_values = self.old_values, None
+        targets = self.critic.targets(prepared, old, advantages)
+        out = self.actor.update(prepared, advantages, critic=targets)
+        out.update(self.carried, update_s=clock.lap())
+        if self.critic.due(self.step):
+            out.update(self.critic.update(prepared, old, targets))
+            out["value_update_s"] = clock.lap()
         return out
 
 

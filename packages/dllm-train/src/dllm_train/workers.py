@@ -21,7 +21,7 @@ import torch
 
 from dllm_models import BaseWeightsView, merged_adapters
 from dllm_rollout import RolloutBatch, SamplingConfig, left_pad, on_model_grid, record_settings
-from dllm_train.algorithm import LossInputs, Prepared, RLAlgorithm, RLBatch, SpecialTokens
+from dllm_train.algorithm import CriticTargets, LossInputs, Prepared, RLAlgorithm, RLBatch, SpecialTokens
 from dllm_train.config import OptimConfig
 from dllm_train.likelihood import Scorer
 from dllm_train.minibatch import mean_metrics, mini_batches
@@ -315,9 +315,11 @@ class ActorWorker(Generic[D]):
         self.model.train(was_training)
         return dataclasses.replace(prepared, old=old * (alg.num_iterations // len(old)), old_outputs=outputs)
 
-    def update(self, prepared: Prepared[D], advantages: torch.Tensor) -> dict[str, float]:
+    def update(self, prepared: Prepared[D], advantages: torch.Tensor,
+               critic: CriticTargets | None = None) -> dict[str, float]:
         """Per algorithm iteration, one optimizer step per mini-batch (`RLAlgorithm.mini_batch_rows`);
-        a non-finite loss or gradient skips it.
+        a non-finite loss or gradient skips it. `critic`: what the algorithm derived from its value
+        model's old values (`LossInputs.critic`; None without a value model).
 
         Returns:
             the last iteration's metrics, averaged over its mini-batches, with `optimizer_steps`
@@ -326,14 +328,15 @@ class ActorWorker(Generic[D]):
         out: dict[str, float] = {}
         updates, skipped, restore_s = self.optim.updates, self.optim.skipped, self.optim.restore_s
         for i in range(self.algorithm.num_iterations):
-            parts = [self._step(part, advantages, i) for part in mini_batches(self.algorithm, prepared)]
+            parts = [self._step(part, advantages, i, critic) for part in mini_batches(self.algorithm, prepared)]
             out = mean_metrics(parts)
         out.update(optimizer_steps=float(self.optim.updates - updates), skipped=float(self.optim.skipped - skipped))
         if self.optimizer_offload:
             out["optimizer_restore_s"] = self.optim.restore_s - restore_s
         return out
 
-    def _step(self, prepared: Prepared[D], advantages: torch.Tensor, iteration: int) -> dict[str, float]:
+    def _step(self, prepared: Prepared[D], advantages: torch.Tensor, iteration: int,
+              critic: CriticTargets | None = None) -> dict[str, float]:
         alg = self.algorithm
         self.model.train()
         self.optim.zero_grad()
@@ -343,7 +346,7 @@ class ActorWorker(Generic[D]):
         def loss_fn(values: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
             previous = old if old is not None else (values.detach() if alg.needs_old else None)
             return alg.loss(values, LossInputs(batch=prepared.batch, data=prepared.data, iteration=iteration,
-                                               advantages=advantages, old=previous, ref=ref))
+                                               advantages=advantages, old=previous, ref=ref, critic=critic))
 
         reuse = prepared.old_outputs if iteration == 0 and not alg.row_local else None
         result = accumulate(self._values_fn(prepared, iteration), loss_fn, self.scorer, max_tokens=self.max_tokens,

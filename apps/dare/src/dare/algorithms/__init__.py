@@ -126,9 +126,9 @@ def rl_entry(name: str) -> RLEntry:
 
 
 from dare.algorithms.builtin import BUILTIN  # noqa: E402  (the built-in entries import this module's names)
-from dare.algorithms.tracerl import TRACERL  # noqa: E402
+from dare.algorithms.tracerl import TRACERL, TRACERL_VALUE  # noqa: E402
 
-for _entry in (*BUILTIN, TRACERL):
+for _entry in (*BUILTIN, TRACERL, TRACERL_VALUE):
     register(_entry)
 _load_plugins()
 

@@ -3,7 +3,9 @@
 TraceRL is not in DARE; every `_dllmrl(...)` row is a value of the authors' RL config for that family
 (configs/rl_sdar.yaml for SDAR and TraDo, configs/rl_llada.yaml, configs/rl_dream.yaml), with the
 line's text transcribed; every `_ours(...)` row says why the value is not a line of theirs. The
-authors' policy-only configs are the ones transcribed (TraceRL without its value model).
+entry `tracerl` transcribes the authors' policy-only configs (TraceRL without its value model);
+`tracerl-value` their config with a value model, configs/rl_sdar_with_value.yaml (SDAR and TraDo,
+the only language-model families they train a value model for).
 """
 
 from __future__ import annotations
@@ -89,8 +91,55 @@ TRACERL_DEFAULTS: tuple[Default, ...] = (
 )
 """TraceRL's recipe defaults per family, each with its line of the authors' configs or a reason."""
 
+_VALUE_CFG = "configs/rl_sdar_with_value.yaml"
+
+TRACERL_VALUE_DEFAULTS: tuple[Default, ...] = (
+    _dllmrl("rl.prompts_per_step", 64, f"{_VALUE_CFG}:38", "num_task_per_step: 64", *_SDAR),
+    _dllmrl("rl.group_size", 16, f"{_VALUE_CFG}:39", "num_response_per_task: 16", *_SDAR),
+    _dllmrl("rollout.temperature", 1.0, f"{_VALUE_CFG}:40", "temperature: 1.0", *_SDAR),
+    _dllmrl("rollout.max_new_tokens", 2000, f"{_VALUE_CFG}:41", "max_token: 2000", *_SDAR),
+    _dllmrl("rollout.block_length", 4, f"{_VALUE_CFG}:42", "block_size: 4", *_SDAR),
+    _dllmrl("rollout.steps", 4, f"{_VALUE_CFG}:43", "denoising_steps_per_block: 4", *_SDAR),
+    _dllmrl("rollout.top_p", 1.0, f"{_VALUE_CFG}:44", "top_p: 1.0", *_SDAR),
+    _ours("rollout.top_k", None, f"top_k: 0 ({_VALUE_CFG}:45) turns the filter off "
+          "(sample/jetengine_ext/engine/scheduler.py:85-88 filters only when top_k > 0)", *_SDAR),
+    _dllmrl("rollout.remasking", "low_confidence_dynamic", f"{_VALUE_CFG}:46",
+            'remasking_strategy: "low_confidence_dynamic"', *_SDAR),
+    _dllmrl("rollout.threshold", 0.9, f"{_VALUE_CFG}:47", "dynamic_threshold: 0.9", *_SDAR),
+    _dllmrl("rl_optim.grad_clip", 1.0, f"{_VALUE_CFG}:61", "max_grad_norm: 1.0", *_SDAR),
+    _dllmrl("algorithm.shrink", 1, f"{_VALUE_CFG}:64", "shrink: 1", *_SDAR),
+    _dllmrl("data.max_prompt_length", 784, f"{_VALUE_CFG}:67", "max_prompt_len: 784", *_SDAR),
+    _dllmrl("algorithm.clip", 0.2, f"{_VALUE_CFG}:68", "eps: 0.20", *_SDAR),
+    _dllmrl("algorithm.kl_coef", 0.01, f"{_VALUE_CFG}:69", "beta: 0.01", *_SDAR),
+    _dllmrl("rl_optim.lr", 1e-6, f"{_VALUE_CFG}:78", "policy_learning_rate: 1e-6", *_SDAR),
+    _dllmrl("rl_optim.betas", (0.9, 0.999), f"{_VALUE_CFG}:81-82", "beta1: 0.9 / beta2: 0.999", *_SDAR),
+    _dllmrl("rl_optim.weight_decay", 0.0, f"{_VALUE_CFG}:83", "weight_decay: 0.0", *_SDAR),
+    # the value model: the config names one (:22 value_base_model), which rl.py turns on
+    _dllmrl("algorithm.value_model", True, "rl.py:21-22", 'if OmegaConf.select(config, "model.value_base_model", '
+            "default=MISSING) is not MISSING: have_value_model = True", *_SDAR),
+    _dllmrl("algorithm.gamma", 1.0, f"{_VALUE_CFG}:70", "gam: 1.0", *_SDAR),
+    _dllmrl("algorithm.lam", 1.0, f"{_VALUE_CFG}:71", "lam: 1.0", *_SDAR),
+    # train/train_sdar_value.py:998 clips the values with the policy's config.training.eps
+    _dllmrl("algorithm.value_clip", 0.2, f"{_VALUE_CFG}:68", "eps: 0.20", *_SDAR),
+    _dllmrl("algorithm.value_lr", 5e-6, f"{_VALUE_CFG}:79", "value_learning_rate: 5e-6", *_SDAR),
+    _dllmrl("algorithm.value_every", 1, f"{_VALUE_CFG}:14", "train_value_every: 1", *_SDAR),
+)
+"""TraceRL-with-value's recipe defaults (SDAR and TraDo), each with its line of the authors' config."""
+
 TRACERL = RLEntry(name="tracerl", algorithm=TraceRL(), paper="Wang et al., arXiv 2509.06949",
                   defaults=TRACERL_DEFAULTS)
 """The registry entry `tracerl` (recipes `<family>-tracerl`)."""
 
-__all__ = ["TRACERL", "TRACERL_DEFAULTS"]
+
+class TraceRLWithValue(TraceRL):
+    """TraceRL with its value model (Wang et al., arXiv 2509.06949): the authors train one for SDAR and
+    TraDo only (configs/rl_sdar_with_value.yaml), so its recipes are those families'."""
+
+    families = _SDAR
+
+
+TRACERL_VALUE = RLEntry(name="tracerl-value", algorithm=TraceRLWithValue(value_model=True),
+                        paper="Wang et al., arXiv 2509.06949", defaults=TRACERL_VALUE_DEFAULTS)
+"""The registry entry `tracerl-value` (recipes `sdar-tracerl-value`, `sdar_moe-tracerl-value`)."""
+
+__all__ = ["TRACERL", "TRACERL_DEFAULTS", "TRACERL_VALUE", "TRACERL_VALUE_DEFAULTS", "TraceRLWithValue"]
