@@ -102,3 +102,17 @@ def test_cpu_auto_scores_block_families_on_packed_rows(family: str, expected: st
     model = _model(family)
     assert resolved_attention(TrainerConfig(), model) == expected
     assert resolved_attention(TrainerConfig(train_attention="none"), model) is None
+
+
+@pytest.mark.parametrize(("block_length", "expected"), [(None, "varlen"), (4, "bd3lm_kernel")])
+def test_cuda_auto_picks_varlen_or_the_bd3lm_kernel(block_length: int | None, expected: str) -> None:
+    """On CUDA "auto" is the measured fast path: varlen for bidirectional families, the BD3LM kernel
+    for block families (docs/benchmarks.md: sdar-bgpo's update 404 s with it, 514 s with flex)."""
+    from types import SimpleNamespace
+
+    from dllm_train import TrainerConfig, resolved_attention
+
+    on_cuda = SimpleNamespace(device=torch.device("cuda"))
+    model = SimpleNamespace(traits=SimpleNamespace(block_length=block_length), parameters=lambda: iter([on_cuda]))
+    assert resolved_attention(TrainerConfig(), model) == expected
+    assert resolved_attention(TrainerConfig(train_attention="flex"), model) == "flex"

@@ -18,10 +18,11 @@ from dllm_train.likelihood import Scorer
 def resolved_attention(trainer: TrainerConfig, model: Any) -> str | None:
     """The packed attention backend of the likelihood passes: `trainer.train_attention`, where
     "auto" picks the exact fast path of the device (CUDA: varlen for bidirectional families,
-    flex for block families (the BD3LM kernel `bd3lm_kernel` is selectable by name: its backward
-    measured 1.5x flex's on the H200, docs/benchmarks.md); CPU: sdpa for block families,
-    whose padded layout runs one row per noised block, and the padded path for bidirectional
-    ones), and "none" or "" the padded path. `flex` and `sdpa` stay selectable by name."""
+    the BD3LM kernel `bd3lm_kernel` for block families: `sdar-bgpo`'s update at the recipe's
+    batch took 404 s with it against 514 s with flex on the H200, docs/benchmarks.md; CPU: sdpa
+    for block families, whose padded layout runs one row per noised block, and the padded path
+    for bidirectional ones), and "none" or "" the padded path. `flex` and `sdpa` stay
+    selectable by name."""
     choice = trainer.train_attention
     if choice in ("", "none"):
         return None
@@ -31,7 +32,7 @@ def resolved_attention(trainer: TrainerConfig, model: Any) -> str | None:
     device = next(model.parameters()).device
     if device.type != "cuda":
         return "sdpa" if block else None
-    return "flex" if block else "varlen"
+    return "bd3lm_kernel" if block else "varlen"
 
 
 def set_activation_checkpointing(model: Any, enabled: bool, *, memory_gib: float | None = None) -> None:

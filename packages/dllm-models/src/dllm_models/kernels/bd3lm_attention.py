@@ -125,7 +125,7 @@ def bd3lm_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Attent
 
     The position ids and the plan are built once per mask and options (memoised on `mask.cache`,
     shared by every layer and by checkpoint recomputation). `options` None: `BD3LMKernelOptions()`
-    (the `chunked` backward, `GPU_TILING` on CUDA, `INTERPRETER_TILING` on the CPU).
+    (the `one_launch` backward, `GPU_TILING` on CUDA, `INTERPRETER_TILING` on the CPU).
     """
     n = q.shape[2]
     options = BD3LMKernelOptions() if options is None else options
