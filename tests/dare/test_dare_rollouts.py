@@ -24,6 +24,7 @@ LLADA2_CJ = "recipe/llada2_mini/run_cj_grpo_llada2_mini.sh"
 LLADA2_GEN = "models/LLaDA2.0-mini/modeling_llada2_moe.py"
 SGLANG_LOW = "yjyddq/sglang python/sglang/srt/dllm/algorithm/low_confidence.py (LowConfidence)"
 DLLMRL_SDAR = "Gen-Verse/dLLM-RL@10b4fd1 configs/rl_sdar.yaml"
+DLLMRL_SDAR_V = "Gen-Verse/dLLM-RL@10b4fd1 configs/rl_sdar_with_value.yaml"
 DLLMRL_DREAM = "Gen-Verse/dLLM-RL@10b4fd1 configs/rl_dream.yaml"
 DREAM_FAST = "verl/workers/rollout/rollout_utils.py:800-801 (execute_fastdream_generation)"
 DREAM_BLOCK = "verl/workers/rollout/generation_utils_block.py:592-593 (the block's first position)"
@@ -67,6 +68,16 @@ BLOCK: dict[str, dict[str, tuple[object, str]]] = {
         "top_k": (None, f"{DLLMRL_SDAR}:43 top_k: 0 (off)"),
         "top_p": (1.0, f"{DLLMRL_SDAR}:42"),
         "max_new_tokens": (2000, f"{DLLMRL_SDAR}:39 max_token"),
+    },
+    "sdar-tracerl-value": {  # the authors' with-value config: the same rollout section, two lines lower
+        "remasking": ("low_confidence_dynamic", f"{DLLMRL_SDAR_V}:46"),
+        "threshold": (0.9, f"{DLLMRL_SDAR_V}:47 dynamic_threshold"),
+        "block_length": (4, f"{DLLMRL_SDAR_V}:42"),
+        "steps": (4, f"{DLLMRL_SDAR_V}:43 denoising_steps_per_block"),
+        "temperature": (1.0, f"{DLLMRL_SDAR_V}:40"),
+        "top_k": (None, f"{DLLMRL_SDAR_V}:45 top_k: 0 (off)"),
+        "top_p": (1.0, f"{DLLMRL_SDAR_V}:44"),
+        "max_new_tokens": (2000, f"{DLLMRL_SDAR_V}:41 max_token"),
     },
     "llada2-bgpo": {  # LLaDA2's HF generate (the script's default engine, :54; llada2_rollout.py:65-73)
         "remasking": ("low_confidence_dynamic", f"{LLADA2_GEN}:1577-1591"),

@@ -318,15 +318,21 @@ def save_model(
         raw = getattr(model, "config").to_hf()
         raw["torch_dtype"] = str(next(model.parameters()).dtype).removeprefix("torch.")
         (tmp / "config.json").write_text(json.dumps(raw, indent=2, sort_keys=True))
-        state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+        # tensors stay where they live; each shard is copied to host memory only while it is written,
+        # so saving an 8B model on a GPU holds one shard (<= max_shard_bytes) in host memory, not 16 GB
+        state = {k: v.detach() for k, v in model.state_dict().items()}
         shards = _shard(state, max_shard_bytes)
+
+        def on_host(shard: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+            return {k: v.contiguous().cpu() for k, v in shard.items()}
+
         if len(shards) == 1:
-            save_file(shards[0], str(tmp / "model.safetensors"), metadata={"format": "pt"})
+            save_file(on_host(shards[0]), str(tmp / "model.safetensors"), metadata={"format": "pt"})
         else:
             weight_map: dict[str, str] = {}
             for i, shard in enumerate(shards, start=1):
                 fname = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
-                save_file(shard, str(tmp / fname), metadata={"format": "pt"})
+                save_file(on_host(shard), str(tmp / fname), metadata={"format": "pt"})
                 weight_map.update({k: fname for k in shard})
             total = sum(t.numel() * t.element_size() for t in state.values())
             index = {"metadata": {"total_size": total}, "weight_map": weight_map}
