@@ -264,3 +264,58 @@ def test_cuda_offload_frees_the_state_and_the_next_step_is_unchanged() -> None:
     for opt in (plain, parked):
         _train(opt, 1)
     _same(plain, parked)
+
+
+def test_the_value_model_and_the_policy_never_hold_their_optimizer_states_together() -> None:
+    """With a value model (TraceRL's critic) and `trainer.optimizer_offload`, the policy's AdamW state
+    waits in host memory while the value model trains, and the value model's while the policy
+    trains and decodes; the steps' results and both models' weights equal a run without offload."""
+    from dllm_algorithms import TraceRL
+    from dllm_rollout import SamplingConfig
+    from tests.tiny_rl import text_reward
+
+    sampling = SamplingConfig(max_new_tokens=8, steps=4, block_length=4, temperature=1.0)
+
+    def rl(offload: bool) -> LocalRL:
+        alg = TraceRL(value_model=True, min_group_accuracy=0.0, max_group_accuracy=1.0, value_lr=1e-3)
+        wf = local_rl(tiny_model("sdar"), alg, sampling=sampling, reward=text_reward, optimizer_offload=offload)
+        critic = wf.rank.critic
+        assert critic is not None
+        wf.rank.actor.optim.host.devices = CPU
+        critic.optim.host.devices = CPU
+        return wf
+
+    def freed(optim: OptimizerStep) -> tuple[bool, bool]:  # (has a state, every storage freed)
+        tensors = state_tensors(optim.optimizer)
+        return bool(tensors), all(t.untyped_storage().nbytes() == 0 for t in tensors)
+
+    wf, plain = rl(True), rl(False)
+    critic, actor = wf.rank.critic, wf.rank.actor
+    assert critic is not None and critic.optimizer_offload
+    seen: dict[str, list[tuple[bool, bool]]] = {"policy update: value state freed": [], "value update: policy state freed": []}
+    actor_update, critic_update = actor.update, critic.update
+
+    def spy_actor(*a: Any, **k: Any) -> Any:
+        seen["policy update: value state freed"].append(freed(critic.optim))
+        return actor_update(*a, **k)
+
+    def spy_critic(*a: Any, **k: Any) -> Any:
+        seen["value update: policy state freed"].append(freed(actor.optim))
+        return critic_update(*a, **k)
+
+    actor.update = spy_actor  # type: ignore[method-assign]
+    critic.update = spy_critic  # type: ignore[method-assign]
+    for step in range(3):
+        metrics, want = wf.step(step), plain.step(step)
+        assert reproducible(metrics) == reproducible(want)
+        assert metrics["value_optimizer_steps"] == 1.0 and metrics["value_grad_norm"] > 0
+    # the value model's first update makes its state (none to free at the first policy update); the
+    # policy's exists from its first update on; each waits off the device while the other trains
+    assert seen == {"policy update: value state freed": [(False, True), (True, True), (True, True)],
+                    "value update: policy state freed": [(True, True), (True, True), (True, True)]}
+    assert actor.optim.host.offloaded and not critic.optim.host.offloaded  # the value step restored its own
+    plain_critic = plain.rank.critic
+    assert plain_critic is not None
+    for a, b in ((actor.model, plain.rank.actor.model), (critic.model, plain_critic.model)):
+        for p, q in zip(a.parameters(), b.parameters(), strict=True):
+            assert torch.equal(p, q)

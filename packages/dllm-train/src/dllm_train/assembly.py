@@ -141,7 +141,8 @@ def _value_worker(model: Any, algorithm: RLAlgorithm[Any], optim: OptimConfig, t
     value = ValueModel.from_policy(model)
     set_activation_checkpointing(value.backbone, trainer.activation_checkpointing,
                                  memory_gib=trainer.activation_memory_gib)
-    return ValueWorker(value, algorithm, optim, max_tokens_per_pass=trainer.max_tokens_per_pass)
+    return ValueWorker(value, algorithm, optim, max_tokens_per_pass=trainer.max_tokens_per_pass,
+                       optimizer_offload=trainer.optimizer_offload)
 
 
 def _frozen_copy(model: Any) -> Any:

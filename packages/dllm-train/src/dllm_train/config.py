@@ -143,7 +143,9 @@ class TrainerConfig:
             the optimizer step reads it, so the rollout's KV cache and the training passes'
             activations can use that device memory; costs a device-to-host and a host-to-device
             copy of the state per step (`optimizer_offload_s`, `optimizer_restore_s`). See
-            `dllm_train.offload`. Nothing to move under `fsdp_cpu_offload` (already on the CPU).
+            `dllm_train.offload`. Nothing to move under `fsdp_cpu_offload` (already on the CPU). A value
+            model's optimizer state (algorithms with a critic) is offloaded the same way, and the policy's
+            waits in host memory while the value model trains.
         max_nonfinite_steps: a phase stops with one error line after this many steps in a row
             skipped for a non-finite loss, gradient norm or reward (a skipped step changes neither
             the weights nor the optimizer state; nothing non-finite is ever checkpointed, and

@@ -61,10 +61,12 @@ class ValueWorker(Generic[D]):
         optim: the actor's optimizer settings; the value model's are these at `critic.lr`.
         scorer: how the value model is run (default `ValueScorer(model)`).
         max_tokens_per_pass: token budget of one forward (0: one forward per scorer call).
+        optimizer_offload: keep the value model's optimizer state in host memory between its
+            optimizer steps (`trainer.optimizer_offload`, `offload_optimizer`).
     """
 
     def __init__(self, model: Any, algorithm: RLAlgorithm[D], optim: OptimConfig, *,
-                 scorer: Scorer | None = None, max_tokens_per_pass: int = 0) -> None:
+                 scorer: Scorer | None = None, max_tokens_per_pass: int = 0, optimizer_offload: bool = False) -> None:
         spec = algorithm.critic
         if spec is None:
             raise ValueError(f"algorithm {algorithm.label} declares no value model (its critic is None); "
@@ -75,6 +77,7 @@ class ValueWorker(Generic[D]):
         self.scorer = scorer if scorer is not None else ValueScorer(model)
         self.optim = OptimizerStep(model, dataclasses.replace(optim, lr=spec.lr), group=self.scorer.lockstep_group)
         self.max_tokens = token_budget(max_tokens_per_pass)
+        self.optimizer_offload = optimizer_offload
 
     def _values_fn(self, prepared: Prepared[D]) -> ValuesFn:
         alg = self.algorithm
@@ -120,6 +123,13 @@ class ValueWorker(Generic[D]):
         out.update({f"value_{k}": v for k, v in stepped.items()})
         self.optim.zero_grad()
         return out
+
+    def offload_optimizer(self) -> bool:
+        """Move the value model's optimizer state to host memory until its next optimizer step reads it
+        (`OptimizerStep.offload`); whether it did (False unless `optimizer_offload`)."""
+        if self.optimizer_offload:
+            self.optim.offload()
+        return self.optimizer_offload
 
     def state(self) -> dict[str, Any]:
         """The value model's weights, its optimizer state and counters (tensors and plain data)."""

@@ -145,6 +145,8 @@ class PolicyRank(Generic[D]):
         clock = _Clock()
         if self.actor.offload_optimizer():
             metrics["optimizer_offload_s"] = clock.lap()
+        if self.critic is not None and self.critic.offload_optimizer():
+            metrics["value_optimizer_offload_s"] = clock.lap()
         device_peak()  # the peaks below start with the step
         if self.generates:
             rollout = self.rollout.generate(prompts, seeds)
@@ -211,6 +213,12 @@ class PolicyRank(Generic[D]):
         out = self.actor.update(prepared, advantages, critic=targets)
         out.update(self.carried, update_s=clock.lap())
         if self.critic.due(self.step):
+            # the policy's gradients are spent and its optimizer state is not read before its next step:
+            # with `trainer.optimizer_offload` it waits in host memory while the value model trains (the
+            # rollout_step's offload then finds it there), so the two optimizer states never share the device
+            self.actor.release_gradients()
+            if self.actor.offload_optimizer():
+                out["optimizer_offload_before_value_s"] = clock.lap()
             out.update(self.critic.update(prepared, old, targets))
             out["value_update_s"] = clock.lap()
         return out
