@@ -135,3 +135,56 @@ def test_value_model_settings_that_cannot_run_are_refused() -> None:
         PolicyRank(rollout=rank.rollout, reward=rank.reward, actor=rank.actor, reference=None,
                    plan_generator=rank.plan_generator, critic=ValueWorker(ValueModel.from_policy(_sdar()), alg,
                                                                           OptimConfig()))
+
+
+@pytest.mark.parametrize("family", ["sdar", "llada2", "llada", "dream"])
+def test_value_scorer_on_packed_rows_equals_the_padded_path(family: str) -> None:
+    """The value model on the policy's packed training rows (`ValueScorer(attention=...)`, the fast path
+    `assemble_rank` gives it: block families' shared-clean BD3LM layout, Dream's shifted read) returns
+    the padded path's values and the same parameter gradients, in float64."""
+    from tests.tiny_rl import tiny_model
+
+    torch.manual_seed(0)
+    value = ValueModel.from_policy(tiny_model(family, dtype=torch.float64))
+    with torch.no_grad():
+        value.value_head.weight.normal_(0.0, 0.5)  # a trained head: values that differ per position
+    traits = value.traits
+    g = torch.Generator().manual_seed(1)
+    m, s = 6, 12
+    clean = torch.randint(0, int(traits.mask_token_id), (m // 2, s), generator=g).repeat_interleave(2, dim=0)
+    attn = torch.ones(m, s, dtype=torch.bool)
+    attn[2:4, 10:] = False  # padding at the end of one sequence's two copies
+    noised = (torch.rand(m, s, generator=g) < 0.4) & attn
+    noised[:, :3] = False  # a clean prompt
+    noisy = torch.where(noised, torch.full_like(clean, int(traits.mask_token_id)), clean)
+    # padding reads nothing (the padded path of masked families leaves values there that no objective reads)
+    weights = torch.randn(m, s, generator=g, dtype=torch.float64) * attn
+
+    def run(scorer: ValueScorer) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        value.zero_grad()
+        out = scorer(noisy, attn, clean, clean_ids=clean)
+        (out * weights).sum().backward()
+        return out.detach(), [p.grad.clone() if p.grad is not None else torch.zeros_like(p) for p in value.parameters()]
+
+    padded, g_padded = run(ValueScorer(value))
+    packed, g_packed = run(ValueScorer(value, attention="sdpa"))
+    assert padded[attn].abs().sum() > 0
+    torch.testing.assert_close(packed[attn], padded[attn], rtol=1e-10, atol=1e-10)
+    # the families' RMSNorm and RoPE compute in float32 even for a float64 model (as the reference
+    # implementations do), so gradients summed over the two layouts' different token sets agree to
+    # float32 rounding (about 1e-7 relative here), not float64's
+    for a, b in zip(g_packed, g_padded, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    assert any(t.abs().sum() > 0 for t in g_packed)
+
+
+def test_assemble_rank_gives_the_value_model_the_policys_training_attention() -> None:
+    from dllm_train import TrainerConfig as Trainer, resolved_attention
+    from tests.tiny_rl import fast, local_rl, tiny_model
+
+    wf = local_rl(tiny_model("sdar"), fast(TraceRL(value_model=True)), sampling=SamplingConfig(
+        max_new_tokens=8, steps=4, block_length=4, temperature=1.0))
+    critic = wf.rank.critic
+    assert critic is not None
+    assert critic.scorer.attention == resolved_attention(Trainer(), wf.rank.actor.model) == "sdpa"
+    assert critic.scorer.attention == wf.rank.actor.scorer.attention

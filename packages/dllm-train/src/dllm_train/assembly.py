@@ -33,7 +33,7 @@ from dllm_models import BaseWeightsView, ValueModel, has_adapters
 from dllm_rollout import RolloutBatch, SamplingConfig
 from dllm_train.algorithm import RLAlgorithm
 from dllm_train.config import OptimConfig, TrainerConfig
-from dllm_train.critic import ValueWorker
+from dllm_train.critic import ValueScorer, ValueWorker
 from dllm_train.engine_rollout import build_rollout_worker
 from dllm_train.likelihood import Scorer
 from dllm_train.model_setup import BaseWeightsScorer, OffloadedScorer, resolved_attention, set_activation_checkpointing
@@ -97,7 +97,7 @@ def assemble_rank(model: Any, *, sampling: SamplingConfig, algorithm: RLAlgorith
         ref_copy = copy.deepcopy(model)
         if shard is not None:
             ref_copy = shard(ref_copy, offload=trainer.fsdp_cpu_offload or trainer.reference_offload)
-    critic = _value_worker(model, algorithm, optim, trainer, shard=shard, lora=lora)
+    critic = _value_worker(model, algorithm, optim, trainer, shard=shard, lora=lora, attention=attention, shared=shared)
     rollout_model = model if shard is None else copy.deepcopy(model)
     rollout_ref: Any = None
     if algorithm.needs_rollout_reference:
@@ -126,9 +126,10 @@ def assemble_rank(model: Any, *, sampling: SamplingConfig, algorithm: RLAlgorith
 
 
 def _value_worker(model: Any, algorithm: RLAlgorithm[Any], optim: OptimConfig, trainer: TrainerConfig, *,
-                  shard: Shard | None, lora: bool) -> ValueWorker[Any] | None:
+                  shard: Shard | None, lora: bool, attention: str | None, shared: bool) -> ValueWorker[Any] | None:
     """The value model's worker of an algorithm with a `critic` (None without): a `ValueModel` on a
-    copy of the initial policy, at the actor's token budget and activation checkpointing."""
+    copy of the initial policy, at the actor's token budget, training attention (packed rows, the
+    BD3LM layout) and activation checkpointing."""
     if algorithm.critic is None:
         return None
     if shard is not None:
@@ -142,6 +143,7 @@ def _value_worker(model: Any, algorithm: RLAlgorithm[Any], optim: OptimConfig, t
     set_activation_checkpointing(value.backbone, trainer.activation_checkpointing,
                                  memory_gib=trainer.activation_memory_gib)
     return ValueWorker(value, algorithm, optim, max_tokens_per_pass=trainer.max_tokens_per_pass,
+                       scorer=ValueScorer(value, attention=attention, shared_context=shared),
                        optimizer_offload=trainer.optimizer_offload)
 
 

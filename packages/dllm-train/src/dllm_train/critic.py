@@ -21,10 +21,28 @@ import torch
 from dllm_train.algorithm import CriticInputs, CriticTargets, Prepared, RLAlgorithm
 from dllm_train.config import OptimConfig
 from dllm_train.likelihood import Scorer
+from dllm_train.packed_scoring import Readout
 from dllm_train.optim import OptimizerStep
 from dllm_train.passes import ValuesFn, ValuesScorer, accumulate, evaluate, token_budget
 
 D = TypeVar("D")
+
+
+def position_values(model: Any, input_ids: torch.Tensor, targets: torch.Tensor, *, temperature: float = 1.0,
+                    **forward_kwargs: Any) -> torch.Tensor:
+    """A value model's values ``[B, L]`` of one forward, 0 where ``targets < 0`` (the
+    `dllm_train.packed_scoring.Readout` of `ValueScorer`; `temperature` is a log-prob setting, unused).
+
+    Logit-shifted families read position ``j``'s value at ``j - 1``, restarting at every packed
+    sequence (`dllm_models.logprob.shift_hidden`), as their log-probs are read.
+    """
+    from dllm_models.logprob import shift_hidden
+
+    values: torch.Tensor = model(input_ids, **forward_kwargs)
+    if int(getattr(model.traits, "logit_shift", 0) or 0):
+        values = shift_hidden(values[..., None], forward_kwargs.get("attention"))[..., 0]
+    dtype = torch.promote_types(values.dtype, torch.float32)
+    return torch.where(targets >= 0, values.to(dtype), torch.zeros((), dtype=dtype, device=values.device))
 
 
 class ValueScorer(Scorer):
@@ -35,11 +53,16 @@ class ValueScorer(Scorer):
 
     Args:
         model: a `dllm_models.ValueModel` (its forward returns ``[M, S]`` values).
+        attention: the packed training attention backend, as for `Scorer` (the policy's:
+            `dllm_train.resolved_attention`); None: the padded path.
         shared_context: as for `Scorer`.
     """
 
-    def __init__(self, model: Any, *, shared_context: bool = True) -> None:
-        super().__init__(model, attention=None, shared_context=shared_context)
+    def __init__(self, model: Any, *, attention: str | None = None, shared_context: bool = True) -> None:
+        super().__init__(model, attention=attention, shared_context=shared_context)
+
+    def packed_readout(self) -> Readout:
+        return position_values
 
     def _token_logp(self, ids: torch.Tensor, attn: torch.Tensor, pos: torch.Tensor, targets: torch.Tensor,
                     temperature: float) -> torch.Tensor:
@@ -142,4 +165,4 @@ class ValueWorker(Generic[D]):
         self.optim.load_state(state)
 
 
-__all__ = ["ValueScorer", "ValueWorker"]
+__all__ = ["ValueScorer", "ValueWorker", "position_values"]

@@ -22,7 +22,7 @@ from torch.utils.checkpoint import checkpoint
 from dllm_models.layers import positions_from_mask
 from dllm_models.logprob import LOGITS_CHUNK_ELEMENTS
 from dllm_objectives import MaskPlan, apply_mask, token_logp_from_logits
-from dllm_train.packed_scoring import PACKED_BACKENDS, packed_token_logp, shares_clean_context
+from dllm_train.packed_scoring import PACKED_BACKENDS, Readout, packed_token_logp, shares_clean_context
 from dllm_train.passes import ValuesScorer
 
 
@@ -209,13 +209,18 @@ class Scorer:
             return packed_token_logp(
                 self.model, noisy_ids, attn, targets, targets if clean_ids is None else clean_ids,
                 temperature=temperature, block_length=self.block_length, backend=backend,
-                shared=self.shared_context, noised_only=self.noised_only,
+                shared=self.shared_context, noised_only=self.noised_only, readout=self.packed_readout(),
             )
         pos = positions_from_mask(attn)
         if self.block_length is None:
             return self._token_logp(noisy_ids, attn, pos, targets, temperature)
         clean = targets if clean_ids is None else clean_ids
         return self._bd3lm(noisy_ids, attn, pos, clean, targets, temperature)
+
+    def packed_readout(self) -> Readout | None:
+        """What a packed forward returns per position (`dllm_train.packed_scoring.Readout`); None: the
+        log-probs of the targets (the fused head). A value model's scorer returns its values."""
+        return None
 
     def row_cost(self, noisy_ids: torch.Tensor, attention_mask: torch.Tensor,
                  clean_ids: torch.Tensor | None = None) -> torch.Tensor:

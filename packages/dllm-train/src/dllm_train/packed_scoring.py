@@ -22,9 +22,16 @@ clean half (the doubled layout, for comparison).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
+
+Readout = Callable[..., torch.Tensor]
+"""What a packed forward returns per position: `(model, input_ids, targets, *, temperature,
+**forward_kwargs) -> [B, L]`, 0 where `targets < 0`. The default is the fused log-prob head
+(`dllm_models.logprob.model_token_logprobs`); a value model's scorer reads its values instead
+(`dllm_train.critic.position_values`)."""
 
 PACKED_BACKENDS = ("sdpa", "eager", "flex", "varlen", "flash_attn", "bd3lm_kernel")
 
@@ -59,6 +66,7 @@ def packed_token_logp(
     backend: str,
     shared: bool = True,
     noised_only: bool = True,
+    readout: Readout | None = None,
 ) -> torch.Tensor:
     """float32 [M, S] log-prob of `targets` given `noisy_ids`, computed on packed rows (see module doc).
 
@@ -68,22 +76,24 @@ def packed_token_logp(
     context share one clean half (`shares_clean_context`); False: one clean half per row.
     `noised_only` (block families): score only the noised positions of each noisy copy (input
     differs from the clean sequence) -- the output head and log-softmax run there alone, never on
-    the clean copy -- and give 0 elsewhere; False: every position of a noised block.
+    the clean copy -- and give 0 elsewhere; False: every position of a noised block. `readout`:
+    what the forward returns per position (`Readout`; None: the log-probs of `targets`).
     """
     from dllm_models.logprob import model_token_logprobs
     from dllm_models.packing import pack, pack_like, unpack
 
+    read = model_token_logprobs if readout is None else readout
     attn = attention_mask.bool()
     packed = pack(noisy_ids, attn)
     tgt = pack_like(targets, packed)  # [1, T]
     if block_length is None:
-        lp = model_token_logprobs(
+        lp = read(
             model, packed.input_ids, tgt, temperature=temperature,
             attention=packed.attention_mask(), position_ids=packed.position_ids, attention_backend=backend,
         )
         return unpack(lp, packed)
     follows = shares_clean_context(attn, clean_ids) if shared else torch.zeros_like(attn[:, 0])
-    return _bd3lm(model, packed, clean_ids, follows, tgt, temperature, block_length, noised_only, backend)
+    return _bd3lm(model, packed, clean_ids, follows, tgt, temperature, block_length, noised_only, backend, read)
 
 
 class BD3LMLayout(NamedTuple):
@@ -139,13 +149,12 @@ def bd3lm_layout(packed: Any, clean_ids: torch.Tensor, follows: torch.Tensor, bl
 
 
 def _bd3lm(model: Any, packed: Any, clean_ids: torch.Tensor, follows: torch.Tensor, tgt: torch.Tensor,
-           temperature: float, block_length: int, noised_only: bool, backend: str) -> torch.Tensor:
+           temperature: float, block_length: int, noised_only: bool, backend: str, read: Readout) -> torch.Tensor:
     """Log-probs of the rows' targets on their noisy copies in the BD3LM layout (`bd3lm_layout`).
 
     The head runs only where a target is set (`model_token_logprobs` skips -100): never on the
     clean copies, and with `noised_only` only on the noised positions of the noisy copies.
     """
-    from dllm_models.logprob import model_token_logprobs
     from dllm_models.packing import pack_like, unpack
 
     layout = bd3lm_layout(packed, clean_ids, follows, block_length)
@@ -155,7 +164,7 @@ def _bd3lm(model: Any, packed: Any, clean_ids: torch.Tensor, follows: torch.Tens
     if noised_only:
         scored = torch.where(packed.input_ids[0] != pack_like(clean_ids, packed)[0], scored, -100)
     targets[noisy_at] = scored
-    lp2 = model_token_logprobs(model, layout.input_ids, targets[None], temperature=temperature,
+    lp2 = read(model, layout.input_ids, targets[None], temperature=temperature,
                                attention=layout.attention, attention_backend=backend)
     lp = lp2[0, noisy_at]
     # the blocks of a sequence that hold none of its noised tokens score 0, as on the padded path
