@@ -59,6 +59,7 @@ def packed_token_logp(
     backend: str,
     shared: bool = True,
     noised_only: bool = True,
+    noised_blocks_only: bool = True,
 ) -> torch.Tensor:
     """float32 [M, S] log-prob of `targets` given `noisy_ids`, computed on packed rows (see module doc).
 
@@ -69,6 +70,9 @@ def packed_token_logp(
     `noised_only` (block families): score only the noised positions of each noisy copy (input
     differs from the clean sequence) -- the output head and log-softmax run there alone, never on
     the clean copy -- and give 0 elsewhere; False: every position of a noised block.
+    `noised_blocks_only` (block families): each noisy copy carries only its blocks that hold a
+    noised token (`bd3lm_layout`); False: every copy whole (the same values, more tokens; for
+    comparison).
     """
     from dllm_models.logprob import model_token_logprobs
     from dllm_models.packing import pack, pack_like, unpack
@@ -83,7 +87,8 @@ def packed_token_logp(
         )
         return unpack(lp, packed)
     follows = shares_clean_context(attn, clean_ids) if shared else torch.zeros_like(attn[:, 0])
-    return _bd3lm(model, packed, clean_ids, follows, tgt, temperature, block_length, noised_only, backend)
+    return _bd3lm(model, packed, clean_ids, follows, tgt, temperature, block_length, noised_only, backend,
+                  noised_blocks_only)
 
 
 def noised_block_tokens(packed: Any, clean: torch.Tensor, block_length: int) -> torch.Tensor:
@@ -205,24 +210,26 @@ def bd3lm_layout(packed: Any, clean_ids: torch.Tensor, follows: torch.Tensor, bl
 
 
 def _bd3lm(model: Any, packed: Any, clean_ids: torch.Tensor, follows: torch.Tensor, tgt: torch.Tensor,
-           temperature: float, block_length: int, noised_only: bool, backend: str) -> torch.Tensor:
+           temperature: float, block_length: int, noised_only: bool, backend: str,
+           noised_blocks_only: bool) -> torch.Tensor:
     """Log-probs of the rows' targets on their noisy copies in the BD3LM layout (`bd3lm_layout`).
 
     The head runs only where a target is set (`model_token_logprobs` skips -100): never on the
     clean copies, and with `noised_only` only on the noised positions of the noisy copies. The
-    blocks of a row that hold none of its noised tokens are not in the layout and score 0, as on
-    the padded path.
+    blocks of a row that hold none of its noised tokens score 0, as on the padded path (and are
+    not in the layout with `noised_blocks_only`).
     """
     from dllm_models.logprob import model_token_logprobs
     from dllm_models.packing import pack_like, unpack
 
-    layout = bd3lm_layout(packed, clean_ids, follows, block_length)
-    kept = layout.noisy_at >= 0
+    layout = bd3lm_layout(packed, clean_ids, follows, block_length, noised_blocks_only=noised_blocks_only)
+    clean = pack_like(clean_ids, packed)[0]
+    kept = noised_block_tokens(packed, clean, block_length) if not noised_blocks_only else layout.noisy_at >= 0
     at = layout.noisy_at.clamp(min=0)
     targets = torch.full((layout.input_ids.shape[1],), -100, dtype=tgt.dtype, device=at.device)
     scored = tgt[0]
     if noised_only:
-        scored = torch.where(packed.input_ids[0] != pack_like(clean_ids, packed)[0], scored, -100)
+        scored = torch.where(packed.input_ids[0] != clean, scored, -100)
     targets[at[kept]] = scored[kept]
     lp2 = model_token_logprobs(model, layout.input_ids, targets[None], temperature=temperature,
                                attention=layout.attention, position_ids=layout.position_ids,
