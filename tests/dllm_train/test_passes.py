@@ -111,7 +111,8 @@ def test_row_costs_of_the_padded_and_block_layouts() -> None:
     padded = Scorer(tiny_model("llada"))
     assert padded.row_cost(noisy, attn).tolist() == [width] * len(LENGTHS)
     packed_block = Scorer(tiny_model("sdar"), attention="sdpa")
-    assert packed_block.row_cost(noisy, attn, ids).tolist() == [2 * n for n in LENGTHS]  # [x_t ; x_0]
+    packed_costs = packed_block.row_cost(noisy, attn, ids).tolist()
+    assert packed_block.row_cost(noisy, attn).tolist() == [2 * n for n in LENGTHS]  # no clean ids: [x_t ; x_0]
     padded_block = Scorer(tiny_model("sdar"))
     costs = padded_block.row_cost(noisy, attn, ids).tolist()
     block = padded_block.block_length
@@ -120,6 +121,9 @@ def test_row_costs_of_the_padded_and_block_layouts() -> None:
         pos = (attn[i].long().cumsum(0) - 1).clamp(min=0)
         noised_blocks = {int(p) // block for p, changed in zip(pos, noisy[i] != ids[i]) if changed}
         assert costs[i] == width * max(1, len(noised_blocks))
+        # packed [x_0 ; x_t]: the clean copy whole, the noisy copy's noised blocks only
+        in_noised = sum(1 for p, real in zip(pos, attn[i]) if real and int(p) // block in noised_blocks)
+        assert packed_costs[i] == n + in_noised
 
 
 @pytest.mark.parametrize("attention", [None, "sdpa"])
