@@ -18,6 +18,18 @@ segment [x_0 ; x_t^1 ; ... ; x_t^k] with one clean half, each noisy copy seeing 
 the shared clean half exactly as in its own [x_t ; x_0] pair (`dllm_models.bd3lm_mask(copies=)`):
 (k + 1) L tokens instead of 2 k L, and the same function. `shared=False` gives every row its own
 clean half (the doubled layout, for comparison).
+
+Noisy copies carry only their noised blocks. In the BD3LM mask a noisy block is read by the
+queries of its own copy and block alone (clean queries never see noisy keys), and a block of a
+row holding none of that row's noised tokens scores 0; so those blocks (the prompt's always, and
+under BGPO's count masks about 1/5 of the response's) are left out of the row
+(`noised_block_tokens`, `dllm_models.bd3lm_mask(keep=)`), with explicit position ids: the same
+function with fewer tokens. A segment is then x_0 plus its copies' kept tokens, which is what
+`Scorer.row_cost` prices. Tests: `tests/dllm_train/test_packed_scoring.py::
+test_noised_blocks_only_is_the_whole_layout_and_the_padded_path` (float64 log-probs and parameter
+gradients equal the whole-copy layout and the padded path; the forward's token count),
+`tests/dllm_train/test_shared_context.py` (hidden states in four layouts; every pass runs its
+priced tokens).
 """
 
 from __future__ import annotations
