@@ -22,7 +22,7 @@ clean half (the doubled layout, for comparison).
 Noisy copies carry only their noised blocks. In the BD3LM mask a noisy block is read by the
 queries of its own copy and block alone (clean queries never see noisy keys), and a block of a
 row holding none of that row's noised tokens scores 0; so those blocks (the prompt's always, and
-under BGPO's count masks about 1/5 of the response's) are left out of the row
+with one mask count per copy drawn uniformly, about 1/5 of the response's) are left out of the row
 (`noised_block_tokens`, `dllm_models.bd3lm_mask(keep=)`), with explicit position ids: the same
 function with fewer tokens. A segment is then x_0 plus its copies' kept tokens, which is what
 `Scorer.row_cost` prices. Tests: `tests/dllm_train/test_packed_scoring.py::
