@@ -169,3 +169,35 @@ def test_every_worker_refuses_a_negative_token_budget() -> None:
     for make in workers:
         with pytest.raises(ValueError, match=r"max_tokens_per_pass must be >= 0 \(0: no limit\), got -1"):
             make()
+
+
+class _Priced:
+    """A stand-in scorer whose rows cost `cost` and share `shared` tokens (only what `split` reads)."""
+
+    def __init__(self, cost: list[int], shared: list[int]) -> None:
+        self.cost, self.shared = torch.tensor(cost), torch.tensor(shared)
+
+    def row_cost(self, noisy_ids: torch.Tensor, attention_mask: torch.Tensor,
+                 clean_ids: torch.Tensor | None = None) -> torch.Tensor:
+        return self.cost
+
+    def shared_tokens(self, noisy_ids: torch.Tensor, attention_mask: torch.Tensor,
+                      clean_ids: torch.Tensor | None = None) -> torch.Tensor:
+        return self.shared
+
+
+def test_a_group_of_unequal_copies_starts_where_it_pays_fewer_clean_halves() -> None:
+    """Copies that carry only their noised blocks cost unequally: a lone row of 60 tokens, then a
+    group with a clean half of 20 and copies of 5, 60, 5, 5, 5 tokens, at 100 per pass. Started
+    after the lone row (85 tokens), the second copy (60) would need a new pass and the clean half
+    again (85 + 95 = 180 tokens); started fresh the group fits one pass (60 + 100 = 160). Judged
+    by its second copy alone (all copies costing 60) it would look the same either way."""
+    from dllm_train.passes import ScoreCall
+
+    cost, shared = [60, 25, 80, 25, 25, 25], [0, 0, 20, 20, 20, 20]
+    rows = torch.zeros(len(cost), 4, dtype=torch.long)
+    call = ScoreCall(rows, torch.ones_like(rows, dtype=torch.bool), rows, rows, 1.0)
+    passes = split([call], _Priced(cost, shared), 100)  # type: ignore[arg-type]
+    assert [p.rows.tolist() for p in passes] == [[0], [1, 2, 3, 4, 5]]
+    priced = [sum(cost[r] for r in p.rows.tolist()) - sum(shared[r] for r in p.rows.tolist()[1:]) for p in passes]
+    assert priced == [60, 100]
