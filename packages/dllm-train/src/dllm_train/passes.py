@@ -192,8 +192,8 @@ def split(calls: list[ScoreCall], scorer: PassScorer, max_tokens: int) -> list[P
 
     A pass of rows [a, b) costs what its forward runs: sum(row_cost[a:b]) less the clean halves
     that rows a + 1 .. b - 1 share with their predecessors (`Scorer.shared_tokens`), so a group of
-    k Monte-Carlo copies of one block-family sequence costs (k + 1) L tokens, and a group split
-    over several passes pays one clean half in each. A group that cannot fit whole into the
+    k Monte-Carlo copies of one block-family sequence costs L tokens (its clean half) plus each
+    copy's noised blocks, and a group split over several passes pays one clean half in each. A group that cannot fit whole into the
     space left in the current pass starts a new pass unless the rows that fit now cost no extra
     clean half (see `_defer`). A row costing more than the budget alone gets a pass of its own.
     """
