@@ -264,10 +264,11 @@ def test_noised_blocks_only_is_the_whole_layout_and_the_padded_path(family: str,
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["flex", "bd3lm_kernel"])
 @pytest.mark.parametrize("family", ["sdar", "llada2"])
-def test_noised_blocks_only_on_compiled_flex_on_gpu(family: str) -> None:
-    """CUDA, compiled flex (float32): log-probs and gradients of the layout with dropped blocks
-    equal the whole-copy layout's."""
+def test_noised_blocks_only_on_gpu(family: str, backend: str) -> None:
+    """CUDA, compiled flex and the BD3LM Triton kernel (float32, TF32 dots): log-probs and
+    gradients of the layout with dropped blocks equal the whole-copy layout's."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     from dllm_train.packed_scoring import packed_token_logp
@@ -278,7 +279,7 @@ def test_noised_blocks_only_on_compiled_flex_on_gpu(family: str) -> None:
     out = []
     for sparse in (True, False):
         model.zero_grad(set_to_none=True)
-        lp = packed_token_logp(model, noisy, attn, clean, clean, temperature=1.0, block_length=4, backend="flex",
+        lp = packed_token_logp(model, noisy, attn, clean, clean, temperature=1.0, block_length=4, backend=backend,
                                noised_blocks_only=sparse)
         torch.exp(lp.clamp(max=0)).sum().backward()
         out.append((lp.detach(), _grads(model)))
