@@ -108,7 +108,7 @@ class TrainerConfig:
             Triton kernel that visits only the visible tiles, `dllm_models.kernels.bd3lm_attention`;
             flex on CUDA / sdpa elsewhere for inputs it does not serve), "flex" (any family),
             "sdpa" (CPU too). "auto": varlen or bd3lm_kernel on CUDA (the exact fast paths; the kernel's
-            update measured 1.27x flex's at sdar-bgpo's batch on the H200, docs/benchmarks.md); on CPU sdpa
+            update measured 1.27x flex's at SDAR-8B's RL recipe batch on the H200, docs/benchmarks.md); on CPU sdpa
             for block families (their padded layout runs a row per noised block) and the padded
             path for LLaDA/Dream. "none" or empty: the padded batch (its head in chunks of
             `dllm_models.logprob.LOGITS_CHUNK_ELEMENTS` logits). The rollout keeps the model's

@@ -18,7 +18,7 @@ from dllm_train.likelihood import Scorer
 def resolved_attention(trainer: TrainerConfig, model: Any) -> str | None:
     """The packed attention backend of the likelihood passes: `trainer.train_attention`, where
     "auto" picks the exact fast path of the device (CUDA: varlen for bidirectional families,
-    the BD3LM kernel `bd3lm_kernel` for block families: `sdar-bgpo`'s update at the recipe's
+    the BD3LM kernel `bd3lm_kernel` for block families: SDAR-8B's RL recipe update at the recipe's
     batch took 404 s with it against 514 s with flex on the H200, docs/benchmarks.md; CPU: sdpa
     for block families, whose padded layout runs one row per noised block, and the padded path
     for bidirectional ones), and "none" or "" the padded path. `flex` and `sdpa` stay
