@@ -353,3 +353,80 @@ def test_key_limit_is_per_query_visibility_in_every_backend(heads: tuple[int, in
     # without the limit the first four queries would see keys 28..31
     free = BACKENDS["sdpa"](q, k, v, AttentionMask(key_padding=pad))
     assert (free[:, :, :4] - want[:, :, :4]).abs().max() > 1e-3
+
+
+def sparse_keep(lengths: list[int], block: int, copies: list[int] | None, seed: int) -> torch.Tensor:
+    """bool keep over the whole layout of `bd3lm_mask(lengths, block, copies=copies)`: every clean
+    copy whole; each (noisy copy, block) run kept or dropped whole at random, the first noisy copy
+    of the first sample dropped entirely, and the last sample dropped whole (clean copy too)."""
+    g = torch.Generator().manual_seed(seed)
+    parts = []
+    for s, n in enumerate(lengths):
+        k = 1 if copies is None else copies[s]
+        blocks = torch.arange(n) // block
+        noisy = []
+        for c in range(k):
+            run = torch.rand(int(blocks.max()) + 1, generator=g) < 0.6
+            noisy.append(run[blocks] & (s > 0 or c > 0))
+        clean = torch.ones(n, dtype=torch.bool)
+        seg = [*noisy, clean] if copies is None else [clean, *noisy]  # doubled: [x_t ; x_0]
+        out = torch.cat(seg)
+        parts.append(out & (s < len(lengths) - 1))
+    return torch.cat(parts)
+
+
+SPARSE = [([13, 4, 22, 5], 4, [3, 1, 2, 2]), ([9, 7, 3], 2, None), ([30, 17, 6], 8, [2, 4, 1]), ([5, 3, 2], 1, [2, 3, 1])]
+
+
+@pytest.mark.parametrize(("lengths", "block", "copies"), SPARSE)
+def test_a_layout_with_dropped_positions_is_the_whole_layout_restricted(lengths: list[int], block: int,
+                                                                        copies: list[int] | None) -> None:
+    """`bd3lm_mask(keep=)` is "masked equals selected": its dense mask is the whole layout's dense
+    mask at the kept rows and columns; empty segments leave cu_seqlens; every backend agrees."""
+    whole = bd3lm_mask(lengths, block, copies=copies)
+    keep = sparse_keep(lengths, block, copies, seed=len(lengths) + block)
+    sparse = bd3lm_mask(lengths, block, copies=copies, keep=keep)
+    n, m = keep.numel(), int(keep.sum())
+    full_dense, got = whole.dense(n, n, CPU), sparse.dense(m, m, CPU)
+    assert full_dense is not None and got is not None
+    assert torch.equal(got[0, 0], full_dense[0, 0][keep][:, keep])
+    sizes = [(1 + (1 if copies is None else copies[s])) * length for s, length in enumerate(lengths)]
+    seg = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(sizes))
+    kept_sizes = [int(keep[seg == s].sum()) for s in range(len(lengths))]
+    assert kept_sizes[-1] == 0 and sparse.cu_seqlens is not None
+    assert sparse.cu_seqlens.tolist() == torch.tensor([0] + [k for k in kept_sizes if k]).cumsum(0).tolist()
+    assert sparse.max_seqlen == max(kept_sizes)
+    q, k, v = _qkv(1, 4, 2, m, m, seed=block)
+    ref = attend(q, k, v, sparse, backend="eager")
+    for backend in ("sdpa", "flex"):
+        torch.testing.assert_close(attend(q, k, v, sparse, backend=backend), ref, rtol=1e-5, atol=1e-5, msg=backend)
+
+
+def test_flex_block_mask_of_layouts_with_dropped_positions_matches_eager() -> None:
+    """Random shared-clean packs with random (copy, block) runs dropped, tiles 16-128: the sparse
+    BlockMask (`flex.tile_classes` from per-position ids) computes the dense mask's attention."""
+    from dllm_models.flex import _eager_flex, build_block_mask
+
+    g = torch.Generator().manual_seed(2)
+    for i in range(12):
+        n = int(torch.randint(2, 5, (), generator=g))
+        lengths = torch.randint(1, 30, (n,), generator=g).tolist()
+        copies = torch.randint(1, 6, (n,), generator=g).tolist()
+        block = [1, 2, 3, 4, 8, 32][i % 6]
+        tile = [16, 32, 128][i % 3]
+        keep = sparse_keep(lengths, block, copies, seed=i)
+        mask = bd3lm_mask(lengths, block_size=block, copies=copies, keep=keep)
+        total = int(keep.sum())
+        q, k, v = _qkv(1, 4, 2, total, total, seed=i)
+        ref = attend(q, k, v, mask, backend="eager")
+        out = _eager_flex(q, k, v, build_block_mask(mask, 1, total, total, CPU, tile=tile), True)
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5, msg=f"{lengths} {copies} {block} {tile}")
+
+
+def test_keep_is_validated() -> None:
+    with pytest.raises(ValueError, match=r"keep must be a bool \[total\] tensor over the layout's 12 positions"):
+        bd3lm_mask([4], block_size=2, copies=[2], keep=torch.ones(8, dtype=torch.bool))
+    with pytest.raises(ValueError, match="keep must be a bool"):
+        bd3lm_mask([4], block_size=2, copies=[2], keep=torch.ones(12, dtype=torch.long))
+    with pytest.raises(ValueError, match="drops every position"):
+        bd3lm_mask([4], block_size=2, copies=[2], keep=torch.zeros(12, dtype=torch.bool))

@@ -68,6 +68,32 @@ def test_schedule_visits_exactly_the_visible_tiles(lengths: list[int], block: in
         assert torch.equal(sel_t, some.T) and torch.equal(full_t, every.T), (bm, bn)
 
 
+@pytest.mark.parametrize(("lengths", "block", "copies"), [([13, 7, 20, 3], 4, [2, 1, 3, 1]), ([64, 40, 9], 4, [3, 2, 2]),
+                                                      ([50, 8], 1, [2, 1]), ([33, 31, 2], 32, [1, 2, 1]),
+                                                      ([30, 9, 5], 4, None)])
+def test_schedule_is_exact_on_layouts_with_dropped_blocks(lengths: list[int], block: int,
+                                                          copies: list[int] | None) -> None:
+    """Noisy copies carrying only some of their blocks (`bd3lm_mask(keep=)`, the packed scorer's
+    layout), a copy with none and a sample dropped whole: `intervals` accepts the row and the
+    schedule is still exact at tile granularity."""
+    from tests.dllm_models.test_attention import sparse_keep
+
+    keep = sparse_keep(lengths, block, copies, seed=block)
+    mask = bd3lm_mask(lengths, block, copies=copies, keep=keep)
+    n = int(keep.sum())
+    dense = mask.dense(n, n, CPU)
+    assert dense is not None and n < keep.numel()
+    ids = position_ids(mask, n, CPU)
+    assert torch.equal(visible_reference(ids), dense[0, 0])
+    for bm, bn in [(8, 8), (16, 8), (8, 16), (32, 32)]:
+        s = build_schedule(ids, bm, bn, padded_keys=False)
+        some, every = _tile_truth(dense[0, 0], bm, bn)
+        sel, full = _listed_table(s.q_num, s.q_idx, s.q_full, some.shape[1])
+        assert torch.equal(sel, some) and torch.equal(full, every), (bm, bn)
+        sel_t, full_t = _listed_table(s.k_num, s.k_idx, s.k_full, some.shape[0])
+        assert torch.equal(sel_t, some.T) and torch.equal(full_t, every.T), (bm, bn)
+
+
 def test_schedule_skips_most_tiles_of_a_long_row() -> None:
     """SDAR's block of 4, 2048 tokens, 3 noisy copies: the visited tiles are about the visible pairs."""
     mask = bd3lm_mask([2048], 4, copies=[3])
@@ -219,6 +245,76 @@ def test_bd3lm_kernel_in_interpreter_mode() -> None:
     pytest.importorskip("triton")
     env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
     done = subprocess.run([sys.executable, "-c", _CODE], env=env, cwd=ROOT, timeout=1200, capture_output=True,
+                          text=True)
+    assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-3000:]
+
+
+_SPARSE_CODE = r"""
+import torch
+from dllm_models.attention import bd3lm_mask
+from dllm_models.kernels.bd3lm_attention import INTERPRETER_TILING, BD3LMKernelOptions, bd3lm_attend, bd3lm_fits
+from tests.dllm_models.test_attention import sparse_keep
+
+g = torch.Generator().manual_seed(0)
+# the kernel on rows whose noisy copies carry only some blocks: output and dq, dk, dv against float64
+for lengths, block, copies in (([13, 7, 20, 3], 4, [2, 1, 3, 1]), ([40, 9, 2], 32, [1, 2, 1])):
+    keep = sparse_keep(lengths, block, copies, seed=block)
+    mask = bd3lm_mask(lengths, block, copies=copies, keep=keep)
+    n = int(keep.sum())
+    dense = mask.dense(n, n, torch.device("cpu"))
+    q = torch.randn(1, 4, n, 16, generator=g, requires_grad=True)
+    k, v = (torch.randn(1, 2, n, 16, generator=g, requires_grad=True) for _ in range(2))
+    assert bd3lm_fits(q, k, mask)
+    go = torch.randn(q.shape, generator=g)
+    qd, kd, vd = (x.detach().double().requires_grad_() for x in (q, k, v))
+    ref = torch.nn.functional.scaled_dot_product_attention(qd, kd.repeat_interleave(2, 1), vd.repeat_interleave(2, 1),
+                                                           attn_mask=dense)
+    want = (ref, *torch.autograd.grad(ref, (qd, kd, vd), go.double()))
+    out = bd3lm_attend(q, k, v, mask, options=BD3LMKernelOptions(tiling=INTERPRETER_TILING))
+    got = (out, *torch.autograd.grad(out, (q, k, v), go))
+    for name, a, b in zip(("out", "dq", "dk", "dv"), got, want):
+        err = (a.double() - b).abs().max().item()
+        assert err < 2e-5, (lengths, block, name, err)
+
+# tiny SDAR and LLaDA2 scored on packed rows whose copies drop their un-noised blocks: the kernel
+# gives the log-probs and gradients of sdpa (the same layout) and of the padded path
+from tests.tiny_rl import tiny_model
+from dllm_train.likelihood import Scorer
+for family in ("sdar", "llada2"):
+    model = tiny_model(family, dtype=torch.float32)
+    bl = model.traits.block_length
+    s = 3 * bl + 2
+    clean = torch.randint(0, 12, (2, s), generator=g).repeat_interleave(3, 0)
+    t = torch.rand(6, 1, generator=g) * 0.6
+    noisy = torch.where(torch.rand(clean.shape, generator=g) < t, torch.full_like(clean, model.traits.mask_token_id),
+                        clean)
+    noisy[:, :bl] = clean[:, :bl]  # the prompt block: never noised, never in the row
+    noisy[2] = clean[2]            # a copy with no noise at all
+    attn = torch.ones_like(clean, dtype=torch.bool)
+    attn[3:, :1] = False
+    runs = {}
+    for backend in ("sdpa", "bd3lm_kernel", None):
+        model.zero_grad()
+        lp = Scorer(model, attention=backend)(noisy, attn, clean)
+        lp.sum().backward()
+        runs[backend] = (lp.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None])
+    for other in ("sdpa", None):
+        a, b = runs[other], runs["bd3lm_kernel"]
+        assert (a[0] - b[0]).abs().max().item() < 1e-4, (family, other, (a[0] - b[0]).abs().max().item())
+        assert len(a[1]) == len(b[1]) > 0
+        for x, y in zip(a[1], b[1]):
+            assert (x - y).abs().max().item() <= 1e-4 * (1 + x.abs().max().item()), (family, other)
+print("ok")
+"""
+
+
+@pytest.mark.slow
+def test_bd3lm_kernel_in_interpreter_mode_on_layouts_with_dropped_blocks() -> None:
+    """Interpreter: the kernel on rows with dropped (copy, block) runs equals float64 attention in
+    output and gradients; tiny SDAR and LLaDA2 scored with it equal sdpa and the padded path."""
+    pytest.importorskip("triton")
+    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
+    done = subprocess.run([sys.executable, "-c", _SPARSE_CODE], env=env, cwd=ROOT, timeout=1200, capture_output=True,
                           text=True)
     assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-3000:]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import zlib
+from typing import Any
 
 import pytest
 import torch
@@ -165,3 +166,145 @@ def test_rl_workflow_scores_on_packed_rows_when_asked() -> None:
         assert a["reward_mean"] == b["reward_mean"]
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-4, abs=1e-6)
         assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)
+
+
+# --- noisy copies carry only their noised blocks (the default packed BD3LM layout) ---------------
+
+RESPONSE = 14
+COPIES = 4
+
+
+def _bgpo_rows(family: str, prompts: list[int], seed: int) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A float64 tiny model and BGPO's rows: sequences of prompt + 14 response tokens, left-padded,
+    `COPIES` count masks over the response each (`count_masks`, as `BGPO.prepare` draws them: one
+    global count per copy, a uniformly random subset); copy 1 of sequence 0 without any noise.
+
+    Returns:
+        (model, noisy, attention, clean), rows [len(prompts) * COPIES, S].
+    """
+    from dllm_objectives import count_masks
+    from tests.tiny_rl import tiny_model
+
+    model = tiny_model(family, dtype=torch.float64).train()
+    g = torch.Generator().manual_seed(seed)
+    width = max(prompts) + RESPONSE
+    ids = torch.randint(0, 12, (len(prompts), width), generator=g)
+    attn = torch.zeros(len(prompts), width, dtype=torch.bool)
+    response = torch.zeros_like(attn)
+    for i, p in enumerate(prompts):
+        attn[i, width - p - RESPONSE:] = True
+        response[i, width - RESPONSE:] = True
+    plan = count_masks(response, COPIES, generator=g)
+    noisy = torch.where(plan.mask, model.traits.mask_token_id, ids[:, None]).flatten(0, 1)
+    clean = ids.repeat_interleave(COPIES, 0)
+    noisy[1] = clean[1]
+    return model, noisy, attn.repeat_interleave(COPIES, 0), clean
+
+
+def _forward_tokens(model: Any) -> tuple[list[int], Any]:
+    """A list that receives the length of every forward's input (at the embedding), and the hook's handle."""
+    body = model.model
+    embed = body.embed_tokens if hasattr(body, "embed_tokens") else body.word_embeddings
+    seen: list[int] = []
+    handle = embed.register_forward_pre_hook(lambda _m, args: seen.append(args[0].numel()))
+    return seen, handle
+
+
+def _grads(model: torch.nn.Module) -> list[torch.Tensor]:
+    return [p.grad.clone() if p.grad is not None else torch.zeros_like(p) for p in model.parameters()]
+
+
+@pytest.mark.parametrize("noised_only", [True, False])
+@pytest.mark.parametrize("prompts", [[8, 4, 12], [6, 9, 3]], ids=["aligned", "unaligned"])
+@pytest.mark.parametrize("family", ["sdar", "llada2"])
+def test_noised_blocks_only_is_the_whole_layout_and_the_padded_path(family: str, prompts: list[int],
+                                                                    noised_only: bool) -> None:
+    """float64, BGPO's masks on 3 packed sequences (prompts block-aligned, or sharing their last
+    block with the response), a copy without noise: the packed path whose noisy copies carry only
+    their noised blocks gives the log-probs and parameter gradients of the whole-copy layout
+    (`noised_blocks_only=False`, the layout before) and of the padded path, with sdpa; flex's
+    values too (CPU flex has no backward); the forward runs fewer tokens (counted at the model's
+    embedding): one clean copy per sequence plus the noised blocks' tokens."""
+    from dllm_train.packed_scoring import packed_token_logp
+    from tests.dllm_train.test_shared_context import _kept_by_hand
+
+    model, noisy, attn, clean = _bgpo_rows(family, prompts, seed=len(prompts) + prompts[1])
+    weights = torch.rand(noisy.shape, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+    bl = model.traits.block_length
+
+    def run(fn: Any) -> tuple[torch.Tensor, list[torch.Tensor], list[int]]:
+        model.zero_grad(set_to_none=True)
+        seen, handle = _forward_tokens(model)
+        try:
+            lp = fn()
+        finally:
+            handle.remove()
+        (torch.exp(lp.clamp(max=0)) * weights).sum().backward()
+        return lp.detach(), _grads(model), seen
+
+    sparse = run(lambda: Scorer(model, attention="sdpa", noised_only=noised_only)(noisy, attn, clean))
+    whole = run(lambda: packed_token_logp(model, noisy, attn, clean, clean, temperature=1.0, block_length=bl,
+                                          backend="sdpa", noised_only=noised_only, noised_blocks_only=False))
+    padded = run(lambda: Scorer(model, noised_only=noised_only)(noisy, attn, clean))
+    kept = _kept_by_hand(noisy, attn, clean, bl)
+    real = attn.sum(-1).tolist()
+    assert kept[1] == 0 and sum(kept) < sum(real) - real[1]  # some blocks and a whole copy hold no noise
+    assert sparse[2] == [sum(real[::COPIES]) + sum(kept)]
+    assert whole[2] == [sum(real[::COPIES]) + sum(real)]
+    scale = max(float(g.abs().max()) for g in whole[1])
+    assert scale > 0 and bool((sparse[0] != 0).any())
+    torch.testing.assert_close(sparse[0], whole[0], rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(sparse[0], padded[0], rtol=1e-6, atol=1e-6)
+    for a, b, c in zip(sparse[1], whole[1], padded[1]):
+        assert float((a - b).abs().max()) <= 1e-6 * scale
+        assert float((a - c).abs().max()) <= 1e-5 * scale
+    with torch.no_grad():
+        flex = Scorer(model.eval(), attention="flex", noised_only=noised_only)(noisy, attn, clean)
+    torch.testing.assert_close(flex, whole[0], rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["flex", "bd3lm_kernel"])
+@pytest.mark.parametrize("family", ["sdar", "llada2"])
+def test_noised_blocks_only_on_gpu(family: str, backend: str) -> None:
+    """CUDA, compiled flex and the BD3LM Triton kernel (float32, TF32 dots): log-probs and
+    gradients of the layout with dropped blocks equal the whole-copy layout's."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from dllm_train.packed_scoring import packed_token_logp
+
+    model, noisy, attn, clean = _bgpo_rows(family, [6, 9, 3], seed=1)
+    model = model.float().cuda()
+    noisy, attn, clean = noisy.cuda(), attn.cuda(), clean.cuda()
+    out = []
+    for sparse in (True, False):
+        model.zero_grad(set_to_none=True)
+        lp = packed_token_logp(model, noisy, attn, clean, clean, temperature=1.0, block_length=4, backend=backend,
+                               noised_blocks_only=sparse)
+        torch.exp(lp.clamp(max=0)).sum().backward()
+        out.append((lp.detach(), _grads(model)))
+    torch.testing.assert_close(out[0][0], out[1][0], rtol=5e-3, atol=5e-3)
+    for a, b in zip(out[0][1], out[1][1]):
+        cos = torch.nn.functional.cosine_similarity(a.flatten(), b.flatten(), dim=0)
+        assert cos > 0.999 or (a.abs().max() < 1e-6 and b.abs().max() < 1e-6), float(cos)
+
+
+def test_rows_without_noise_still_run_one_forward() -> None:
+    """A call whose rows hold no noised token: the packed row is the clean copies alone, one
+    forward runs (the lockstep rule: every call is one pass), every value is 0, and the backward
+    runs and leaves zero gradients."""
+    from tests.dllm_train.test_shared_context import _forward_tokens
+
+    model, noisy, attn, clean = _bgpo_rows("sdar", [8, 4, 12], seed=0)
+    scorer = Scorer(model, attention="sdpa")
+    seen, handle = _forward_tokens(model)
+    try:
+        lp = scorer(clean, attn, clean)
+    finally:
+        handle.remove()
+    assert seen == [int(attn[::COPIES].sum())]
+    assert bool((lp == 0).all())
+    model.zero_grad(set_to_none=True)
+    lp.sum().backward()
+    assert all(float(g.abs().max()) == 0 for g in _grads(model))
+    assert scorer.row_cost(clean, attn, clean).tolist() == attn.sum(-1).tolist()

@@ -111,7 +111,8 @@ def test_row_costs_of_the_padded_and_block_layouts() -> None:
     padded = Scorer(tiny_model("llada"))
     assert padded.row_cost(noisy, attn).tolist() == [width] * len(LENGTHS)
     packed_block = Scorer(tiny_model("sdar"), attention="sdpa")
-    assert packed_block.row_cost(noisy, attn, ids).tolist() == [2 * n for n in LENGTHS]  # [x_t ; x_0]
+    packed_costs = packed_block.row_cost(noisy, attn, ids).tolist()
+    assert packed_block.row_cost(noisy, attn).tolist() == [2 * n for n in LENGTHS]  # no clean ids: [x_t ; x_0]
     padded_block = Scorer(tiny_model("sdar"))
     costs = padded_block.row_cost(noisy, attn, ids).tolist()
     block = padded_block.block_length
@@ -120,6 +121,9 @@ def test_row_costs_of_the_padded_and_block_layouts() -> None:
         pos = (attn[i].long().cumsum(0) - 1).clamp(min=0)
         noised_blocks = {int(p) // block for p, changed in zip(pos, noisy[i] != ids[i]) if changed}
         assert costs[i] == width * max(1, len(noised_blocks))
+        # packed [x_0 ; x_t]: the clean copy whole, the noisy copy's noised blocks only
+        in_noised = sum(1 for p, real in zip(pos, attn[i]) if real and int(p) // block in noised_blocks)
+        assert packed_costs[i] == n + in_noised
 
 
 @pytest.mark.parametrize("attention", [None, "sdpa"])
@@ -165,3 +169,35 @@ def test_every_worker_refuses_a_negative_token_budget() -> None:
     for make in workers:
         with pytest.raises(ValueError, match=r"max_tokens_per_pass must be >= 0 \(0: no limit\), got -1"):
             make()
+
+
+class _Priced:
+    """A stand-in scorer whose rows cost `cost` and share `shared` tokens (only what `split` reads)."""
+
+    def __init__(self, cost: list[int], shared: list[int]) -> None:
+        self.cost, self.shared = torch.tensor(cost), torch.tensor(shared)
+
+    def row_cost(self, noisy_ids: torch.Tensor, attention_mask: torch.Tensor,
+                 clean_ids: torch.Tensor | None = None) -> torch.Tensor:
+        return self.cost
+
+    def shared_tokens(self, noisy_ids: torch.Tensor, attention_mask: torch.Tensor,
+                      clean_ids: torch.Tensor | None = None) -> torch.Tensor:
+        return self.shared
+
+
+def test_a_group_of_unequal_copies_starts_where_it_pays_fewer_clean_halves() -> None:
+    """Copies that carry only their noised blocks cost unequally: a lone row of 60 tokens, then a
+    group with a clean half of 20 and copies of 5, 60, 5, 5, 5 tokens, at 100 per pass. Started
+    after the lone row (85 tokens), the second copy (60) would need a new pass and the clean half
+    again (85 + 95 = 180 tokens); started fresh the group fits one pass (60 + 100 = 160). Judged
+    by its second copy alone (all copies costing 60) it would look the same either way."""
+    from dllm_train.passes import ScoreCall
+
+    cost, shared = [60, 25, 80, 25, 25, 25], [0, 0, 20, 20, 20, 20]
+    rows = torch.zeros(len(cost), 4, dtype=torch.long)
+    call = ScoreCall(rows, torch.ones_like(rows, dtype=torch.bool), rows, rows, 1.0)
+    passes = split([call], _Priced(cost, shared), 100)  # type: ignore[arg-type]
+    assert [p.rows.tolist() for p in passes] == [[0], [1, 2, 3, 4, 5]]
+    priced = [sum(cost[r] for r in p.rows.tolist()) - sum(shared[r] for r in p.rows.tolist()[1:]) for p in passes]
+    assert priced == [60, 100]

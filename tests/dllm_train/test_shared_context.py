@@ -65,36 +65,63 @@ def test_rows_of_one_clean_sequence_are_grouped() -> None:
     assert shares_clean_context(empty, clean).tolist()[:4] == [False, False, False, False]
 
 
+def _kept_by_hand(noisy: torch.Tensor, attn: torch.Tensor, clean: torch.Tensor, block: int) -> list[int]:
+    """Per row: its real tokens in the blocks (of `block` positions from its first real token)
+    that hold a noised token of the row, counted with Python loops."""
+    out = []
+    for r in range(noisy.shape[0]):
+        real = attn[r].nonzero()[:, 0].tolist()
+        blocks = [real[i:i + block] for i in range(0, len(real), block)]
+        out.append(sum(len(b) for b in blocks if any(int(noisy[r, j]) != int(clean[r, j]) for j in b)))
+    return out
+
+
 @pytest.mark.parametrize("family", BLOCK_FAMILIES)
 def test_every_noisy_copy_has_the_doubled_layouts_hidden_states_and_gradients(family: str) -> None:
-    """float64 final hidden states of each noisy copy, and the gradient of a random function of
-    them, are those of the doubled layout, in (k + 1) L positions instead of 2 k L."""
+    """float64 final hidden states of each noisy copy's noised blocks, and the gradient of a random
+    function of them, are the same in four layouts: shared or doubled clean copies, noisy copies
+    whole or carrying only their noised blocks; token counts: (k + 1) L, 2 k L, and the noised
+    blocks' tokens in place of k L."""
     model = tiny_model(family, dtype=torch.float64).train()
     ids, attn, plan = _batch()
     noisy, rows_attn, clean = _rows(model, ids, attn, plan)
     packed = pack(noisy, rows_attn)
     block = model.traits.block_length
+    kept_rows = _kept_by_hand(noisy, rows_attn, clean, block)
+    assert 0 < sum(kept_rows) < sum(COPIES * n for n in LENGTHS)  # some blocks are dropped, some kept
     weights = torch.randn(packed.num_tokens, model.config.hidden_size, generator=torch.Generator().manual_seed(5),
                           dtype=torch.float64)
+    # the noised blocks' tokens, by hand: the only hidden states any score reads
+    block_of = (packed.position_ids[0] // block)
+    row_of = torch.repeat_interleave(torch.arange(noisy.shape[0]), rows_attn.sum(-1))
+    changed = packed.input_ids[0] != clean[rows_attn]
+    read = torch.tensor([bool(changed[(row_of == r) & (block_of == b)].any()) for r, b in zip(row_of, block_of)])
     out = {}
     for name, follows in (("shared", shares_clean_context(rows_attn, clean)),
                           ("doubled", torch.zeros(noisy.shape[0], dtype=torch.bool))):
-        layout = bd3lm_layout(packed, clean, follows, block)
-        model.zero_grad(set_to_none=True)
-        hidden = final_hidden(model, layout.input_ids, attention=layout.attention,
-                              attention_backend="sdpa")[0, layout.noisy_at]
-        (hidden * weights).sum().backward()
-        out[name] = (layout.input_ids.shape[1], hidden.detach(), _grads(model))
-    assert out["shared"][0] == sum((COPIES + 1) * n for n in LENGTHS)
-    assert out["doubled"][0] == sum(2 * COPIES * n for n in LENGTHS)
-    torch.testing.assert_close(out["shared"][1], out["doubled"][1], rtol=1e-10, atol=1e-10)
+        for sparse in (True, False):
+            layout = bd3lm_layout(packed, clean, follows, block, noised_blocks_only=sparse)
+            assert torch.equal(layout.noisy_at >= 0, read if sparse else torch.ones_like(read))
+            model.zero_grad(set_to_none=True)
+            hidden = final_hidden(model, layout.input_ids, attention=layout.attention, position_ids=layout.position_ids,
+                                  attention_backend="sdpa")[0, layout.noisy_at.clamp(min=0)]
+            hidden = torch.where(read[:, None], hidden, torch.zeros_like(hidden))
+            (hidden * weights).sum().backward()
+            out[name, sparse] = (layout.input_ids.shape[1], hidden.detach(), _grads(model))
+    assert out["shared", False][0] == sum((COPIES + 1) * n for n in LENGTHS)
+    assert out["doubled", False][0] == sum(2 * COPIES * n for n in LENGTHS)
+    assert out["shared", True][0] == sum(LENGTHS) + sum(kept_rows)
+    assert out["doubled", True][0] == sum(COPIES * n for n in LENGTHS) + sum(kept_rows)
+    ref = out["doubled", False]
     # the families normalise (RMSNorm) and rotate (RoPE) in float32 whatever the model's dtype: a
-    # norm weight's gradient sums float32 terms over the layout's tokens, so the two layouts (one
+    # norm weight's gradient sums float32 terms over the layout's tokens, so the layouts (one
     # clean half, or k of them) round it differently at ~1e-7; a leak between copies is O(1)
-    scale = max(float(g.abs().max()) for g in out["doubled"][2])
+    scale = max(float(g.abs().max()) for g in ref[2])
     assert scale > 0
-    for a, b in zip(out["shared"][2], out["doubled"][2]):
-        assert float((a - b).abs().max()) <= 1e-6 * scale
+    for key in (("shared", True), ("doubled", True), ("shared", False)):
+        torch.testing.assert_close(out[key][1], ref[1], rtol=1e-10, atol=1e-10)
+        for a, b in zip(out[key][2], ref[2]):
+            assert float((a - b).abs().max()) <= 1e-6 * scale
 
 
 @pytest.mark.parametrize("family", BLOCK_FAMILIES)
@@ -153,8 +180,10 @@ def _forward_tokens(model: Any) -> tuple[list[int], Any]:
 
 @pytest.mark.parametrize("layout", ["shared", "doubled"])
 def test_the_budget_prices_what_each_forward_runs(layout: str) -> None:
-    """Every pass runs exactly its priced tokens, within the budget unless it is one row; a group
-    of copies split over passes pays one clean half per pass; one pass: (k + 1) L per sequence."""
+    """Every pass runs exactly its priced tokens (counted at the model's embedding), within the
+    budget unless it is one row; a group of copies split over passes pays one clean half per
+    pass; a row costs its clean copy plus its noised blocks' tokens (counted by hand); one pass:
+    L + the copies' noised blocks per sequence (shared), k L + them (doubled)."""
     model = tiny_model("sdar", dtype=torch.float64).eval()
     scorer = Scorer(model, attention="sdpa", shared_context=layout == "shared")
     ids, attn, plan = _batch()
@@ -162,7 +191,9 @@ def test_the_budget_prices_what_each_forward_runs(layout: str) -> None:
     call = calls[0]
     cost = scorer.row_cost(call.noisy, call.attention, call.targets).tolist()
     shared = scorer.shared_tokens(call.noisy, call.attention, call.targets).tolist()
-    assert cost == [2 * n for n in LENGTHS for _ in range(COPIES)]
+    kept = _kept_by_hand(call.noisy, call.attention, call.targets, model.traits.block_length)
+    assert 0 < sum(kept) < sum(COPIES * n for n in LENGTHS)
+    assert cost == [n + k for n, k in zip([n for n in LENGTHS for _ in range(COPIES)], kept)]
     assert shared == ([n * (c > 0) for n in LENGTHS for c in range(COPIES)] if layout == "shared"
                       else [0] * len(cost))
     for budget in (1, 30, 60, 0):
@@ -177,8 +208,8 @@ def test_the_budget_prices_what_each_forward_runs(layout: str) -> None:
         assert seen == priced, (budget, seen, priced)
         assert all(t <= budget or len(p.rows) == 1 for t, p in zip(priced, passes)) or budget == 0
         if budget == 0:
-            per_sequence = COPIES + 1 if layout == "shared" else 2 * COPIES
-            assert seen == [per_sequence * sum(LENGTHS)]
+            clean_copies = 1 if layout == "shared" else COPIES
+            assert seen == [clean_copies * sum(LENGTHS) + sum(kept)]
 
 
 def test_the_layout_is_a_validated_trainer_field_that_reaches_every_scorer() -> None:
@@ -203,7 +234,7 @@ def test_a_group_that_must_split_pays_the_fewest_clean_halves() -> None:
     seqs = torch.randint(0, 12, (3, 10), generator=g)
     rows = seqs.repeat_interleave(16, 0)
     noisy = rows.clone()
-    noisy[:, -3:] = model.traits.mask_token_id
+    noisy[:, 1::4] = model.traits.mask_token_id  # a noised token in each block of 4: every copy whole
     attn = torch.ones_like(rows, dtype=torch.bool)
     from dllm_train.passes import ScoreCall
 

@@ -118,6 +118,7 @@ def bd3lm_mask(
     block_size: int,
     *,
     copies: Sequence[int] | None = None,
+    keep: torch.Tensor | None = None,
     device: torch.device | str | None = None,
 ) -> AttentionMask:
     """Mask of the BD3LM training layout (Arriola et al., arXiv 2503.09573), samples packed along one row.
@@ -130,15 +131,26 @@ def bd3lm_mask(
     instead of 2 k_i L_i. Blocks are numbered from each sample's absolute position 0 ("global"
     block origin, docs/models.md#forward-contracts), the same in every copy.
 
+    `keep` drops positions from that layout: a dropped position is neither a query nor a key,
+    and every kept position keeps its block, copy and clean flag. Dropping whole (copy, block)
+    runs of noisy positions that no scored query reads (a noisy block is seen by its own queries
+    only) leaves every other position's attention unchanged: the sparse layout of
+    `dllm_train.packed_scoring`. The block ids then no longer follow from the run lengths:
+    pass each kept position's position id to the forward (`position_ids`).
+
     Args:
         lengths: length L_i of each sample.
         block_size: diffusion block size.
         copies: number k_i >= 1 of noisy copies of each sample (shared-clean layout), or None.
+        keep: bool [total] over the positions of the whole layout (2 L_i or (k_i + 1) L_i per
+            sample, in order): the positions to keep; None keeps all. Segments left empty are
+            dropped from cu_seqlens.
         device: where the mask tensors live.
 
     Returns:
         AttentionMask with cu_seqlens over the samples' segments (2 L_i or (k_i + 1) L_i
-        positions), block_ids, is_clean and (shared-clean layout) copy_ids [1, total].
+        positions, fewer with `keep`), block_ids, is_clean and (shared-clean layout) copy_ids
+        [1, total].
     """
     if block_size < 1:
         raise ValueError(f"block_size must be >= 1, got {block_size}")
@@ -161,14 +173,35 @@ def bd3lm_mask(
         clean += [yes] + [~yes] * k
         copy.append(torch.arange(k + 1, device=device).repeat_interleave(n))
         sizes.append((k + 1) * n)
+    block_ids, is_clean = torch.cat(blocks), torch.cat(clean)
+    copy_ids = torch.cat(copy) if copies is not None else None
+    if keep is not None:
+        sizes, keep = _kept_sizes(keep, sizes, block_ids.device)
+        block_ids, is_clean = block_ids[keep], is_clean[keep]
+        copy_ids = None if copy_ids is None else copy_ids[keep]
     seg = torch.tensor([0] + sizes, device=device).cumsum(0).to(torch.int32)
     return AttentionMask(
-        block_ids=torch.cat(blocks)[None],
+        block_ids=block_ids[None],
         cu_seqlens=seg,
         max_seqlen=max(sizes),
-        is_clean=torch.cat(clean)[None],
-        copy_ids=torch.cat(copy)[None] if copies is not None else None,
+        is_clean=is_clean[None],
+        copy_ids=copy_ids[None] if copy_ids is not None else None,
     )
+
+
+def _kept_sizes(keep: torch.Tensor, sizes: list[int], device: torch.device) -> tuple[list[int], torch.Tensor]:
+    """(sizes of the non-empty segments after `keep`, `keep` as a bool tensor on `device`)."""
+    total = sum(sizes)
+    if keep.dtype != torch.bool or keep.dim() != 1 or keep.numel() != total:
+        raise ValueError(f"keep must be a bool [total] tensor over the layout's {total} positions, got "
+                         f"{keep.dtype} of shape {tuple(keep.shape)}")
+    keep = keep.to(device)
+    seg = torch.repeat_interleave(torch.arange(len(sizes), device=device), torch.tensor(sizes, device=device))
+    kept = torch.zeros(len(sizes), dtype=torch.long, device=device).index_add_(0, seg, keep.long()).tolist()
+    out = [int(n) for n in kept if n > 0]
+    if not out:
+        raise ValueError("keep drops every position of the layout; keep at least one")
+    return out, keep
 
 
 __all__ = ["AttentionMask", "bd3lm_mask", "key_limit_mask"]

@@ -22,7 +22,7 @@ from torch.utils.checkpoint import checkpoint
 from dllm_models.layers import positions_from_mask
 from dllm_models.logprob import LOGITS_CHUNK_ELEMENTS
 from dllm_objectives import MaskPlan, apply_mask, token_logp_from_logits
-from dllm_train.packed_scoring import PACKED_BACKENDS, Readout, packed_token_logp, shares_clean_context
+from dllm_train.packed_scoring import PACKED_BACKENDS, Readout, noised_block_counts, packed_token_logp, shares_clean_context
 from dllm_train.passes import ValuesScorer
 
 
@@ -226,14 +226,20 @@ class Scorer:
                  clean_ids: torch.Tensor | None = None) -> torch.Tensor:
         """[M] tokens one forward runs for each row (what a token budget counts).
 
-        Packed rows: the row's real tokens (twice that for the BD3LM [x_t ; x_0] layout of block
-        families). Padded rows: the batch width (times the number of the row's noised blocks
-        for block families, which run one row per noised block).
+        Packed rows: the row's real tokens; for the BD3LM layout of block families its clean copy
+        plus the tokens of its noisy copy's noised blocks (`packed_scoring.bd3lm_layout` leaves
+        the others out), or twice the real tokens when `clean_ids` is not given (an upper
+        bound). Padded rows: the batch width (times the number of the row's noised blocks for
+        block families, which run one row per noised block).
         """
         attn = attention_mask.bool()
         if self.attention is not None:
             real = attn.sum(-1)
-            return real * 2 if self.block_length is not None else real
+            if self.block_length is None:
+                return real
+            if clean_ids is None:
+                return real * 2
+            return real + noised_block_counts(noisy_ids, attn, clean_ids, self.block_length)
         width = torch.full((attn.shape[0],), attn.shape[1], dtype=torch.long, device=attn.device)
         if self.block_length is None:
             return width

@@ -192,8 +192,8 @@ def split(calls: list[ScoreCall], scorer: PassScorer, max_tokens: int) -> list[P
 
     A pass of rows [a, b) costs what its forward runs: sum(row_cost[a:b]) less the clean halves
     that rows a + 1 .. b - 1 share with their predecessors (`Scorer.shared_tokens`), so a group of
-    k Monte-Carlo copies of one block-family sequence costs (k + 1) L tokens, and a group split
-    over several passes pays one clean half in each. A group that cannot fit whole into the
+    k Monte-Carlo copies of one block-family sequence costs L tokens (its clean half) plus each
+    copy's noised blocks, and a group split over several passes pays one clean half in each. A group that cannot fit whole into the
     space left in the current pass starts a new pass unless the rows that fit now cost no extra
     clean half (see `_defer`). A row costing more than the budget alone gets a pass of its own.
     """
@@ -223,23 +223,33 @@ def _defer(cost: list[int], shared: list[int], r: int, used: int, max_tokens: in
     """Whether the group of rows starting at row r (r and the rows that share its clean half) is
     better started in a fresh pass than in the current one, which has `used` tokens.
 
-    With g rows, n_fresh of them per fresh pass and n_now fitting now (n_now < g), starting now
-    costs 1 + ceil((g - n_now) / n_fresh) clean halves and starting fresh ceil(g / n_fresh): the
-    same only when n_now covers the group's remainder g mod n_fresh (or n_fresh when it is 0).
+    Both choices are played out row by row as `split` fills passes (a row that does not fit
+    starts a new pass and pays the group's clean half again); the group is deferred when starting
+    now costs more clean halves than starting fresh. With g copies of equal cost, n_fresh of them
+    per fresh pass and n_now fitting now, that is 1 + ceil((g - n_now) / n_fresh) against
+    ceil(g / n_fresh); the copies of a block family's group cost unequally (each carries only its
+    noised blocks), hence the play-out.
     """
     end = r + 1
     while end < len(cost) and shared[end] > 0:
         end += 1
-    g = end - r
-    if g == 1:
+    if end - r == 1:
         return False
-    head, extra = cost[r], cost[r + 1] - shared[r + 1]  # the copies of a group cost alike
-    if used + head + (g - 1) * extra <= max_tokens:
-        return False  # the whole group fits now
-    n_fresh = 1 + max(max_tokens - head, 0) // max(extra, 1)
-    n_now = 0 if used + head > max_tokens else 1 + (max_tokens - used - head) // max(extra, 1)
-    rest = g % n_fresh
-    return n_now < (rest if rest else n_fresh)
+    return _clean_halves(cost, shared, r, end, used, max_tokens) > _clean_halves(cost, shared, r, end, 0, max_tokens)
+
+
+def _clean_halves(cost: list[int], shared: list[int], r: int, end: int, used: int, max_tokens: int) -> int:
+    """Clean halves that rows r .. end - 1 (one group) pay when filled into passes from a pass with
+    `used` tokens, as `split` fills them."""
+    halves = 0
+    for j in range(r, end):
+        extra = cost[j] - (shared[j] if j > r else 0)
+        if j > r and used + extra <= max_tokens:
+            used += extra
+            continue
+        halves += 1  # the group's first row, or a row that starts a new pass: its clean half again
+        used = cost[j] if (j > r or used + cost[j] > max_tokens) else used + cost[j]
+    return halves
 
 
 def _lockstep(scorer: PassScorer, passes: list[Pass]) -> int:

@@ -161,6 +161,7 @@ def _explicit_inputs(
         if cached:
             raise ValueError("position_ids are required when past_key_values is given")
         position_ids = positions_from_attention(attention, b, n, input_ids.device)
+        _check_counted_positions(attention, position_ids, block_length)
     if block_length is None or attention.block_ids is not None:
         return attention, position_ids
     if cached:
@@ -174,6 +175,20 @@ def _explicit_inputs(
         cu_seqlens=attention.cu_seqlens, max_seqlen=attention.max_seqlen,
     )
     return mask, position_ids
+
+
+def _check_counted_positions(attention: AttentionMask, position_ids: torch.Tensor, block_length: int | None) -> None:
+    """Refuse positions counted from the runs of a BD3LM mask whose block ids they contradict: a
+    layout with dropped positions (`bd3lm_mask(keep=...)`) needs explicit position ids."""
+    if block_length is None or attention.is_clean is None or attention.block_ids is None:
+        return
+    blocks = attention.block_ids[:, -position_ids.shape[1]:].to(position_ids.device)
+    if not bool((torch.div(position_ids, block_length, rounding_mode="floor") == blocks).all()):
+        raise ValueError(
+            "position_ids=None: the positions counted from the runs of this BD3LM attention mask contradict its "
+            f"block_ids (block_length {block_length}); a layout with dropped positions (bd3lm_mask(keep=...)) "
+            "needs explicit position_ids, the position of each kept token in its sequence"
+        )
 
 
 def run_layers(
