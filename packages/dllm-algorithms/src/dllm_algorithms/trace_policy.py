@@ -222,9 +222,8 @@ class TraceRL(RLAlgorithm[TraceRows]):
 
     def critic_values(self, scorer: ValuesScorer, batch: RLBatch, data: TraceRows) -> torch.Tensor:
         """The value model's values [B, K, S] at each row's trained tokens (0 elsewhere), on the
-        policy's rows (train/train_sdar_value.py:635-683)."""
-        v = plan_token_logp(scorer, batch.rollout.input_ids, data.attention, data.plan)
-        return v * data.active.to(v.dtype)
+        policy's rows (train/train_sdar_value.py:635-683): `values` read through the value model's scorer."""
+        return self.values(scorer, batch, data, iteration=0)
 
     def critic_targets(self, batch: RLBatch, data: TraceRows, old: torch.Tensor,
                        advantages: torch.Tensor) -> CriticTargets:
@@ -247,14 +246,17 @@ class TraceRL(RLAlgorithm[TraceRows]):
         over the longest replayed response, the rows averaged (those with a trained token)."""
         b, k, s = values.shape
         d = inputs.data
-        active = d.active.reshape(b * k, s)
-        loss = trace_value_loss(values.reshape(b * k, s), inputs.old.to(values.dtype).reshape(b * k, s),
-                                inputs.targets.returns.to(values.dtype).reshape(b * k, s), active,
+
+        def rows(x: torch.Tensor) -> torch.Tensor:  # [B, K, S] -> the [B K, S] training rows
+            return x.to(values.dtype).reshape(b * k, s)
+
+        active, current, returns = d.active.reshape(b * k, s), rows(values), rows(inputs.targets.returns)
+        loss = trace_value_loss(current, rows(inputs.old), returns, active,
                                 clip=self.value_clip, length=d.length, num_rows=max(d.num_rows, 1))
         with torch.no_grad():
             tokens = active.sum().clamp_min(1)
-            mean_value = (values.reshape(b * k, s) * active).sum() / tokens
-            mean_return = (inputs.targets.returns.reshape(b * k, s).to(values.dtype) * active).sum() / tokens
+            mean_value = (current * active).sum() / tokens
+            mean_return = (returns * active).sum() / tokens
         return loss, {"value_loss": loss.detach(), "value_mean": mean_value, "return_mean": mean_return}
 
 
