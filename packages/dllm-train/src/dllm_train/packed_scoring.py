@@ -127,12 +127,13 @@ def noised_block_tokens(packed: Any, clean: torch.Tensor, block_length: int) -> 
         block_length: the family's block size.
     """
     noisy = packed.input_ids[0]
-    cu = packed.cu_seqlens.long()
-    seq = torch.repeat_interleave(torch.arange(len(cu) - 1, device=cu.device), cu[1:] - cu[:-1])
+    rows = len(packed.cu_seqlens) - 1
+    seq = packed.attention_mask().segment_ids(noisy.device)
+    assert seq is not None  # a packed row has cu_seqlens
     block = torch.div(packed.position_ids[0], block_length, rounding_mode="floor")
     nblocks = int(block.max()) + 1 if block.numel() else 1
     key = seq * nblocks + block
-    has = torch.zeros((len(cu) - 1) * nblocks, dtype=torch.long, device=noisy.device)
+    has = torch.zeros(rows * nblocks, dtype=torch.long, device=noisy.device)
     has.index_add_(0, key, (noisy != clean).long())
     out: torch.Tensor = has[key] > 0
     return out
@@ -151,9 +152,9 @@ def noised_block_counts(noisy_ids: torch.Tensor, attention_mask: torch.Tensor, c
 
     packed = pack(noisy_ids, attention_mask)
     kept = noised_block_tokens(packed, pack_like(clean_ids, packed)[0], block_length)
-    cu = packed.cu_seqlens.long()
-    seq = torch.repeat_interleave(torch.arange(len(cu) - 1, device=cu.device), cu[1:] - cu[:-1])
-    return torch.zeros(len(cu) - 1, dtype=torch.long, device=cu.device).index_add_(0, seq, kept.long())
+    seq = packed.attention_mask().segment_ids(kept.device)
+    assert seq is not None
+    return torch.zeros(len(packed.cu_seqlens) - 1, dtype=torch.long, device=kept.device).index_add_(0, seq, kept.long())
 
 
 class BD3LMLayout(NamedTuple):

@@ -203,7 +203,6 @@ class PolicyRank(Generic[D]):
                 out[key] = max(phases)
         return out
 
-
     def _actor_critic_update(self, prepared: Prepared[D], advantages: torch.Tensor, clock: _Clock) -> dict[str, float]:
         """The policy's update with the targets of the value model's old values, then (when due) the
         value model's own (`dllm_train.critic`); `value_update_s` times the latter."""
