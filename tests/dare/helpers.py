@@ -29,9 +29,22 @@ def tiny_config(*extra: str) -> RunConfig:
     return cfg
 
 
+def addition_rl_parquet(path: Path, pairs: list[tuple[int, int]]) -> Path:
+    """A DARE-format RL parquet of two-digit additions ("12+34=" -> "46") at `path`."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({
+        "data_source": ["gsm8k"] * len(pairs),
+        "prompt": [[{"role": "user", "content": f"{a:02d}+{b:02d}="}] for a, b in pairs],
+        "reward_model": [{"ground_truth": str(a + b)} for a, b in pairs],
+    }), path)
+    return path
+
+
 def measured(path: Path) -> list[dict[str, Any]]:
     """The records of a metrics.jsonl without what a rerun cannot reproduce (`tiny_rl.reproducible`)."""
     return [reproducible(json.loads(line)) for line in path.read_text().splitlines()]
 
 
-__all__ = ["TASK", "TINY", "measured", "tiny_config"]
+__all__ = ["TASK", "TINY", "addition_rl_parquet", "measured", "tiny_config"]

@@ -52,13 +52,12 @@ def test_show_gives_the_authors_gdpo_recipe(capsys: pytest.CaptureFixture[str]) 
 
 
 def test_gdpo_recipe_trains_a_tiny_llada(tmp_path: Path) -> None:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
     import torch
 
     from dare.tasks.addition import build_tokenizer
     from dllm_models import build_model, save_model
     from tests.conftest import tiny_llada_config
+    from tests.dare.helpers import addition_rl_parquet
 
     tok = build_tokenizer()
     model = build_model(tiny_llada_config(vocab_size=len(tok), embedding_size=len(tok), mask_token_id=tok.mask_token_id,
@@ -66,11 +65,7 @@ def test_gdpo_recipe_trains_a_tiny_llada(tmp_path: Path) -> None:
     model.reset_parameters(generator=torch.Generator().manual_seed(0), std=0.05)  # type: ignore[operator]
     save_model(model, tmp_path / "ckpt", tokenizer=tok)
     pairs = [(12, 34), (5, 71)]
-    pq.write_table(pa.table({
-        "data_source": ["gsm8k"] * len(pairs),
-        "prompt": [[{"role": "user", "content": f"{a:02d}+{b:02d}="}] for a, b in pairs],
-        "reward_model": [{"ground_truth": str(a + b)} for a, b in pairs],
-    }), tmp_path / "rl.parquet")
+    addition_rl_parquet(tmp_path / "rl.parquet", pairs)
     out = tmp_path / "run"
     assert main(["train", "llada-gdpo", f"checkpoint.checkpoint={tmp_path / 'ckpt'}", "checkpoint.dtype=float32",
                  "checkpoint.lora_rank=2", f"data.train_files={tmp_path / 'rl.parquet'}", "data.max_prompt_length=64",

@@ -74,6 +74,7 @@ def tiny_sdar_moe(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
     from dare.tasks.addition import build_tokenizer
     from dllm_models import build_model, save_model
+    from tests.dare.helpers import addition_rl_parquet
     from tests.dllm_models.tiny_configs import tiny_sdar_moe_config
 
     tok = build_tokenizer()
@@ -83,11 +84,7 @@ def tiny_sdar_moe(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     model.reset_parameters(generator=torch.Generator().manual_seed(0), std=0.05)  # type: ignore[operator]
     save_model(model, root / "ckpt", tokenizer=tok)
     pairs = [(12, 34), (5, 71), (40, 40), (9, 9)]
-    pq.write_table(pa.table({
-        "data_source": ["gsm8k"] * len(pairs),
-        "prompt": [[{"role": "user", "content": f"{a:02d}+{b:02d}="}] for a, b in pairs],
-        "reward_model": [{"ground_truth": str(a + b)} for a, b in pairs],
-    }), root / "rl.parquet")
+    addition_rl_parquet(root / "rl.parquet", pairs)
     pq.write_table(pa.table({"prompt": [f"{a:02d}+{b:02d}=" for a, b in pairs],
                              "response": [f"{a + b:03d}" for a, b in pairs]}), root / "sft.parquet")
     return {"ckpt": root / "ckpt", "rl": root / "rl.parquet", "sft": root / "sft.parquet"}

@@ -62,13 +62,12 @@ def test_show_gives_the_authors_masked_configs(family: str, shrink: str, steps: 
 @pytest.fixture(scope="module")
 def tiny_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Tiny SDAR and LLaDA checkpoints with the addition task's tokenizer, and an RL parquet file."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
     import torch
 
     from dare.tasks.addition import build_tokenizer
     from dllm_models import build_model, save_model
     from tests.conftest import tiny_llada_config
+    from tests.dare.helpers import addition_rl_parquet
     from tests.dllm_models.tiny_configs import tiny_sdar_config
 
     tok = build_tokenizer()
@@ -82,11 +81,7 @@ def tiny_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path
         save_model(model, root / family, tokenizer=tok)
         out[family] = root / family
     pairs = [(12, 34), (5, 71), (40, 40), (9, 9)]
-    pq.write_table(pa.table({
-        "data_source": ["gsm8k"] * len(pairs),
-        "prompt": [[{"role": "user", "content": f"{a:02d}+{b:02d}="}] for a, b in pairs],
-        "reward_model": [{"ground_truth": str(a + b)} for a, b in pairs],
-    }), root / "rl.parquet")
+    addition_rl_parquet(root / "rl.parquet", pairs)
     out["rl"] = root / "rl.parquet"
     return out
 
